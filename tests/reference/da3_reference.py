@@ -5,7 +5,7 @@ The official network (PyPI package depth-anything-3==0.1.1) is built from the pa
 yaml configs, filled with deterministic pseudo-random weights (a formula that the Rust tests
 implement too, so no checkpoint has to be committed), and run in float32 on the CPU on
 synthetic images. Outputs and intermediates go to a directory as a manifest.json plus raw
-little-endian float32 files; see `write_manifest` for the format.
+little-endian float32 files; see `generate` for the format.
 
 Environment: a virtualenv made by the project's official-da3-venv.sh (torch, torchvision,
 depth-anything-3 without its optional dependencies).
@@ -27,6 +27,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -60,9 +61,7 @@ IMAGE_SIZES = [(640, 427), (427, 640), (500, 500), (1000, 200)]
 # Extra (width, height, process_res) cases for the preprocessing table: every resize branch
 # of the official InputProcessor (no-op when the longest side already equals process_res,
 # cubic enlarge, area shrink, a second resize up or down to a multiple of 14, tiny images).
-PREPROCESS_CASES = [
-    (w, h, r) for r in (504, 112) for (w, h) in IMAGE_SIZES
-] + [
+PREPROCESS_CASES = [(w, h, r) for r in (504, 112) for (w, h) in IMAGE_SIZES] + [
     (504, 336, 504),
     (300, 200, 504),
     (333, 221, 504),
@@ -413,16 +412,16 @@ def head_capture_points(net) -> list[tuple[str, bool]]:
     """(module name, also capture its input) for the head stages worth comparing."""
     names = []
     for s in range(4):
-        names += [(f"head.projects.{s}", False), (f"head.resize_layers.{s}", True)]
+        # resize_layers.2 is an Identity: its input is its output.
+        names += [(f"head.projects.{s}", False), (f"head.resize_layers.{s}", s != 2)]
     for k in range(1, 5):
         names.append((f"head.scratch.layer{k}_rn", False))
     for k in (4, 3, 2, 1):
         names.append((f"head.scratch.refinenet{k}", False))
     names += [("head.scratch.output_conv1", False), ("head.scratch.output_conv2", True)]
     names += [("head.scratch.sky_output_conv2", False)]
-    for k in (4, 3, 2, 1):
-        names.append((f"head.scratch.refinenet{k}_aux", False))
-    names += [("head.scratch.output_conv1_aux.3", False), ("head.scratch.output_conv2_aux.3", True)]
+    # The ray branch (DualDPT's aux chain) only feeds the returned ray / ray_conf, which
+    # single-image depth discards; those two outputs are captured, its stages are not.
     modules = dict(net.named_modules())
     return [(n, i) for n, i in names if n in modules]
 
@@ -464,9 +463,7 @@ def run_network(net, x: torch.Tensor, detail: bool) -> dict[str, torch.Tensor]:
         )
         for i, blk in enumerate(vit.blocks):
             handles.append(
-                blk.register_forward_hook(
-                    lambda m, a, o, i=i: keep(f"backbone.blocks.{i}", o)
-                )
+                blk.register_forward_hook(lambda m, a, o, i=i: keep(f"backbone.blocks.{i}", o))
             )
 
         def on_backbone(_m, _args, out):
@@ -518,8 +515,27 @@ def run_network(net, x: torch.Tensor, detail: bool) -> dict[str, torch.Tensor]:
     return result
 
 
-OUTPUT_KEYS = {"depth", "depth_conf", "sky", "extrinsics", "intrinsics", "pose_enc"}
+OUTPUT_KEYS = {
+    "depth",
+    "depth_conf",
+    "sky",
+    "depth_sky_postprocessed",
+    "extrinsics",
+    "intrinsics",
+    "pose_enc",
+}
 ALWAYS_FULL = {"extrinsics", "intrinsics", "pose_enc"}
+# Compact mode keeps grid samples of these intermediates and only statistics of
+# the others, to stay small enough to commit.
+COMPACT_SAMPLED = {
+    "input",
+    "tokens_in",
+    "feat0",
+    "feat1",
+    "feat2",
+    "feat3",
+    "head.scratch.output_conv2",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,14 +563,17 @@ def stats(a: np.ndarray) -> dict:
 
 
 def store(a: np.ndarray, mode: str, out_dir: Path, rel: str) -> dict:
-    """mode: "full" (raw file), "samples" (grid samples file) or "stats" (no file)."""
+    """mode "full": the raw array; "samples": grid samples (small arrays are stored in full
+    anyway); "stats": no file. Statistics are recorded in every case."""
     a = np.ascontiguousarray(a, dtype="<f4")
     entry = {"shape": list(a.shape), "stats": stats(a)}
-    if mode == "full" or a.size <= FULL_LIMIT and mode != "stats":
+    if mode == "stats":
+        return entry
+    if mode == "full" or a.size <= FULL_LIMIT:
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         a.tofile(out_dir / (rel + ".f32"))
         entry["file"] = rel + ".f32"
-    elif mode == "samples":
+    else:
         m2 = a.reshape(-1, a.shape[-1]) if a.ndim >= 2 else a.reshape(1, -1)
         rows, cols = sample_indices(m2.shape[0]), sample_indices(m2.shape[1])
         (out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -582,6 +601,10 @@ def generate(args, net, tied) -> None:
     if detail_images is None:
         detail_images = ["640x427"] if args.compact else [f"{w}x{h}" for w, h in IMAGE_SIZES]
 
+    # The camera decoder's input is small and decides the pose: always in full.
+    full_keys = set(args.full_keys)
+    if net.cam_dec is not None:
+        full_keys.add(f"cam_token{len(net.backbone.out_layers) - 1}")
     images = []
     for w, h in args.images:
         name = f"{w}x{h}"
@@ -606,23 +629,18 @@ def generate(args, net, tied) -> None:
             processed.tofile(out_dir / name / "processed.u8")
             entry["processed_file"] = f"{name}/processed.u8"
         for key, t in arrays.items():
-            a = t.numpy()
-            is_output = key in OUTPUT_KEYS or key == "depth_sky_postprocessed"
-            if key in ALWAYS_FULL:
+            is_output = key in OUTPUT_KEYS
+            if not (is_output or detail):
+                continue
+            if key in ALWAYS_FULL or (detail and key in full_keys):
                 mode = "full"
             elif args.compact:
-                mode = "samples" if (is_output or detail) else "stats"
-            elif is_output:
+                mode = "samples" if is_output or key in COMPACT_SAMPLED else "stats"
+            elif is_output or t.numel() <= args.max_full_elems:
                 mode = "full"
-            elif detail and a.size <= args.max_full_elems:
-                mode = "full"
-            elif detail:
-                mode = "samples"
             else:
-                mode = "stats"
-            if key == f"cam_token{len(net.backbone.out_layers) - 1}" and detail:
-                mode = "full"  # the camera decoder's input, small
-            entry["arrays"][key] = store(a, mode, out_dir, f"{name}/{safe_name(key)}")
+                mode = "samples"
+            entry["arrays"][key] = store(t.numpy(), mode, out_dir, f"{name}/{safe_name(key)}")
         images.append(entry)
         d = arrays["depth"]
         print(
@@ -670,10 +688,27 @@ def generate(args, net, tied) -> None:
     }
     if args.preset == "da3-tiny" or args.preprocess_table:
         manifest["preprocess_cases"] = preprocess_table(args.resize_method)
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out_dir / "manifest.json").write_text(dump_json(manifest))
     if args.keys_file:
-        lines = [f"{k}\t{list(s)}\t{weight_rule(k, s)[0]}" for k, s in keys_shapes]
+        tied_to = {k: group[0] for group in tied for k in group[1:]}
+        lines = ["# key\tshape\tweight rule\t(tied: same tensor as)"]
+        lines += [
+            f"{k}\t{list(s)}\t{weight_rule(k, s)[0]}"
+            + (f"\ttied:{tied_to[k]}" if k in tied_to else "")
+            for k, s in keys_shapes
+        ]
         Path(args.keys_file).write_text("\n".join(lines) + "\n")
+
+
+def dump_json(data) -> str:
+    """Indented JSON with lists of numbers kept on one line (the sample index lists)."""
+    text = json.dumps(data, indent=1)
+    return (
+        re.sub(
+            r"\[\s*([-+0-9.eE,\s]+?)\s*\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text
+        )
+        + "\n"
+    )
 
 
 def _is_tied(key: str, tied: list[list[str]]) -> bool:
@@ -684,11 +719,13 @@ def preprocess_table(method: str) -> list[dict]:
     rows = []
     for w, h, res in PREPROCESS_CASES:
         processed, _ = preprocess(make_image(w, h), res, method)
+        first = InputProcessor()._resize_image(Image.new("RGB", (w, h)), res, method).size
         rows.append(
             {
                 "width": w,
                 "height": h,
                 "process_res": res,
+                "first_resize": list(first),
                 "processed_width": int(processed.shape[1]),
                 "processed_height": int(processed.shape[0]),
                 "processed_fnv1a64": f"0x{fnv1a64_array(processed):016x}",
@@ -725,22 +762,39 @@ def timing(args, net) -> None:
     w, h = args.images[0]
     _, x = preprocess(make_image(w, h), args.process_res, args.resize_method)
     modules = dict(net.named_modules())
-    aux_names = [n for n in modules if n.startswith(("head.scratch.refinenet", "head.scratch.output_conv"))
-                 and n.count(".") == 2 and "_aux" in n]
-    parts = {"backbone": ["backbone"], "head": ["head"], "ray_branch": aux_names,
-             "cam_dec": ["cam_dec"] if net.cam_dec is not None else []}
+    # The aux chain: refinenet{1..4}_aux and the members of the output_conv{1,2}_aux lists
+    # (the ModuleLists themselves are never called, so their hooks would not fire).
+    aux_names = [
+        n
+        for n in modules
+        if re.fullmatch(r"head\.scratch\.(refinenet\d_aux|output_conv[12]_aux\.\d)", n)
+    ]
+    parts = {
+        "backbone": ["backbone"],
+        "head": ["head"],
+        "ray_branch": aux_names,
+        "cam_dec": ["cam_dec"] if net.cam_dec is not None else [],
+    }
     acc = {k: 0.0 for k in parts}
     start = {}
     handles = []
     for part, names in parts.items():
         for n in names:
             m = modules[n]
-            handles.append(m.register_forward_pre_hook(
-                lambda m, a, n=n: start.__setitem__(n, time.perf_counter())))
-            handles.append(m.register_forward_hook(
-                lambda m, a, o, n=n, part=part: acc.__setitem__(
-                    part, acc[part] + time.perf_counter() - start[n])))
+            handles.append(
+                m.register_forward_pre_hook(
+                    lambda m, a, n=n: start.__setitem__(n, time.perf_counter())
+                )
+            )
+            handles.append(
+                m.register_forward_hook(
+                    lambda m, a, o, n=n, part=part: acc.__setitem__(
+                        part, acc[part] + time.perf_counter() - start[n]
+                    )
+                )
+            )
     runs = []
+    load_before = os.getloadavg()
     with torch.inference_mode(), torch.autocast("cpu", enabled=False):
         for i in range(args.warmup + args.repeats):
             for k in acc:
@@ -758,11 +812,15 @@ def timing(args, net) -> None:
         "preset": args.preset,
         "image": f"{w}x{h}",
         "processed": f"{x.shape[-1]}x{x.shape[-2]}",
+        "ray_branch_modules": aux_names,
         "threads": args.threads,
         "repeats": args.repeats,
         "warmup": args.warmup,
         "median": med,
+        "min_forward_s": min(r["forward_s"] for r in runs),
         "runs_forward_s": [r["forward_s"] for r in runs],
+        # Other work on the machine inflates the times; the load average shows how much.
+        "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
     }
     path = Path(args.timing)
     data = json.loads(path.read_text()) if path.exists() else {}
@@ -773,7 +831,7 @@ def timing(args, net) -> None:
         "modules (refinenet*_aux, output_conv1_aux, output_conv2_aux) via forward hooks"
     )
     data.setdefault("results", {})[args.preset] = record
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    path.write_text(dump_json(data))
     print(json.dumps(record, indent=1))
 
 
@@ -787,8 +845,11 @@ def check(args, net) -> None:
     for name, m in net.named_modules():
         if name.endswith(".attn") and hasattr(m, "fused_attn"):
             m.fused_attn = False  # the unfused path exposes the softmax to attn_drop
-            hooks.append(m.attn_drop.register_forward_hook(
-                lambda mod, a, o, name=name: probs.__setitem__(name, o.detach().clone())))
+            hooks.append(
+                m.attn_drop.register_forward_hook(
+                    lambda mod, a, o, name=name: probs.__setitem__(name, o.detach().clone())
+                )
+            )
     unfused = run_network(net, x, detail=False)
     for hk in hooks:
         hk.remove()
@@ -798,8 +859,10 @@ def check(args, net) -> None:
     for k in ("depth", "depth_conf", "sky"):
         if k in fused:
             a = fused[k]
-            print(f"{k}: finite={bool(torch.isfinite(a).all())} min={a.min():.6g} "
-                  f"max={a.max():.6g} mean={a.mean():.6g}")
+            print(
+                f"{k}: finite={bool(torch.isfinite(a).all())} min={a.min():.6g} "
+                f"max={a.max():.6g} mean={a.mean():.6g}"
+            )
     for k in ("extrinsics", "intrinsics"):
         if k in fused:
             print(k, fused[k].reshape(-1).tolist())
@@ -808,8 +871,10 @@ def check(args, net) -> None:
     for name, p in probs.items():
         n = p.shape[-1]
         ent = -(p.clamp_min(1e-30) * p.clamp_min(1e-30).log()).sum(-1) / math.log(n)
-        print(f"{name}: tokens {n}, max prob mean {p.max(-1).values.mean():.4f} "
-              f"(uniform {1 / n:.4f}), entropy/log(n) mean {ent.mean():.4f} min {ent.min():.4f}")
+        print(
+            f"{name}: tokens {n}, max prob mean {p.max(-1).values.mean():.4f} "
+            f"(uniform {1 / n:.4f}), entropy/log(n) mean {ent.mean():.4f} min {ent.min():.4f}"
+        )
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -818,29 +883,64 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("preset", choices=PRESETS)
     p.add_argument("--out", help="write manifest.json and arrays here")
-    p.add_argument("--compact", action="store_true",
-                   help="store grid samples + statistics instead of full arrays")
+    p.add_argument(
+        "--compact",
+        action="store_true",
+        help="store grid samples + statistics instead of full arrays",
+    )
     p.add_argument("--process-res", type=int, default=504)
-    p.add_argument("--resize-method", default="upper_bound_resize",
-                   choices=["upper_bound_resize", "upper_bound_crop",
-                            "lower_bound_resize", "lower_bound_crop"])
-    p.add_argument("--images", type=parse_size, nargs="+",
-                   default=list(IMAGE_SIZES), help="image sizes WxH")
-    p.add_argument("--detail-images", nargs="*",
-                   help="images (WxH names) whose intermediates are stored "
-                        "(default: all; with --compact: 640x427)")
-    p.add_argument("--max-full-elems", type=int, default=1 << 62,
-                   help="full mode: intermediates bigger than this are stored as samples")
-    p.add_argument("--store-processed", action="store_true",
-                   help="full mode: also write the processed uint8 image of detail images")
-    p.add_argument("--preprocess-table", action="store_true",
-                   help="add the preprocessing case table to the manifest")
+    p.add_argument(
+        "--resize-method",
+        default="upper_bound_resize",
+        choices=[
+            "upper_bound_resize",
+            "upper_bound_crop",
+            "lower_bound_resize",
+            "lower_bound_crop",
+        ],
+    )
+    p.add_argument(
+        "--images", type=parse_size, nargs="+", default=list(IMAGE_SIZES), help="image sizes WxH"
+    )
+    p.add_argument(
+        "--detail-images",
+        nargs="*",
+        help="images (WxH names) whose intermediates are stored "
+        "(default: all; with --compact: 640x427)",
+    )
+    p.add_argument(
+        "--max-full-elems",
+        type=int,
+        default=1 << 62,
+        help="full mode: intermediates bigger than this are stored as samples",
+    )
+    p.add_argument(
+        "--full-keys",
+        nargs="*",
+        default=[],
+        help="intermediates always stored in full for detail images",
+    )
+    p.add_argument(
+        "--store-processed",
+        action="store_true",
+        help="full mode: also write the processed uint8 image of detail images",
+    )
+    p.add_argument(
+        "--preprocess-table",
+        action="store_true",
+        help="add the preprocessing case table to the manifest",
+    )
     p.add_argument("--keys-file", help="write state_dict keys, shapes and weight rules here")
-    p.add_argument("--save-checkpoint", metavar="DIR",
-                   help="save config.json + model.safetensors as the official wrapper does")
+    p.add_argument(
+        "--save-checkpoint",
+        metavar="DIR",
+        help="save config.json + model.safetensors as the official wrapper does",
+    )
     p.add_argument("--timing", metavar="JSON", help="measure forward time, merge into JSON")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)

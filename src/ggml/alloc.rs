@@ -1,0 +1,129 @@
+//! ggml's single-backend graph allocator (`ggml_gallocr`): the fast path.
+
+use super::backend::Backend;
+use super::buffer::{self, BufferType};
+use super::error::{Error, Result};
+use super::graph::Graph;
+use super::tensor::{Element, Tensor, TensorView};
+use ggml_sys as sys;
+use std::ptr::NonNull;
+
+/// Allocates a graph's intermediate tensors in buffers of one type, reusing memory between
+/// nodes. Tensors that already have data (weights) are left as they are: the allocator does
+/// not check where they live, which is why the residency planner runs before it.
+pub struct Gallocr {
+    raw: NonNull<sys::ggml_gallocr>,
+    buffer_type: BufferType,
+}
+
+impl Gallocr {
+    pub fn new(buffer_type: BufferType) -> Result<Gallocr> {
+        // SAFETY: registry buffer type; NULL on failure.
+        let raw = unsafe { sys::ggml_gallocr_new(buffer_type.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: format!("a graph allocator for {}", buffer_type.name()) })?;
+        Ok(Gallocr { raw, buffer_type })
+    }
+    /// An allocator for `backend`'s own memory.
+    pub fn for_backend(backend: &Backend) -> Result<Gallocr> {
+        Self::new(backend.default_buffer_type())
+    }
+    pub fn buffer_type(&self) -> BufferType {
+        self.buffer_type
+    }
+    /// Sizes the buffer for `graph` (the worst case) ahead of time.
+    pub fn reserve(&mut self, graph: &Graph) -> Result<()> {
+        // SAFETY: live allocator and graph.
+        if unsafe { sys::ggml_gallocr_reserve(self.raw.as_ptr(), graph.as_ptr()) } {
+            Ok(())
+        } else {
+            Err(Error::Allocation { backend: self.buffer_type.name(), reason: "reserve failed".into() })
+        }
+    }
+    /// Bytes held by the allocator's buffer.
+    pub fn buffer_size(&self) -> usize {
+        // SAFETY: live allocator; buffer 0 always exists for a single-type allocator.
+        unsafe { sys::ggml_gallocr_get_buffer_size(self.raw.as_ptr(), 0) }
+    }
+    /// Allocates `graph`. The returned [`Allocation`] borrows the allocator, so no other graph
+    /// can be allocated (and move this graph's memory) while it is in use:
+    ///
+    /// ```compile_fail
+    /// # use da3::ggml::*;
+    /// # fn f(gallocr: &mut Gallocr, g1: &Graph, g2: &Graph) -> Result<()> {
+    /// let first = gallocr.alloc(g1)?;
+    /// let second = gallocr.alloc(g2)?; // error: `gallocr` is still borrowed by `first`
+    /// first.compute(&Backend::cpu(1)?)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn alloc<'a>(&'a mut self, graph: &'a Graph) -> Result<Allocation<'a>> {
+        // SAFETY: live allocator and graph; returns false (no abort) when a buffer cannot be
+        // allocated.
+        if unsafe { sys::ggml_gallocr_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
+            Ok(Allocation { graph, buffer_type: self.buffer_type, _allocator: std::marker::PhantomData })
+        } else {
+            Err(Error::Allocation { backend: self.buffer_type.name(), reason: "ggml_gallocr_alloc_graph failed".into() })
+        }
+    }
+}
+
+impl Drop for Gallocr {
+    fn drop(&mut self) {
+        // SAFETY: owned, freed once.
+        unsafe { sys::ggml_gallocr_free(self.raw.as_ptr()) };
+    }
+}
+
+/// A graph whose memory is allocated; inputs are written and outputs read through it.
+pub struct Allocation<'a> {
+    graph: &'a Graph,
+    buffer_type: BufferType,
+    _allocator: std::marker::PhantomData<&'a mut Gallocr>,
+}
+
+pub(crate) fn check_member(graph: &Graph, tensor: &Tensor) -> Result<()> {
+    if graph.contains(tensor) {
+        Ok(())
+    } else {
+        Err(Error::NotAllocated { operand: tensor.describe() })
+    }
+}
+
+impl Allocation<'_> {
+    pub fn graph(&self) -> &Graph {
+        self.graph
+    }
+    /// Writes an input of the graph.
+    pub fn write<T: Element>(&self, tensor: &Tensor, data: &[T]) -> Result<()> {
+        check_member(self.graph, tensor)?;
+        buffer::write_tensor(tensor, data)
+    }
+    /// Reads a tensor of the graph (mark outputs with [`Tensor::mark_output`] so that their
+    /// memory is not reused by later nodes).
+    pub fn read<T: Element>(&self, tensor: &Tensor) -> Result<Vec<T>> {
+        check_member(self.graph, tensor)?;
+        buffer::read_tensor(tensor)
+    }
+    /// Runs the graph on `backend`, which must be able to run every op (checked).
+    pub fn compute(&self, backend: &Backend) -> Result<()> {
+        if !backend.supports_buffer_type(self.buffer_type) {
+            return Err(Error::InvalidArgument {
+                op: "compute",
+                reason: format!("{} cannot read the allocator's {} memory", backend.name(), self.buffer_type.name()),
+            });
+        }
+        compute_on(backend, self.graph)
+    }
+}
+
+pub(crate) fn compute_on(backend: &Backend, graph: &Graph) -> Result<()> {
+    if let Some(node) = graph.nodes().find(|n| !backend.supports_op(n)) {
+        return Err(Error::UnsupportedOp { backend: backend.name(), op: node.op_name().into(), node: node.name() });
+    }
+    // SAFETY: live backend and allocated graph whose ops the backend supports.
+    let status = unsafe { sys::ggml_backend_graph_compute(backend.as_ptr(), graph.as_ptr()) };
+    if status == sys::GGML_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(Error::Compute { backend: backend.name(), status })
+    }
+}

@@ -1,0 +1,242 @@
+//! Devices from ggml's registry and the backends (compute streams) created on them.
+
+use super::buffer::BufferType;
+use super::error::{Error, Result};
+use super::tensor::TensorView;
+use ggml_sys as sys;
+use std::ffi::{CStr, CString};
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+/// What kind of device ggml reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    IntegratedGpu,
+    Accelerator,
+    Other,
+}
+
+/// A device in ggml's registry (CPU, CUDA0, MTL0, an RPC server, ...). Registry devices live
+/// for the whole process.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Device {
+    raw: NonNull<sys::ggml_backend_device>,
+}
+
+/// What a device can do beyond computing.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceCaps {
+    pub async_compute: bool,
+    pub host_buffer: bool,
+    pub buffer_from_host_ptr: bool,
+    pub events: bool,
+}
+
+fn c_str(ptr: *const std::os::raw::c_char) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-NULL C strings from ggml's registry are NUL-terminated and static.
+    unsafe { CStr::from_ptr(ptr).to_string_lossy().into_owned() }
+}
+
+impl Device {
+    /// Only for registry pointers, which live for the whole process.
+    pub(crate) fn from_raw(raw: NonNull<sys::ggml_backend_device>) -> Self {
+        Device { raw }
+    }
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend_device {
+        self.raw.as_ptr()
+    }
+    /// Every device the registry knows, GPUs first, CPU last (ggml's order).
+    pub fn all() -> Vec<Device> {
+        // SAFETY: registry queries; indices below the count are valid.
+        let count = unsafe { sys::ggml_backend_dev_count() };
+        (0..count).filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_dev_get(i) })).map(|raw| Device { raw }).collect()
+    }
+    /// The device named `name` (case-insensitive: "CPU", "CUDA0", "MTL0", "RPC0[...]").
+    pub fn by_name(name: &str) -> Result<Device> {
+        Self::all().into_iter().find(|d| d.name().eq_ignore_ascii_case(name)).ok_or_else(|| Error::DeviceNotFound {
+            wanted: format!("named `{name}`"),
+            available: Self::available_names(),
+        })
+    }
+    /// The first device of a kind.
+    pub fn by_kind(kind: DeviceKind) -> Result<Device> {
+        Self::all().into_iter().find(|d| d.kind() == kind).ok_or_else(|| Error::DeviceNotFound {
+            wanted: format!("of kind {kind:?}"),
+            available: Self::available_names(),
+        })
+    }
+    /// The CPU device.
+    pub fn cpu() -> Device {
+        Self::by_kind(DeviceKind::Cpu).expect("ggml-sys always builds the CPU backend")
+    }
+    /// A GPU (discrete first, then integrated, then accelerators), else the CPU.
+    pub fn best() -> Device {
+        [DeviceKind::Gpu, DeviceKind::IntegratedGpu, DeviceKind::Accelerator]
+            .into_iter()
+            .find_map(|k| Self::by_kind(k).ok())
+            .unwrap_or_else(Self::cpu)
+    }
+    fn available_names() -> String {
+        Self::all().iter().map(Device::name).collect::<Vec<_>>().join(", ")
+    }
+    pub fn name(&self) -> String {
+        // SAFETY: live registry device.
+        c_str(unsafe { sys::ggml_backend_dev_name(self.as_ptr()) })
+    }
+    pub fn description(&self) -> String {
+        // SAFETY: live registry device.
+        c_str(unsafe { sys::ggml_backend_dev_description(self.as_ptr()) })
+    }
+    pub fn kind(&self) -> DeviceKind {
+        // SAFETY: live registry device.
+        match unsafe { sys::ggml_backend_dev_type(self.as_ptr()) } {
+            sys::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            sys::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            _ => DeviceKind::Other,
+        }
+    }
+    /// Free and total memory in bytes, as the device reports them.
+    pub fn memory(&self) -> (usize, usize) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: live registry device; out-pointers valid.
+        unsafe { sys::ggml_backend_dev_memory(self.as_ptr(), &mut free, &mut total) };
+        (free, total)
+    }
+    pub fn caps(&self) -> DeviceCaps {
+        let mut props = sys::ggml_backend_dev_props::default();
+        // SAFETY: live registry device; `props` is a valid out-struct.
+        unsafe { sys::ggml_backend_dev_get_props(self.as_ptr(), &mut props) };
+        DeviceCaps {
+            async_compute: props.caps.async_,
+            host_buffer: props.caps.host_buffer,
+            buffer_from_host_ptr: props.caps.buffer_from_host_ptr,
+            events: props.caps.events,
+        }
+    }
+    /// The device's own memory.
+    pub fn buffer_type(&self) -> Result<BufferType> {
+        // SAFETY: live registry device.
+        let raw = unsafe { sys::ggml_backend_dev_buffer_type(self.as_ptr()) };
+        NonNull::new(raw).map(BufferType::from_raw).ok_or_else(|| Error::BackendInit {
+            name: self.name(),
+            reason: "the device has no buffer type".into(),
+        })
+    }
+    /// Whether this device's kernels can read memory of `buffer_type`.
+    pub fn supports_buffer_type(&self, buffer_type: BufferType) -> bool {
+        // SAFETY: live device and buffer type.
+        unsafe { sys::ggml_backend_dev_supports_buft(self.as_ptr(), buffer_type.as_ptr()) }
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+/// A compute backend on one device: a cheap, shared handle (schedulers and allocators hold
+/// clones); the backend is freed with the last one.
+#[derive(Clone)]
+pub struct Backend {
+    inner: Rc<BackendInner>,
+}
+
+struct BackendInner {
+    raw: NonNull<sys::ggml_backend>,
+    device: Device,
+}
+
+impl Backend {
+    /// A backend on `device`.
+    pub fn new(device: Device) -> Result<Backend> {
+        // SAFETY: live registry device; NULL on failure.
+        let raw = unsafe { sys::ggml_backend_dev_init(device.as_ptr(), std::ptr::null()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::BackendInit { name: device.name(), reason: "ggml_backend_dev_init returned NULL".into() })?;
+        Ok(Backend { inner: Rc::new(BackendInner { raw, device }) })
+    }
+    /// The CPU backend with `threads` threads (0: all cores).
+    pub fn cpu(threads: usize) -> Result<Backend> {
+        let backend = Self::new(Device::cpu())?;
+        backend.set_threads(threads);
+        Ok(backend)
+    }
+    /// The best device's backend (see [`Device::best`]).
+    pub fn best() -> Result<Backend> {
+        Self::new(Device::best())
+    }
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend {
+        self.inner.raw.as_ptr()
+    }
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+    pub fn name(&self) -> String {
+        self.inner.device.name()
+    }
+    pub fn is_cpu(&self) -> bool {
+        self.inner.device.kind() == DeviceKind::Cpu
+    }
+    /// Whether two handles are the same backend.
+    pub fn same_as(&self, other: &Backend) -> bool {
+        Rc::ptr_eq(&self.inner, &other.inner)
+    }
+    /// Sets the thread count of a CPU backend (0: all cores); no effect on other backends.
+    pub fn set_threads(&self, threads: usize) {
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        if self.is_cpu() {
+            // SAFETY: a live CPU backend (checked), which is what this call requires.
+            unsafe { sys::ggml_backend_cpu_set_n_threads(self.as_ptr(), threads as i32) };
+        }
+    }
+    pub fn default_buffer_type(&self) -> BufferType {
+        // SAFETY: live backend.
+        let raw = unsafe { sys::ggml_backend_get_default_buffer_type(self.as_ptr()) };
+        BufferType::from_raw(NonNull::new(raw).expect("every backend has a default buffer type"))
+    }
+    /// Whether this backend can run the op that computes `node`.
+    pub fn supports_op(&self, node: &impl TensorView) -> bool {
+        // SAFETY: live backend and tensor.
+        unsafe { sys::ggml_backend_supports_op(self.as_ptr(), node.raw().as_ptr()) }
+    }
+    /// Whether this backend's kernels can read memory of `buffer_type`.
+    pub fn supports_buffer_type(&self, buffer_type: BufferType) -> bool {
+        // SAFETY: live backend and buffer type.
+        unsafe { sys::ggml_backend_supports_buft(self.as_ptr(), buffer_type.as_ptr()) }
+    }
+    /// Waits for queued work.
+    pub fn synchronize(&self) {
+        // SAFETY: live backend.
+        unsafe { sys::ggml_backend_synchronize(self.as_ptr()) };
+    }
+}
+
+impl Drop for BackendInner {
+    fn drop(&mut self) {
+        // SAFETY: we own the backend; freed once.
+        unsafe { sys::ggml_backend_free(self.raw.as_ptr()) };
+    }
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Backend({})", self.name())
+    }
+}
+
+/// The ggml version the library reports at run time.
+pub fn ggml_version() -> String {
+    // SAFETY: returns a static string.
+    c_str(unsafe { sys::ggml_version() })
+}
+
+pub(crate) fn cstring(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::InvalidArgument { op: "ffi", reason: format!("{what} contains a NUL byte") })
+}

@@ -1,0 +1,269 @@
+//! Backend buffers and buffer types, and checked tensor data transfer.
+
+use super::backend::Backend;
+use super::context::Context;
+use super::error::{Error, Result};
+use super::tensor::{Element, Tensor, TensorView};
+use ggml_sys as sys;
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// What a buffer holds; schedulers place ops next to `Weights` buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferUsage {
+    Any,
+    Weights,
+    Compute,
+}
+
+impl BufferUsage {
+    fn raw(self) -> sys::ggml_backend_buffer_usage {
+        match self {
+            BufferUsage::Any => sys::GGML_BACKEND_BUFFER_USAGE_ANY,
+            BufferUsage::Weights => sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS,
+            BufferUsage::Compute => sys::GGML_BACKEND_BUFFER_USAGE_COMPUTE,
+        }
+    }
+    fn from_raw(raw: sys::ggml_backend_buffer_usage) -> Self {
+        match raw {
+            sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS => BufferUsage::Weights,
+            sys::GGML_BACKEND_BUFFER_USAGE_COMPUTE => BufferUsage::Compute,
+            _ => BufferUsage::Any,
+        }
+    }
+}
+
+/// A kind of memory a backend allocates (host RAM, a GPU's memory, a remote server's).
+/// Buffer types live in ggml's registry for the whole process.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BufferType {
+    raw: NonNull<sys::ggml_backend_buffer_type>,
+}
+
+impl BufferType {
+    pub(crate) fn from_raw(raw: NonNull<sys::ggml_backend_buffer_type>) -> Self {
+        BufferType { raw }
+    }
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend_buffer_type {
+        self.raw.as_ptr()
+    }
+    /// "CPU", "CUDA0", "MTL0", "RPC0[127.0.0.1:50052]", ...
+    pub fn name(&self) -> String {
+        // SAFETY: registry-owned buffer type; the name is a static or type-owned C string.
+        unsafe { CStr::from_ptr(sys::ggml_backend_buft_name(self.as_ptr())).to_string_lossy().into_owned() }
+    }
+    /// Whether the CPU can read this memory directly.
+    pub fn is_host(&self) -> bool {
+        // SAFETY: registry-owned buffer type.
+        unsafe { sys::ggml_backend_buft_is_host(self.as_ptr()) }
+    }
+    /// The CPU's own buffer type.
+    pub fn cpu() -> Self {
+        // SAFETY: returns a static buffer type.
+        let raw = unsafe { sys::ggml_backend_cpu_buffer_type() };
+        BufferType { raw: NonNull::new(raw).expect("the CPU buffer type is static") }
+    }
+}
+
+impl std::fmt::Debug for BufferType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BufferType({})", self.name())
+    }
+}
+
+/// Owner of one backend buffer; frees it on drop. Held by the context whose tensors it backs.
+pub(crate) struct Buffer {
+    raw: NonNull<sys::ggml_backend_buffer>,
+}
+
+impl Buffer {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend_buffer {
+        self.raw.as_ptr()
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: we own the buffer (allocated by us, freed once, here).
+        unsafe { sys::ggml_backend_buffer_free(self.raw.as_ptr()) };
+    }
+}
+
+/// A borrowed look at the buffer behind a tensor.
+#[derive(Clone, Copy)]
+pub struct BufferRef<'a> {
+    raw: NonNull<sys::ggml_backend_buffer>,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl BufferRef<'_> {
+    pub(crate) fn new(raw: NonNull<sys::ggml_backend_buffer>) -> Self {
+        BufferRef { raw, _borrow: PhantomData }
+    }
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend_buffer {
+        self.raw.as_ptr()
+    }
+    pub fn buffer_type(&self) -> BufferType {
+        // SAFETY: live non-NULL buffer (the precondition ggml asserts).
+        let raw = unsafe { sys::ggml_backend_buffer_get_type(self.as_ptr()) };
+        BufferType::from_raw(NonNull::new(raw).expect("a buffer has a type"))
+    }
+    pub fn usage(&self) -> BufferUsage {
+        // SAFETY: live non-NULL buffer.
+        BufferUsage::from_raw(unsafe { sys::ggml_backend_buffer_get_usage(self.as_ptr()) })
+    }
+    pub fn is_host(&self) -> bool {
+        // SAFETY: live non-NULL buffer.
+        unsafe { sys::ggml_backend_buffer_is_host(self.as_ptr()) }
+    }
+    pub fn size(&self) -> usize {
+        // SAFETY: live non-NULL buffer.
+        unsafe { sys::ggml_backend_buffer_get_size(self.as_ptr()) }
+    }
+    /// Identity of the buffer (for grouping).
+    pub fn id(&self) -> usize {
+        self.raw.as_ptr() as usize
+    }
+}
+
+impl Context {
+    /// Allocates every tensor of this metadata-only context that has no memory yet in one
+    /// buffer of `backend`'s default type. The buffer is owned by the context. Returns its
+    /// size in bytes (0 when there was nothing to allocate).
+    pub fn allocate_on(&self, backend: &Backend, usage: BufferUsage) -> Result<usize> {
+        self.allocate_in(backend.default_buffer_type(), usage)
+    }
+
+    /// Like [`Context::allocate_on`] for an explicit buffer type.
+    pub fn allocate_in(&self, buffer_type: BufferType, usage: BufferUsage) -> Result<usize> {
+        if !self.is_metadata_only() {
+            return Err(Error::InvalidArgument {
+                op: "allocate_in",
+                reason: "a host context already holds its tensors' data".to_owned(),
+            });
+        }
+        let pending: usize = self.tensors().iter().filter(|t| !t.has_data() && t.view_source().is_none()).map(|t| t.nbytes()).sum();
+        if pending == 0 {
+            return Ok(0);
+        }
+        // SAFETY: live metadata-only context and registry buffer type; ggml allocates every
+        // tensor without data and returns NULL on failure.
+        let raw = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buffer_type.as_ptr()) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc { buffer_type: buffer_type.name(), bytes: pending })?;
+        // SAFETY: the buffer we just got.
+        unsafe { sys::ggml_backend_buffer_set_usage(raw.as_ptr(), usage.raw()) };
+        let size = BufferRef::new(raw).size();
+        self.inner().attach_buffer(Buffer { raw });
+        Ok(size)
+    }
+
+    /// Gives a host context's tensors a real CPU buffer wrapping the context's own pool, so
+    /// that ggml's schedulers see where they live (a tensor with data but no buffer is
+    /// invisible to them). Views inherit it from their source. Returns how many tensors got
+    /// the buffer.
+    pub fn wrap_host_memory(&self, usage: BufferUsage) -> Result<usize> {
+        if self.is_metadata_only() {
+            return Err(Error::InvalidArgument {
+                op: "wrap_host_memory",
+                reason: "a metadata-only context has no host pool to wrap".to_owned(),
+            });
+        }
+        // SAFETY: live host context; its pool is ggml-allocated with 64-byte alignment,
+        // satisfying the CPU buffer's 32-byte alignment assertion.
+        let (base, size) = unsafe { (sys::ggml_get_mem_buffer(self.raw()), sys::ggml_get_mem_size(self.raw())) };
+        // SAFETY: (base, size) is the live pool; the wrapper owns nothing and is freed with
+        // the context (attached below), never after the pool.
+        let raw = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base, size) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc { buffer_type: "CPU (host pool)".into(), bytes: size })?;
+        // SAFETY: the buffer we just got.
+        unsafe { sys::ggml_backend_buffer_set_usage(raw.as_ptr(), usage.raw()) };
+        let mut wrapped = 0;
+        for tensor in self.tensors() {
+            let t = tensor.as_ptr();
+            // SAFETY: live tensors of this context. Setting the field directly is what ggml
+            // itself does for a tensor that already has data (tensor_alloc asserts data ==
+            // NULL); the data pointer lies inside the wrapped pool.
+            unsafe {
+                if (*t).buffer.is_null() && !(*t).data.is_null() {
+                    (*t).buffer = raw.as_ptr();
+                    wrapped += 1;
+                }
+            }
+        }
+        self.inner().attach_buffer(Buffer { raw });
+        Ok(wrapped)
+    }
+}
+
+fn check_transfer<T: Element>(tensor: &Tensor, len: usize) -> Result<()> {
+    if !tensor.has_data() {
+        return Err(Error::NotAllocated { operand: tensor.describe() });
+    }
+    if tensor.dtype() != T::DTYPE {
+        return Err(Error::DataMismatch {
+            operand: tensor.describe(),
+            reason: format!("host data is {}, the tensor is {}", T::DTYPE, tensor.dtype()),
+        });
+    }
+    if len as i64 != tensor.nelements() {
+        return Err(Error::DataMismatch {
+            operand: tensor.describe(),
+            reason: format!("host data has {len} values, the tensor {}", tensor.nelements()),
+        });
+    }
+    if !tensor.is_contiguous() {
+        return Err(Error::NotContiguous { op: "tensor data transfer", operand: tensor.describe() });
+    }
+    Ok(())
+}
+
+/// Copies host values into a tensor; the caller has established that its memory is live.
+pub(crate) fn write_tensor<T: Element>(tensor: &Tensor, data: &[T]) -> Result<()> {
+    check_transfer::<T>(tensor, data.len())?;
+    let bytes = std::mem::size_of_val(data);
+    // SAFETY: sizes and contiguity checked; `data` is valid for `bytes`.
+    unsafe { raw_set(tensor, data.as_ptr().cast(), bytes) };
+    Ok(())
+}
+
+pub(crate) fn write_tensor_bytes(tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+    if !tensor.has_data() {
+        return Err(Error::NotAllocated { operand: tensor.describe() });
+    }
+    if bytes.len() != tensor.nbytes() || !tensor.is_contiguous() {
+        return Err(Error::DataMismatch {
+            operand: tensor.describe(),
+            reason: format!("{} bytes given for {} contiguous bytes", bytes.len(), tensor.nbytes()),
+        });
+    }
+    // SAFETY: sizes checked; `bytes` valid.
+    unsafe { raw_set(tensor, bytes.as_ptr().cast(), bytes.len()) };
+    Ok(())
+}
+
+pub(crate) fn read_tensor<T: Element>(tensor: &Tensor) -> Result<Vec<T>> {
+    check_transfer::<T>(tensor, tensor.nelements() as usize)?;
+    let mut out = vec![T::default(); tensor.nelements() as usize];
+    let bytes = std::mem::size_of_val(out.as_slice());
+    // SAFETY: sizes checked; `out` is valid for `bytes`.
+    unsafe {
+        if tensor.buffer().is_some() {
+            sys::ggml_backend_tensor_get(tensor.as_ptr(), out.as_mut_ptr().cast(), 0, bytes);
+        } else {
+            std::ptr::copy_nonoverlapping((*tensor.as_ptr()).data.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), bytes);
+        }
+    }
+    Ok(out)
+}
+
+/// # Safety
+/// The tensor's memory must be live, contiguous and exactly `bytes` long.
+unsafe fn raw_set(tensor: &Tensor, src: *const std::ffi::c_void, bytes: usize) {
+    if tensor.buffer().is_some() {
+        sys::ggml_backend_tensor_set(tensor.as_ptr(), src, 0, bytes);
+    } else {
+        // A host-context tensor without a buffer: plain memory in the context's pool.
+        std::ptr::copy_nonoverlapping(src.cast::<u8>(), (*tensor.as_ptr()).data.cast::<u8>(), bytes);
+    }
+}

@@ -1,0 +1,138 @@
+//! Computation graphs: built from output tensors, inspected by the residency planner.
+
+use super::context::{Context, ContextInner};
+use super::error::{Error, Result};
+use super::tensor::{Tensor, TensorRef, TensorView};
+use ggml_sys as sys;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+/// A ggml compute graph. It lives in a context's pool and keeps alive every context whose
+/// tensors it reaches.
+pub struct Graph {
+    raw: NonNull<sys::ggml_cgraph>,
+    capacity: usize,
+    /// Tensors already in the graph, mirrored so that expanding can be checked up front
+    /// (ggml asserts, and aborts, when nodes or leafs overflow).
+    visited: RefCell<HashSet<usize>>,
+    /// Leafs in discovery order (ggml has no public accessor for them).
+    leafs: RefCell<Vec<NonNull<sys::ggml_tensor>>>,
+    n_nodes: Cell<usize>,
+    contexts: RefCell<Vec<Rc<ContextInner>>>,
+}
+
+impl Context {
+    /// A graph for up to `capacity` nodes (and as many leafs) in this context's pool.
+    pub fn new_graph(&self, capacity: usize) -> Result<Graph> {
+        if capacity == 0 {
+            return Err(Error::InvalidArgument { op: "new_graph", reason: "capacity 0".into() });
+        }
+        // SAFETY: pure function of its arguments.
+        let bytes = unsafe { sys::ggml_graph_overhead_custom(capacity, false) } - unsafe { sys::ggml_tensor_overhead() }
+            + std::mem::size_of::<sys::ggml_tensor>();
+        self.inner().reserve(bytes)?;
+        // SAFETY: live context with room for the graph object (checked above).
+        let raw = unsafe { sys::ggml_new_graph_custom(self.raw(), capacity, false) };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: format!("a graph of {capacity} nodes") })?;
+        Ok(Graph {
+            raw,
+            capacity,
+            visited: RefCell::new(HashSet::new()),
+            leafs: RefCell::new(Vec::new()),
+            n_nodes: Cell::new(0),
+            contexts: RefCell::new(vec![self.inner().clone()]),
+        })
+    }
+}
+
+impl Graph {
+    pub(crate) fn as_ptr(&self) -> *mut sys::ggml_cgraph {
+        self.raw.as_ptr()
+    }
+
+    /// Adds `tensor` and everything it depends on.
+    pub fn expand(&self, tensor: &Tensor) -> Result<()> {
+        if tensor.is_leaf_op() && !self.contains(tensor) {
+            return Err(Error::InvalidArgument {
+                op: "graph expand",
+                reason: format!("`{}` is computed by no op; expand the graph from an op's result", tensor.name()),
+            });
+        }
+        let (new, nodes, new_leafs) = self.unvisited(tensor);
+        let (total_nodes, total_leafs) = (self.n_nodes.get() + nodes, self.n_leafs() + new_leafs.len());
+        if total_nodes > self.capacity || total_leafs > self.capacity {
+            return Err(Error::GraphFull { tensor: tensor.name(), nodes: total_nodes, leafs: total_leafs, capacity: self.capacity });
+        }
+        // SAFETY: live graph and tensor; the graph can hold every new node and leaf and its
+        // hash set is sized for 2x capacity (checked above), so no GGML_ASSERT fires.
+        unsafe { sys::ggml_build_forward_expand(self.as_ptr(), tensor.as_ptr()) };
+        self.visited.borrow_mut().extend(new);
+        self.n_nodes.set(total_nodes);
+        self.leafs.borrow_mut().extend(new_leafs);
+        let mut contexts = self.contexts.borrow_mut();
+        if !contexts.iter().any(|c| Rc::ptr_eq(c, tensor.ctx())) {
+            contexts.push(tensor.ctx().clone());
+        }
+        Ok(())
+    }
+
+    /// Tensors reachable from `tensor` not yet in the graph, split as ggml will count them.
+    fn unvisited(&self, tensor: &Tensor) -> (Vec<usize>, usize, Vec<NonNull<sys::ggml_tensor>>) {
+        let visited = self.visited.borrow();
+        let mut seen = HashSet::new();
+        let mut stack = vec![tensor.as_ref()];
+        let (mut nodes, mut leafs) = (0, Vec::new());
+        while let Some(t) = stack.pop() {
+            if visited.contains(&t.id()) || !seen.insert(t.id()) {
+                continue;
+            }
+            if t.is_leaf_op() && !t.flags().param {
+                leafs.push(t.raw());
+            } else {
+                nodes += 1;
+            }
+            // Borrows end with this loop: the sources live as long as `tensor`.
+            stack.extend(t.sources().into_iter().map(|s| TensorRef::new(s.raw())));
+        }
+        (seen.into_iter().collect(), nodes, leafs)
+    }
+
+    /// Whether the graph holds this tensor (as a node or a leaf).
+    pub fn contains(&self, tensor: &impl TensorView) -> bool {
+        self.visited.borrow().contains(&tensor.id())
+    }
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    pub fn n_nodes(&self) -> usize {
+        // SAFETY: live graph.
+        unsafe { sys::ggml_graph_n_nodes(self.as_ptr()) as usize }
+    }
+    pub fn n_leafs(&self) -> usize {
+        self.leafs.borrow().len()
+    }
+    /// Node `i` in execution order.
+    pub fn node(&self, i: usize) -> Option<TensorRef<'_>> {
+        if i >= self.n_nodes() {
+            return None;
+        }
+        // SAFETY: index in range; nodes live as long as the graph keeps their contexts.
+        NonNull::new(unsafe { sys::ggml_graph_node(self.as_ptr(), i as i32) }).map(TensorRef::new)
+    }
+    /// Nodes in execution order.
+    pub fn nodes(&self) -> impl Iterator<Item = TensorRef<'_>> + '_ {
+        (0..self.n_nodes()).filter_map(move |i| self.node(i))
+    }
+    /// Leafs: tensors no op of the graph computes (weights, inputs, constants).
+    pub fn leafs(&self) -> Vec<TensorRef<'_>> {
+        self.leafs.borrow().iter().map(|&l| TensorRef::new(l)).collect()
+    }
+    /// A node or leaf by name.
+    pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
+        let c_name = std::ffi::CString::new(name).ok()?;
+        // SAFETY: live graph, NUL-terminated name.
+        NonNull::new(unsafe { sys::ggml_graph_get_tensor(self.as_ptr(), c_name.as_ptr()) }).map(TensorRef::new)
+    }
+}

@@ -1,0 +1,49 @@
+//! A safe layer over ggml: contexts, tensors, ops, graphs, backends, buffers, the graph
+//! allocator, the scheduler, GGUF files and the RPC backend.
+//!
+//! Every precondition ggml would `abort()` on is checked first and returned as an [`Error`];
+//! every raw handle has one owner that frees it. This module holds all of the crate's
+//! `unsafe` code.
+//!
+//! ```
+//! use da3::ggml::{Backend, Context, DType, Gallocr, TensorView};
+//! # fn main() -> da3::ggml::Result<()> {
+//! let backend = Backend::cpu(1)?;
+//! let ctx = Context::metadata(8)?;
+//! let a = ctx.new_tensor(DType::F32, &[2, 2])?.named("a");
+//! a.mark_input();
+//! let y = ctx.scale(&a, 3.0)?.named("y");
+//! y.mark_output();
+//! let graph = ctx.new_graph(8)?;
+//! graph.expand(&y)?;
+//! let mut gallocr = Gallocr::for_backend(&backend)?;
+//! let run = gallocr.alloc(&graph)?;
+//! run.write(&a, &[1.0f32, 2.0, 3.0, 4.0])?;
+//! run.compute(&backend)?;
+//! assert_eq!(run.read::<f32>(&y)?, vec![3.0, 6.0, 9.0, 12.0]);
+//! # Ok(()) }
+//! ```
+
+mod alloc;
+mod backend;
+mod buffer;
+mod context;
+pub mod dtype;
+mod error;
+pub mod gguf;
+mod graph;
+mod ops;
+pub mod rpc;
+mod sched;
+mod tensor;
+
+pub use alloc::{Allocation, Gallocr};
+pub use backend::{ggml_version, Backend, Device, DeviceCaps, DeviceKind};
+pub use buffer::{BufferRef, BufferType, BufferUsage};
+pub use context::Context;
+pub use dtype::DType;
+pub use error::{Error, Operand, Result};
+pub use graph::Graph;
+pub use ops::{Interpolation, Pool, RopeMode};
+pub use sched::{Sched, SchedAllocation, MAX_BACKENDS};
+pub use tensor::{Element, Shape, Tensor, TensorFlags, TensorRef, TensorView};

@@ -1,0 +1,561 @@
+//! Ops. Each one checks the preconditions ggml would `GGML_ASSERT` (and abort on) and returns
+//! [`Error`] instead; the result lives in the context the op is called on, and that context
+//! keeps the operands' contexts alive.
+
+use super::context::Context;
+use super::dtype::DType;
+use super::error::{Error, Operand, Result};
+use super::tensor::{Tensor, TensorView};
+use ggml_sys as sys;
+
+/// How [`Context::interpolate`] samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interpolation {
+    Nearest,
+    /// Bilinear; `align_corners` as in PyTorch.
+    Bilinear { align_corners: bool },
+    /// Bicubic (a = -0.75); `align_corners` as in PyTorch.
+    Bicubic { align_corners: bool },
+}
+
+/// Pooling kind for [`Context::pool_2d`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pool {
+    Max,
+    Avg,
+}
+
+/// Rotary embedding pairing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeMode {
+    /// Adjacent pairs (x[2i], x[2i+1]).
+    Normal,
+    /// Rotate-half pairs (x[i], x[i + n_dims/2]), as GPT-NeoX and DINOv2-style RoPE.
+    Neox,
+}
+
+fn describe(tensors: &[&Tensor]) -> Vec<Operand> {
+    tensors.iter().map(|t| t.describe()).collect()
+}
+
+fn mismatch(op: &'static str, reason: impl Into<String>, tensors: &[&Tensor]) -> Error {
+    Error::ShapeMismatch { op, reason: reason.into(), operands: describe(tensors) }
+}
+
+fn require_contiguous(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.is_contiguous() {
+        Ok(())
+    } else {
+        Err(Error::NotContiguous { op, operand: t.describe() })
+    }
+}
+
+fn require_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> {
+    if allowed.contains(&t.dtype()) {
+        return Ok(());
+    }
+    let expected = allowed.iter().map(ToString::to_string).collect::<Vec<_>>().join(" or ");
+    Err(Error::DType { op, operand: t.describe(), got: t.dtype().to_string(), expected })
+}
+
+/// `b` can be broadcast into `a` (ggml_can_repeat).
+fn can_repeat(b: &Tensor, a: &Tensor) -> bool {
+    let (a, b) = (a.ne(), b.ne());
+    (0..4).all(|i| b[i] > 0 && a[i] % b[i] == 0)
+}
+
+/// ggml's output-size formula for convolutions.
+fn conv_out(size: i64, kernel: i64, stride: i32, pad: i32, dilation: i32) -> i64 {
+    (size + 2 * pad as i64 - dilation as i64 * (kernel - 1) - 1) / stride as i64 + 1
+}
+
+impl Context {
+    /// Wraps a freshly created op result and records the operands' contexts.
+    fn result(&self, raw: *mut sys::ggml_tensor, op: &str, operands: &[&Tensor]) -> Result<Tensor> {
+        for operand in operands {
+            self.use_operand(operand);
+        }
+        self.wrap(raw, op)
+    }
+
+    /// Room for one more tensor object (ops allocate no data in metadata-only contexts).
+    fn reserve_result(&self, dtype: DType, ne: [i64; 4]) -> Result<()> {
+        let data = if self.is_metadata_only() {
+            0
+        } else {
+            let ne = ne.map(|d| d.max(0) as u64);
+            dtype.nbytes(ne).unwrap_or(u64::MAX) as usize
+        };
+        self.inner().reserve(std::mem::size_of::<sys::ggml_tensor>().saturating_add(data))
+    }
+
+    fn reserve_like(&self, t: &Tensor) -> Result<()> {
+        self.reserve_result(t.dtype(), t.ne())
+    }
+
+    fn reserve_view(&self) -> Result<()> {
+        self.inner().reserve(std::mem::size_of::<sys::ggml_tensor>())
+    }
+
+    // --- matrix products --------------------------------------------------------------------
+
+    /// `a[K, M] x b[K, N] -> [M, N]` (batched over dims 2 and 3, `a` broadcast over `b`):
+    /// each output value is the dot product of a row of `a` and a row of `b`.
+    pub fn mul_mat(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let (an, bn) = (a.ne(), b.ne());
+        if an[0] != bn[0] {
+            return Err(mismatch("mul_mat", "ne[0] (the reduced dimension) differs", &[a, b]));
+        }
+        if bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
+            return Err(mismatch("mul_mat", "a's batch dims do not divide b's", &[a, b]));
+        }
+        if a.is_transposed() {
+            return Err(Error::NotContiguous { op: "mul_mat", operand: a.describe() });
+        }
+        self.reserve_result(DType::F32, [an[1], bn[1], bn[2], bn[3]])?;
+        // SAFETY: preconditions of ggml_mul_mat checked above; live tensors and context.
+        let raw = unsafe { sys::ggml_mul_mat(self.raw(), a.as_ptr(), b.as_ptr()) };
+        self.result(raw, "mul_mat", &[a, b])
+    }
+
+    // --- element-wise -------------------------------------------------------------------------
+
+    fn binary(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        b: &Tensor,
+        f: unsafe extern "C" fn(*mut sys::ggml_context, *mut sys::ggml_tensor, *mut sys::ggml_tensor) -> *mut sys::ggml_tensor,
+    ) -> Result<Tensor> {
+        if !can_repeat(b, a) {
+            return Err(mismatch(op, "b cannot be broadcast to a (each a.ne[i] must be a multiple of b.ne[i])", &[a, b]));
+        }
+        self.reserve_like(a)?;
+        // SAFETY: ggml_can_repeat(b, a) holds; live tensors and context.
+        let raw = unsafe { f(self.raw(), a.as_ptr(), b.as_ptr()) };
+        self.result(raw, op, &[a, b])
+    }
+    /// `a + b`, `b` broadcast to `a`'s shape.
+    pub fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary("add", a, b, sys::ggml_add)
+    }
+    /// `a - b`, `b` broadcast.
+    pub fn sub(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary("sub", a, b, sys::ggml_sub)
+    }
+    /// `a * b` element-wise, `b` broadcast.
+    pub fn mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary("mul", a, b, sys::ggml_mul)
+    }
+    /// `a / b` element-wise, `b` broadcast.
+    pub fn div(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.binary("div", a, b, sys::ggml_div)
+    }
+    /// `a * s`.
+    pub fn scale(&self, a: &Tensor, s: f32) -> Result<Tensor> {
+        self.reserve_like(a)?;
+        // SAFETY: no preconditions beyond live tensors.
+        let raw = unsafe { sys::ggml_scale(self.raw(), a.as_ptr(), s) };
+        self.result(raw, "scale", &[a])
+    }
+
+    fn unary(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        f: unsafe extern "C" fn(*mut sys::ggml_context, *mut sys::ggml_tensor) -> *mut sys::ggml_tensor,
+    ) -> Result<Tensor> {
+        let rows_contiguous = a.ne()[0] == a.dtype().block_size() as i64 || a.nb()[0] == a.dtype().type_size();
+        if !rows_contiguous {
+            return Err(Error::NotContiguous { op, operand: a.describe() });
+        }
+        self.reserve_like(a)?;
+        // SAFETY: rows contiguous (ggml_unary_impl's assertion); live tensors.
+        let raw = unsafe { f(self.raw(), a.as_ptr()) };
+        self.result(raw, op, &[a])
+    }
+    /// GELU with the exact erf form.
+    pub fn gelu_erf(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("gelu_erf", a, sys::ggml_gelu_erf)
+    }
+    /// GELU, tanh approximation.
+    pub fn gelu(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("gelu", a, sys::ggml_gelu)
+    }
+    pub fn silu(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("silu", a, sys::ggml_silu)
+    }
+    pub fn relu(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("relu", a, sys::ggml_relu)
+    }
+    pub fn exp(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("exp", a, sys::ggml_exp)
+    }
+    pub fn tanh(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("tanh", a, sys::ggml_tanh)
+    }
+    pub fn sigmoid(&self, a: &Tensor) -> Result<Tensor> {
+        self.unary("sigmoid", a, sys::ggml_sigmoid)
+    }
+
+    // --- normalisation --------------------------------------------------------------------------
+
+    /// Normalises each row (over ne[0]) to zero mean and unit variance.
+    pub fn norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
+        self.reserve_like(a)?;
+        // SAFETY: no preconditions beyond live tensors.
+        let raw = unsafe { sys::ggml_norm(self.raw(), a.as_ptr(), eps) };
+        self.result(raw, "norm", &[a])
+    }
+    /// Root-mean-square normalisation of each row.
+    pub fn rms_norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
+        self.reserve_like(a)?;
+        // SAFETY: no preconditions beyond live tensors.
+        let raw = unsafe { sys::ggml_rms_norm(self.raw(), a.as_ptr(), eps) };
+        self.result(raw, "rms_norm", &[a])
+    }
+    /// LayerNorm over ne[0]: `norm(a) * weight + bias`, weight and bias of shape [ne0].
+    pub fn layer_norm(&self, a: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+        for p in [weight, bias] {
+            if p.ne()[0] != a.ne()[0] || p.nelements() != p.ne()[0] {
+                return Err(mismatch("layer_norm", "weight and bias must be vectors of a's ne[0]", &[a, weight, bias]));
+            }
+        }
+        let n = self.norm(a, eps)?;
+        let n = self.mul(&n, weight)?;
+        self.add(&n, bias)
+    }
+
+    /// Softmax over ne[0] of `a * scale + mask` (mask optional, f32 or f16, broadcast).
+    pub fn soft_max_ext(&self, a: &Tensor, mask: Option<&Tensor>, scale: f32, max_bias: f32) -> Result<Tensor> {
+        require_contiguous("soft_max_ext", a)?;
+        if let Some(m) = mask {
+            require_dtype("soft_max_ext", m, &[DType::F16, DType::F32])?;
+            require_contiguous("soft_max_ext", m)?;
+            let (an, mn) = (a.ne(), m.ne());
+            if mn[0] != an[0] || mn[1] < an[1] || an[2] % mn[2] != 0 || an[3] % mn[3] != 0 {
+                return Err(mismatch("soft_max_ext", "mask does not cover a", &[a, m]));
+            }
+        } else if max_bias > 0.0 {
+            return Err(Error::InvalidArgument { op: "soft_max_ext", reason: "max_bias > 0 needs a mask".into() });
+        }
+        self.reserve_like(a)?;
+        let mask_ptr = mask.map_or(std::ptr::null_mut(), Tensor::as_ptr);
+        // SAFETY: checks above mirror ggml_soft_max_impl's assertions.
+        let raw = unsafe { sys::ggml_soft_max_ext(self.raw(), a.as_ptr(), mask_ptr, scale, max_bias) };
+        let mut operands = vec![a];
+        operands.extend(mask);
+        self.result(raw, "soft_max_ext", &operands)
+    }
+    /// Plain softmax over ne[0].
+    pub fn soft_max(&self, a: &Tensor) -> Result<Tensor> {
+        self.soft_max_ext(a, None, 1.0, 0.0)
+    }
+
+    /// Fused attention: `q [D, Tq, H, B]`, `k [D, Tk, Hk, B]`, `v [Dv, Tk, Hk, B]` (heads of
+    /// k/v broadcast over q's), result `[Dv, H, Tq, B]`. Mask (f16) optional.
+    pub fn flash_attn_ext(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f32) -> Result<Tensor> {
+        let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        if kn[0] != qn[0] || qn[2] % kn[2] != 0 || qn[3] % kn[3] != 0 {
+            return Err(mismatch("flash_attn_ext", "k must match q's head size and divide its heads", &[q, k]));
+        }
+        if qn[3] != kn[3] || qn[3] != vn[3] {
+            return Err(mismatch("flash_attn_ext", "q, k and v batch sizes (ne[3]) differ", &[q, k, v]));
+        }
+        if vn[1] != kn[1] || vn[2] != kn[2] {
+            return Err(mismatch("flash_attn_ext", "v must have k's length and heads", &[k, v]));
+        }
+        if let Some(m) = mask {
+            require_dtype("flash_attn_ext", m, &[DType::F16])?;
+            require_contiguous("flash_attn_ext", m)?;
+            let mn = m.ne();
+            if qn[2] % mn[2] != 0 || qn[3] % mn[3] != 0 || mn[0] != kn[1] || mn[1] < qn[1] {
+                return Err(mismatch("flash_attn_ext", "mask does not cover q x k", &[q, k, m]));
+            }
+        }
+        self.reserve_result(DType::F32, [vn[0], qn[2], qn[1], qn[3]])?;
+        let mask_ptr = mask.map_or(std::ptr::null_mut(), Tensor::as_ptr);
+        // SAFETY: checks above mirror ggml_flash_attn_ext's assertions.
+        let raw = unsafe { sys::ggml_flash_attn_ext(self.raw(), q.as_ptr(), k.as_ptr(), v.as_ptr(), mask_ptr, scale, 0.0, 0.0) };
+        let mut operands = vec![q, k, v];
+        operands.extend(mask);
+        let out = self.result(raw, "flash_attn_ext", &operands)?;
+        // SAFETY: `out` is a FLASH_ATTN_EXT node; f32 accumulation matches the reference.
+        unsafe { sys::ggml_flash_attn_ext_set_prec(out.as_ptr(), sys::GGML_PREC_F32) };
+        Ok(out)
+    }
+
+    /// Rotary embedding of the first `n_dims` values of each row of `a [D, H, T, B]` by the
+    /// positions `pos` (i32, length T), frequencies `freq_base^(-2i/n_dims)`.
+    pub fn rope(&self, a: &Tensor, pos: &Tensor, n_dims: usize, mode: RopeMode, freq_base: f32) -> Result<Tensor> {
+        require_dtype("rope", pos, &[DType::I32])?;
+        if pos.nelements() != pos.ne()[0] || pos.ne()[0] != a.ne()[2] {
+            return Err(mismatch("rope", "positions must be a vector of a.ne[2] values", &[a, pos]));
+        }
+        if n_dims == 0 || n_dims % 2 != 0 || n_dims as i64 > a.ne()[0] {
+            return Err(Error::InvalidArgument { op: "rope", reason: format!("n_dims {n_dims} must be even and at most ne[0] = {}", a.ne()[0]) });
+        }
+        self.reserve_like(a)?;
+        let mode = match mode {
+            RopeMode::Normal => 0,
+            RopeMode::Neox => sys::GGML_ROPE_TYPE_NEOX as i32,
+        };
+        // SAFETY: checks above mirror ggml_rope_impl's assertions (mode bit 0 clear, I32
+        // vector positions of length ne[2]); no frequency-factor tensor.
+        let raw = unsafe {
+            sys::ggml_rope_ext(self.raw(), a.as_ptr(), pos.as_ptr(), std::ptr::null_mut(), n_dims as i32, mode, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+        };
+        self.result(raw, "rope", &[a, pos])
+    }
+
+    // --- shape ----------------------------------------------------------------------------------
+
+    /// Same data, new shape (`ne` innermost first). Needs a contiguous tensor.
+    pub fn reshape(&self, a: &Tensor, ne: &[i64]) -> Result<Tensor> {
+        require_contiguous("reshape", a)?;
+        if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&d| d < 1) {
+            return Err(Error::InvalidShape { op: "reshape", ne: ne.to_vec(), reason: "1 to 4 positive dims".into() });
+        }
+        if ne.iter().product::<i64>() != a.nelements() {
+            return Err(Error::InvalidShape {
+                op: "reshape",
+                ne: ne.to_vec(),
+                reason: format!("{} elements cannot hold {}'s {}", ne.iter().product::<i64>(), a.name(), a.nelements()),
+            });
+        }
+        if ne[0] % a.dtype().block_size() as i64 != 0 {
+            return Err(Error::InvalidShape { op: "reshape", ne: ne.to_vec(), reason: "ne[0] not a multiple of the block size".into() });
+        }
+        self.reserve_view()?;
+        let mut n = [1i64; 4];
+        n[..ne.len()].copy_from_slice(ne);
+        // SAFETY: contiguous source with equal element count (ggml_reshape's assertions).
+        let raw = unsafe {
+            match ne.len() {
+                1 => sys::ggml_reshape_1d(self.raw(), a.as_ptr(), n[0]),
+                2 => sys::ggml_reshape_2d(self.raw(), a.as_ptr(), n[0], n[1]),
+                3 => sys::ggml_reshape_3d(self.raw(), a.as_ptr(), n[0], n[1], n[2]),
+                _ => sys::ggml_reshape_4d(self.raw(), a.as_ptr(), n[0], n[1], n[2], n[3]),
+            }
+        };
+        self.result(raw, "reshape", &[a])
+    }
+
+    /// A strided view into `a`: shape `ne`, byte strides `nb[1..]` for dims 1.. (`nb[0]` is the
+    /// element size), starting `offset` bytes into `a`. Must lie inside `a`.
+    pub fn view(&self, a: &Tensor, ne: &[i64], nb: &[usize], offset: usize) -> Result<Tensor> {
+        let op = "view";
+        if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&d| d < 1) || nb.len() + 1 != ne.len() {
+            return Err(Error::InvalidShape { op, ne: ne.to_vec(), reason: "1 to 4 positive dims and one stride per dim after the first".into() });
+        }
+        let dtype = a.dtype();
+        if ne[0] % dtype.block_size() as i64 != 0 {
+            return Err(Error::InvalidShape { op, ne: ne.to_vec(), reason: "ne[0] not a multiple of the block size".into() });
+        }
+        let row = dtype.row_size(ne[0] as u64).unwrap_or(u64::MAX) as usize;
+        // The bytes the view touches, and ggml's own (contiguous-size) bound.
+        let mut extent = row;
+        for (d, stride) in ne[1..].iter().zip(nb) {
+            extent = extent.saturating_add((*d as usize - 1).saturating_mul(*stride));
+        }
+        let contiguous = ne[1..].iter().fold(row, |acc, &d| acc.saturating_mul(d as usize));
+        // SAFETY: live tensor; plain field reads.
+        let (root_bytes, base_offset) = unsafe {
+            let t = &*a.as_ptr();
+            let root = if t.view_src.is_null() { a.as_ptr() } else { t.view_src };
+            (sys::ggml_nbytes(root), t.view_offs)
+        };
+        let fits_a = offset.checked_add(extent).is_some_and(|end| end <= a.nbytes());
+        let fits_root = base_offset.saturating_add(offset).saturating_add(contiguous) <= root_bytes;
+        if !fits_a || !fits_root {
+            return Err(Error::ViewOutOfBounds { op, operand: a.describe(), offset, bytes: extent.max(contiguous), available: a.nbytes() });
+        }
+        self.reserve_view()?;
+        let mut n = [1i64; 4];
+        n[..ne.len()].copy_from_slice(ne);
+        let mut s = [row; 3];
+        s[..nb.len()].copy_from_slice(nb);
+        // SAFETY: the view lies inside `a` and inside its root (ggml's assertion), checked above.
+        let raw = unsafe {
+            match ne.len() {
+                1 => sys::ggml_view_1d(self.raw(), a.as_ptr(), n[0], offset),
+                2 => sys::ggml_view_2d(self.raw(), a.as_ptr(), n[0], n[1], s[0], offset),
+                3 => sys::ggml_view_3d(self.raw(), a.as_ptr(), n[0], n[1], n[2], s[0], s[1], offset),
+                _ => sys::ggml_view_4d(self.raw(), a.as_ptr(), n[0], n[1], n[2], n[3], s[0], s[1], s[2], offset),
+            }
+        };
+        self.result(raw, op, &[a])
+    }
+
+    /// Reorders axes: source axis `i` becomes axis `axes[i]` (ggml's convention).
+    pub fn permute(&self, a: &Tensor, axes: [usize; 4]) -> Result<Tensor> {
+        let mut seen = [false; 4];
+        for &ax in &axes {
+            if ax >= 4 || std::mem::replace(&mut seen[ax], true) {
+                return Err(Error::InvalidArgument { op: "permute", reason: format!("axes {axes:?} are not a permutation of 0..4") });
+            }
+        }
+        self.reserve_view()?;
+        // SAFETY: distinct axes in 0..4 (ggml_permute's assertions).
+        let raw = unsafe { sys::ggml_permute(self.raw(), a.as_ptr(), axes[0] as i32, axes[1] as i32, axes[2] as i32, axes[3] as i32) };
+        self.result(raw, "permute", &[a])
+    }
+    /// Swaps dims 0 and 1 (a view).
+    pub fn transpose(&self, a: &Tensor) -> Result<Tensor> {
+        self.reserve_view()?;
+        // SAFETY: no preconditions.
+        let raw = unsafe { sys::ggml_transpose(self.raw(), a.as_ptr()) };
+        self.result(raw, "transpose", &[a])
+    }
+    /// A contiguous copy.
+    pub fn cont(&self, a: &Tensor) -> Result<Tensor> {
+        self.reserve_like(a)?;
+        // SAFETY: no preconditions.
+        let raw = unsafe { sys::ggml_cont(self.raw(), a.as_ptr()) };
+        self.result(raw, "cont", &[a])
+    }
+    /// Joins along `dim`; other dims and the types must match.
+    pub fn concat(&self, a: &Tensor, b: &Tensor, dim: usize) -> Result<Tensor> {
+        if dim >= 4 {
+            return Err(Error::InvalidArgument { op: "concat", reason: format!("dim {dim} outside 0..4") });
+        }
+        if a.dtype() != b.dtype() {
+            return Err(Error::DType { op: "concat", operand: b.describe(), got: b.dtype().to_string(), expected: a.dtype().to_string() });
+        }
+        let (an, bn) = (a.ne(), b.ne());
+        if (0..4).any(|d| d != dim && an[d] != bn[d]) {
+            return Err(mismatch("concat", format!("dims other than {dim} differ"), &[a, b]));
+        }
+        let mut ne = an;
+        ne[dim] += bn[dim];
+        self.reserve_result(a.dtype(), ne)?;
+        // SAFETY: same type, other dims equal, dim in range (ggml_concat's assertions).
+        let raw = unsafe { sys::ggml_concat(self.raw(), a.as_ptr(), b.as_ptr(), dim as i32) };
+        self.result(raw, "concat", &[a, b])
+    }
+    /// Rows of `a` picked by i32 indices `rows` ([n] or [n, a.ne2, a.ne3]).
+    pub fn get_rows(&self, a: &Tensor, rows: &Tensor) -> Result<Tensor> {
+        require_dtype("get_rows", rows, &[DType::I32])?;
+        let (an, rn) = (a.ne(), rows.ne());
+        if an[2] != rn[1] || an[3] != rn[2] || rn[3] != 1 {
+            return Err(mismatch("get_rows", "index batch dims must match a's dims 2 and 3", &[a, rows]));
+        }
+        let out = if a.dtype() == DType::I32 { DType::I32 } else { DType::F32 };
+        self.reserve_result(out, [an[0], rn[0], rn[1], rn[2]])?;
+        // SAFETY: checks above mirror ggml_get_rows's assertions.
+        let raw = unsafe { sys::ggml_get_rows(self.raw(), a.as_ptr(), rows.as_ptr()) };
+        self.result(raw, "get_rows", &[a, rows])
+    }
+    /// Zero padding after the end of each dim.
+    pub fn pad(&self, a: &Tensor, pad: [i32; 4]) -> Result<Tensor> {
+        if pad.iter().any(|&p| p < 0) {
+            return Err(Error::InvalidArgument { op: "pad", reason: format!("negative padding {pad:?}") });
+        }
+        let ne = a.ne();
+        self.reserve_result(a.dtype(), [0, 1, 2, 3].map(|i| ne[i] + pad[i] as i64))?;
+        // SAFETY: non-negative padding.
+        let raw = unsafe { sys::ggml_pad(self.raw(), a.as_ptr(), pad[0], pad[1], pad[2], pad[3]) };
+        self.result(raw, "pad", &[a])
+    }
+
+    // --- images ---------------------------------------------------------------------------------
+
+    /// 2D convolution in f32: `kernel [KW, KH, IC, OC]` over `input [W, H, IC, N]` ->
+    /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this).
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_2d(&self, kernel: &Tensor, input: &Tensor, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Result<Tensor> {
+        let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
+        let (kn, cn) = (kernel.ne(), columns.ne());
+        let columns_2d = self.reshape(&columns, &[cn[0], cn[1] * cn[2] * cn[3]])?;
+        let kernel_2d = if kernel.is_contiguous() {
+            self.reshape(kernel, &[kn[0] * kn[1] * kn[2], kn[3]])?
+        } else {
+            let k = self.cont(kernel)?;
+            self.reshape(&k, &[kn[0] * kn[1] * kn[2], kn[3]])?
+        };
+        let product = self.mul_mat(&columns_2d, &kernel_2d)?; // [OW*OH*N, OC]
+        let product = self.reshape(&product, &[cn[1], cn[2], cn[3], kn[3]])?; // [OW, OH, N, OC]
+        let product = self.permute(&product, [0, 1, 3, 2])?;
+        self.cont(&product)
+    }
+
+    /// Unfolds image patches into columns: `[IC*KH*KW, OW, OH, N]`.
+    pub fn im2col(&self, kernel: &Tensor, input: &Tensor, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32), dtype: DType) -> Result<Tensor> {
+        let (kn, inp) = (kernel.ne(), input.ne());
+        if kn[2] != inp[2] {
+            return Err(mismatch("conv_2d", "kernel input channels (ne[2]) differ from the input's (ne[2])", &[kernel, input]));
+        }
+        if stride.0 < 1 || stride.1 < 1 || dilation.0 < 1 || dilation.1 < 1 || padding.0 < 0 || padding.1 < 0 {
+            return Err(Error::InvalidArgument { op: "conv_2d", reason: format!("stride {stride:?}, padding {padding:?}, dilation {dilation:?}") });
+        }
+        let ow = conv_out(inp[0], kn[0], stride.0, padding.0, dilation.0);
+        let oh = conv_out(inp[1], kn[1], stride.1, padding.1, dilation.1);
+        if ow < 1 || oh < 1 {
+            return Err(mismatch("conv_2d", "the input is smaller than the kernel", &[kernel, input]));
+        }
+        require_dtype("im2col", kernel, &[DType::F32, DType::F16, DType::BF16])?;
+        self.reserve_result(dtype, [kn[0] * kn[1] * kn[2], ow, oh, inp[3]])?;
+        // SAFETY: channel match and positive output size (ggml_im2col's assertions).
+        let raw = unsafe {
+            sys::ggml_im2col(self.raw(), kernel.as_ptr(), input.as_ptr(), stride.0, stride.1, padding.0, padding.1, dilation.0, dilation.1, true, dtype.id())
+        };
+        self.result(raw, "im2col", &[kernel, input])
+    }
+
+    /// Transposed convolution, no padding: `kernel [KW, KH, OC, IC]` (PyTorch ConvTranspose
+    /// weights (IC, OC, KH, KW)) over `input [W, H, IC, N]` -> `[(W-1)*s+KW, (H-1)*s+KH, OC, N]`.
+    pub fn conv_transpose_2d(&self, kernel: &Tensor, input: &Tensor, stride: i32) -> Result<Tensor> {
+        let (kn, inp) = (kernel.ne(), input.ne());
+        if kn[3] != inp[2] {
+            return Err(mismatch("conv_transpose_2d", "kernel ne[3] (input channels) differs from the input's ne[2]", &[kernel, input]));
+        }
+        if stride < 1 {
+            return Err(Error::InvalidArgument { op: "conv_transpose_2d", reason: format!("stride {stride}") });
+        }
+        require_dtype("conv_transpose_2d", kernel, &[DType::F32, DType::F16])?;
+        let out = |i: i64, k: i64| (i - 1) * stride as i64 + k;
+        self.reserve_result(DType::F32, [out(inp[0], kn[0]), out(inp[1], kn[1]), kn[2], inp[3]])?;
+        // SAFETY: channel match (ggml_conv_transpose_2d_p0's assertion).
+        let raw = unsafe { sys::ggml_conv_transpose_2d_p0(self.raw(), kernel.as_ptr(), input.as_ptr(), stride) };
+        self.result(raw, "conv_transpose_2d", &[kernel, input])
+    }
+
+    /// 2D pooling over dims 0 and 1.
+    pub fn pool_2d(&self, a: &Tensor, pool: Pool, kernel: (i32, i32), stride: (i32, i32), padding: (f32, f32)) -> Result<Tensor> {
+        if kernel.0 < 1 || kernel.1 < 1 || stride.0 < 1 || stride.1 < 1 {
+            return Err(Error::InvalidArgument { op: "pool_2d", reason: format!("kernel {kernel:?}, stride {stride:?}") });
+        }
+        let ne = a.ne();
+        let out = |i: i64, k: i32, s: i32, p: f32| ((i as f32 + 2.0 * p - k as f32) / s as f32) as i64 + 1;
+        let (ow, oh) = (out(ne[0], kernel.0, stride.0, padding.0), out(ne[1], kernel.1, stride.1, padding.1));
+        if ow < 1 || oh < 1 {
+            return Err(mismatch("pool_2d", "the input is smaller than the kernel", &[a]));
+        }
+        self.reserve_result(DType::F32, [ow, oh, ne[2], ne[3]])?;
+        let op = match pool {
+            Pool::Max => sys::GGML_OP_POOL_MAX,
+            Pool::Avg => sys::GGML_OP_POOL_AVG,
+        };
+        // SAFETY: positive output size (ggml_pool_2d's assertions).
+        let raw = unsafe { sys::ggml_pool_2d(self.raw(), a.as_ptr(), op, kernel.0, kernel.1, stride.0, stride.1, padding.0, padding.1) };
+        self.result(raw, "pool_2d", &[a])
+    }
+
+    /// Resamples an f32 tensor to `ne`.
+    pub fn interpolate(&self, a: &Tensor, ne: [i64; 4], mode: Interpolation) -> Result<Tensor> {
+        require_dtype("interpolate", a, &[DType::F32])?;
+        if ne.iter().any(|&d| d < 1) {
+            return Err(Error::InvalidShape { op: "interpolate", ne: ne.to_vec(), reason: "every dim must be positive".into() });
+        }
+        let flag = sys::GGML_SCALE_FLAG_ALIGN_CORNERS as u32;
+        let mode = match mode {
+            Interpolation::Nearest => sys::GGML_SCALE_MODE_NEAREST as u32,
+            Interpolation::Bilinear { align_corners } => sys::GGML_SCALE_MODE_BILINEAR as u32 | if align_corners { flag } else { 0 },
+            Interpolation::Bicubic { align_corners } => sys::GGML_SCALE_MODE_BICUBIC as u32 | if align_corners { flag } else { 0 },
+        };
+        self.reserve_result(DType::F32, ne)?;
+        // SAFETY: f32 input and a valid mode without antialias (ggml_interpolate's assertions).
+        let raw = unsafe { sys::ggml_interpolate(self.raw(), a.as_ptr(), ne[0], ne[1], ne[2], ne[3], mode) };
+        self.result(raw, "interpolate", &[a])
+    }
+}

@@ -1,0 +1,83 @@
+//! ggml's RPC backend: a remote device reached over TCP, and the server that offers one.
+//!
+//! ggml's client aborts the process when a server is unreachable, so every client entry
+//! point here probes the TCP endpoint first. The protocol has no authentication: serve on
+//! loopback unless the network is trusted.
+
+use super::backend::{cstring, Device};
+use super::error::{Error, Result};
+use ggml_sys as sys;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::ptr::NonNull;
+use std::time::Duration;
+
+/// Resolves `host:port`.
+fn resolve(endpoint: &str) -> Result<SocketAddr> {
+    let unreachable = |source| Error::RpcUnreachable { endpoint: endpoint.to_owned(), source };
+    endpoint
+        .to_socket_addrs()
+        .map_err(unreachable)?
+        .next()
+        .ok_or_else(|| unreachable(std::io::Error::new(std::io::ErrorKind::NotFound, "the name resolves to no address")))
+}
+
+/// Checks that something accepts TCP connections at `endpoint` within `timeout`.
+pub fn probe(endpoint: &str, timeout: Duration) -> Result<()> {
+    let addr = resolve(endpoint)?;
+    TcpStream::connect_timeout(&addr, timeout)
+        .map(drop)
+        .map_err(|source| Error::RpcUnreachable { endpoint: endpoint.to_owned(), source })
+}
+
+impl Device {
+    /// The first device an RPC server at `endpoint` ("host:port") offers. Fails with
+    /// [`Error::RpcUnreachable`] instead of letting ggml abort when nothing listens there.
+    pub fn rpc(endpoint: &str) -> Result<Device> {
+        probe(endpoint, Duration::from_secs(3))?;
+        let c_endpoint = cstring("RPC endpoint", endpoint)?;
+        // SAFETY: the endpoint answered the probe; ggml caches one registry per endpoint and
+        // returns NULL when the server reports no devices.
+        let reg = unsafe { sys::ggml_backend_rpc_add_server(c_endpoint.as_ptr()) };
+        let reg = NonNull::new(reg).ok_or_else(|| Error::BackendInit {
+            name: format!("RPC[{endpoint}]"),
+            reason: "the server offers no devices".into(),
+        })?;
+        // SAFETY: the registry has at least one device (add_server returns NULL otherwise).
+        let dev = unsafe { sys::ggml_backend_reg_dev_get(reg.as_ptr(), 0) };
+        NonNull::new(dev).map(Device::from_raw).ok_or_else(|| Error::BackendInit {
+            name: format!("RPC[{endpoint}]"),
+            reason: "the server's registry has no device 0".into(),
+        })
+    }
+}
+
+/// Serves `device` (usually the CPU) to RPC clients at `endpoint`. Blocks for as long as the
+/// server runs; returns an error if the address cannot be bound.
+pub fn serve(endpoint: &str, device: Device, threads: usize) -> Result<()> {
+    let addr = resolve(endpoint)?;
+    // ggml only prints when it cannot bind; find out first so the caller gets an error.
+    TcpListener::bind(addr).map(drop).map_err(|source| Error::BackendInit {
+        name: format!("RPC server on {endpoint}"),
+        reason: format!("cannot listen: {source}"),
+    })?;
+    let c_endpoint = cstring("RPC endpoint", endpoint)?;
+    let mut devices = [device.as_ptr()];
+    // SAFETY: valid endpoint string and one registry device; the call serves until the
+    // process ends (or returns early on a socket error).
+    unsafe {
+        sys::ggml_backend_rpc_start_server(c_endpoint.as_ptr(), std::ptr::null(), threads.max(1), 1, devices.as_mut_ptr())
+    };
+    Err(Error::BackendInit { name: format!("RPC server on {endpoint}"), reason: "the serve loop stopped".into() })
+}
+
+/// Waits until `endpoint` accepts connections (a server just started elsewhere).
+pub fn wait_until_listening(endpoint: &str, timeout: Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match probe(endpoint, Duration::from_millis(200)) {
+            Ok(()) => return Ok(()),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => std::thread::sleep(Duration::from_millis(25)),
+        }
+    }
+}
