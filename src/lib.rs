@@ -7,3 +7,5 @@
 //! - [`da3`]: the Depth Anything 3 model: GGUF loading, preprocessing, graph, outputs.
 
 pub mod ggml;
+pub mod residency;
+pub mod da3;

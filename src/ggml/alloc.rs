@@ -56,11 +56,13 @@ impl Gallocr {
     /// # Ok(()) }
     /// ```
     pub fn alloc<'a>(&'a mut self, graph: &'a Graph) -> Result<Allocation<'a>> {
+        let placed = graph.unallocated_tensors();
         // SAFETY: live allocator and graph; returns false (no abort) when a buffer cannot be
         // allocated.
         if unsafe { sys::ggml_gallocr_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
-            Ok(Allocation { graph, buffer_type: self.buffer_type, _allocator: std::marker::PhantomData })
+            Ok(Allocation { graph, buffer_type: self.buffer_type, placed: Placed(placed), _allocator: std::marker::PhantomData })
         } else {
+            Placed(placed).release();
             Err(Error::Allocation { backend: self.buffer_type.name(), reason: "ggml_gallocr_alloc_graph failed".into() })
         }
     }
@@ -77,7 +79,32 @@ impl Drop for Gallocr {
 pub struct Allocation<'a> {
     graph: &'a Graph,
     buffer_type: BufferType,
+    placed: Placed,
     _allocator: std::marker::PhantomData<&'a mut Gallocr>,
+}
+
+/// The tensors an allocator gave memory to. When the allocation ends their pointers are
+/// cleared, so no tensor outlives its memory with a dangling `data`/`buffer` (the next
+/// allocation, or the residency pass, would otherwise read freed memory).
+pub(crate) struct Placed(pub(crate) Vec<NonNull<sys::ggml_tensor>>);
+
+impl Placed {
+    pub(crate) fn release(&mut self) {
+        for t in self.0.drain(..) {
+            // SAFETY: tensors of a graph that is still borrowed (alive); plain field writes
+            // undoing what the allocator set.
+            unsafe {
+                (*t.as_ptr()).data = std::ptr::null_mut();
+                (*t.as_ptr()).buffer = std::ptr::null_mut();
+            }
+        }
+    }
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 pub(crate) fn check_member(graph: &Graph, tensor: &Tensor) -> Result<()> {

@@ -267,3 +267,42 @@ unsafe fn raw_set(tensor: &Tensor, src: *const std::ffi::c_void, bytes: usize) {
         std::ptr::copy_nonoverlapping(src.cast::<u8>(), (*tensor.as_ptr()).data.cast::<u8>(), bytes);
     }
 }
+
+impl Context {
+    /// Copies `sources` (tensors with data: host memory or any backend's buffer) into new
+    /// tensors of this metadata-only context, allocated in one `buffer_type` buffer. Returns
+    /// the copies in order, named `<name>@<buffer type>`.
+    pub fn upload_copies(&self, sources: &[super::tensor::TensorRef<'_>], buffer_type: BufferType, usage: BufferUsage) -> Result<Vec<Tensor>> {
+        let mut copies = Vec::with_capacity(sources.len());
+        for src in sources {
+            if !src.has_data() {
+                return Err(Error::NotAllocated { operand: src.describe() });
+            }
+            if !src.is_contiguous() {
+                return Err(Error::NotContiguous { op: "upload_copies", operand: src.describe() });
+            }
+            let copy = self.new_tensor(src.dtype(), src.shape().dims())?;
+            copy.set_name(&format!("{}@{}", src.name(), buffer_type.name()));
+            copies.push(copy);
+        }
+        self.allocate_in(buffer_type, usage)?;
+        let mut staging = Vec::new();
+        for (src, copy) in sources.iter().zip(&copies) {
+            let bytes = src.nbytes();
+            // SAFETY: `src` has live memory (data set outside any allocation means a context
+            // owns it) of `bytes` contiguous bytes; `copy` was just allocated with the same
+            // type and shape, so both transfers are in bounds.
+            unsafe {
+                let t = src.raw().as_ptr();
+                if (*t).buffer.is_null() {
+                    sys::ggml_backend_tensor_set(copy.as_ptr(), (*t).data, 0, bytes);
+                } else {
+                    staging.resize(bytes, 0u8);
+                    sys::ggml_backend_tensor_get(t, staging.as_mut_ptr().cast(), 0, bytes);
+                    sys::ggml_backend_tensor_set(copy.as_ptr(), staging.as_ptr().cast(), 0, bytes);
+                }
+            }
+        }
+        Ok(copies)
+    }
+}

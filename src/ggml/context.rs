@@ -31,6 +31,9 @@ impl ContextInner {
     pub(crate) fn attach_buffer(&self, buffer: Buffer) {
         self.buffers.borrow_mut().push(buffer);
     }
+    pub(crate) fn kept_alive(&self) -> Vec<Rc<ContextInner>> {
+        self.keep_alive.borrow().clone()
+    }
     pub(crate) fn keep(self: &Rc<Self>, other: &Rc<ContextInner>) {
         if Rc::ptr_eq(self, other) {
             return;
@@ -125,6 +128,9 @@ impl Context {
         Self::init(mem_size, false)
     }
 
+    pub(crate) fn from_inner(inner: Rc<ContextInner>) -> Self {
+        Context { inner }
+    }
     pub(crate) fn inner(&self) -> &Rc<ContextInner> {
         &self.inner
     }

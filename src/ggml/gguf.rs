@@ -14,8 +14,13 @@
 //! All integers are little-endian; a string is a `u64` byte length followed by
 //! UTF-8 bytes without a terminator; an array value is an element type (`u32`),
 //! a count (`u64`) and the elements. Like ggml, this module rejects GGUF v1,
-//! arrays of arrays, empty keys, tensor names of 64 bytes or more, and more
-//! than four dimensions.
+//! arrays of arrays, empty keys, tensor names of 64 bytes or more, more than four
+//! dimensions, and tensor offsets other than the packed layout (each tensor
+//! follows the previous one, padded to the alignment). It accepts zero-sized
+//! dimensions and `n_dims == 0` (a scalar), as ggml does. Two deliberate
+//! differences: strings must be valid UTF-8 (ggml does not check), and the
+//! padding after the last tensor may be missing (only ggml's allocating loader
+//! needs it).
 //!
 //! [`GgufFile`] validates a whole file when it is opened, so every accessor
 //! afterwards is infallible or fails only on a metadata type mismatch.
@@ -859,10 +864,11 @@ impl<'a> Reader<'a> {
             key: key.to_owned(),
             type_id,
         })?;
+        let nested = || GgufError::NestedArray {
+            key: key.to_owned(),
+        };
         if ty == ValueType::Array {
-            return Err(GgufError::NestedArray {
-                key: key.to_owned(),
-            });
+            return Err(nested());
         }
         let offset = self.offset();
         let count = self.u64(&|| format!("length of array '{key}'"))?;
@@ -896,11 +902,7 @@ impl<'a> Reader<'a> {
             ValueType::U64 => Array::U64(self.vec(n, what)?),
             ValueType::I64 => Array::I64(self.vec(n, what)?),
             ValueType::F64 => Array::F64(self.vec(n, what)?),
-            ValueType::Array => {
-                return Err(GgufError::NestedArray {
-                    key: key.to_owned(),
-                })
-            }
+            ValueType::Array => return Err(nested()),
         })
     }
 }
@@ -964,7 +966,12 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Header, GgufError> {
         key_index.insert(key.clone(), metadata.len());
         metadata.push((key, value));
     }
-    let alignment = alignment_from(key_index.get(ALIGNMENT_KEY).map(|&i| &metadata[i].1))?;
+    let alignment = alignment_from(
+        key_index
+            .get(ALIGNMENT_KEY)
+            .and_then(|&i| metadata.get(i))
+            .map(|(_, v)| v),
+    )?;
 
     let mut tensors = Vec::with_capacity(n_tensors.min(MAX_PREALLOC));
     let mut tensor_index = HashMap::with_capacity(n_tensors.min(MAX_PREALLOC));
@@ -1133,10 +1140,11 @@ macro_rules! required {
 impl GgufFile {
     /// Memory-maps and validates the GGUF file at `path`.
     ///
-    /// The file must not be modified or truncated while the returned value is
-    /// alive (see the safety note in the source). Files written by
-    /// [`GgufWriter::write_to`] are replaced by rename, never modified in place,
-    /// so rewriting a model that is open is fine.
+    /// The file must not be modified or truncated, by this or any other process,
+    /// while the returned value is alive: that can crash the process (`SIGBUS`) or
+    /// make tensor data change under a borrow. Replacing the file by rename, as
+    /// [`GgufWriter::write_to`] does, is fine on Unix. When that cannot be
+    /// guaranteed, use `GgufFile::from_bytes(std::fs::read(path)?)` instead.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let io_err = |source| GgufError::Io {
@@ -1144,20 +1152,18 @@ impl GgufFile {
             source,
         };
         let file = File::open(path).map_err(io_err)?;
-        // SAFETY: `Mmap::map` is unsafe because the mapping aliases a file that other
-        // code can change. We only ever create this read-only view, and we hand out
-        // `&[u8]` borrowed from it, so Rust's rules require that the bytes do not
-        // change while `self` lives. Nothing in this process writes through the file
-        // (we opened it read-only and never remap it), but the OS cannot stop another
-        // process, or other code in this one, from writing to or truncating the file:
-        // a write would make the slices we returned change under their borrow (UB in
-        // the Rust model, though on Linux/macOS/Windows it just shows different
-        // bytes), and a truncation makes reading the lost pages raise SIGBUS. This is
-        // the same contract every mmap-based model loader (llama.cpp, candle,
-        // safetensors) relies on, and it is documented on this function: callers
-        // must not modify a GGUF file in place while it is open. Replacing it via
-        // rename (as `GgufWriter::write_to` does) is safe, because the mapping keeps
-        // the old inode alive.
+        // SAFETY: `Mmap::map` is unsafe because the mapped bytes belong to a file that
+        // can change behind our back. We open it read-only and never write through
+        // the map, but nothing stops another process (or other code in this one)
+        // from writing to or truncating the file while it is mapped. A write would
+        // change bytes under the `&[u8]` borrows this type hands out, which breaks
+        // Rust's aliasing rules (UB in principle; in practice the reader sees
+        // inconsistent data, and since every access is bounds-checked against the
+        // map's fixed length it cannot go out of bounds); a truncation makes reads of
+        // the lost pages raise SIGBUS. No API can rule this out for ordinary files,
+        // so, like llama.cpp, candle and safetensors, we make it the caller's
+        // obligation, documented above: do not modify a GGUF file in place while it
+        // is open. A rename-replace is harmless because the map keeps the old inode.
         let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
         Self::from_backing(Backing::Mmap(map), Some(path.to_owned()))
     }
@@ -1237,11 +1243,12 @@ impl GgufFile {
     pub fn tensor_data(&self, info: &TensorInfo) -> Result<&[u8], GgufError> {
         let size = info.nbytes();
         let start = self.header.data_offset.checked_add(info.offset);
-        let range = start
-            .zip(start.and_then(|s| s.checked_add(size)))
-            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
-        range
-            .and_then(|r| self.data.bytes().get(r))
+        let bytes = self.data.bytes();
+        start
+            .and_then(|s| {
+                Some(usize::try_from(s).ok()?..usize::try_from(s.checked_add(size)?).ok()?)
+            })
+            .and_then(|range| bytes.get(range))
             .ok_or_else(|| GgufError::DataOutOfBounds {
                 tensor: info.name.clone(),
                 offset: start.unwrap_or(u64::MAX),
@@ -1255,14 +1262,9 @@ impl GgufFile {
         key: &str,
         target: &'static str,
     ) -> Result<Option<T>, GgufError> {
-        let Some(value) = self.get(key) else {
+        let Some(int) = self.typed(key, target, Value::as_int)? else {
             return Ok(None);
         };
-        let int = value.as_int().ok_or_else(|| GgufError::WrongType {
-            key: key.to_owned(),
-            expected: target,
-            found: value.type_name(),
-        })?;
         T::try_from(int)
             .map(Some)
             .map_err(|_| GgufError::OutOfRange {
@@ -1465,8 +1467,9 @@ impl<'a> GgufWriter<'a> {
     pub fn set(&mut self, key: impl Into<String>, value: impl Into<Value>) -> &mut Self {
         let key = key.into();
         let value = value.into();
-        match self.key_index.get(&key) {
-            Some(&i) => self.metadata[i].1 = value,
+        let existing = self.key_index.get(&key).copied();
+        match existing.and_then(|i| self.metadata.get_mut(i)) {
+            Some(slot) => slot.1 = value,
             None => {
                 self.key_index.insert(key.clone(), self.metadata.len());
                 self.metadata.push((key, value));
@@ -1524,7 +1527,7 @@ impl<'a> GgufWriter<'a> {
                 dtype,
                 ne: ne4,
                 n_dims: ne.len(),
-                offset: 0,
+                offset: 0, // assigned when the header is encoded
             },
             data,
         });
@@ -1557,6 +1560,7 @@ impl<'a> GgufWriter<'a> {
             }
             info.dtype.id().write(&mut h);
             offset.write(&mut h);
+            // In-memory data cannot really overflow u64, but stay panic-free.
             offset = (t.data.len() as u64)
                 .checked_add(offset)
                 .and_then(|end| align_up(end, alignment))

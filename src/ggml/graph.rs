@@ -135,4 +135,75 @@ impl Graph {
         // SAFETY: live graph, NUL-terminated name.
         NonNull::new(unsafe { sys::ggml_graph_get_tensor(self.as_ptr(), c_name.as_ptr()) }).map(TensorRef::new)
     }
+
+    /// Tensors of the graph without memory (an allocator will place them).
+    pub(crate) fn unallocated_tensors(&self) -> Vec<NonNull<sys::ggml_tensor>> {
+        let mut out: Vec<_> = self.nodes().filter(|t| !t.has_data()).map(|t| t.raw()).collect();
+        out.extend(self.leafs.borrow().iter().copied().filter(|t| !TensorRef::new(*t).has_data()));
+        out
+    }
+
+    /// Every context the graph reaches: its own, the expanded tensors', and (transitively)
+    /// those their operands live in.
+    fn reachable_contexts(&self) -> Vec<Rc<ContextInner>> {
+        let mut out: Vec<Rc<ContextInner>> = Vec::new();
+        let mut stack: Vec<Rc<ContextInner>> = self.contexts.borrow().clone();
+        while let Some(ctx) = stack.pop() {
+            if out.iter().any(|c| Rc::ptr_eq(c, &ctx)) {
+                continue;
+            }
+            stack.extend(ctx.kept_alive());
+            out.push(ctx);
+        }
+        out
+    }
+
+    /// Gives every host tensor the graph reaches (data in a host context's pool, no buffer)
+    /// a real CPU buffer wrapping that pool, so that ggml's scheduler can see where it lives
+    /// and copy it to the device that needs it. Returns how many tensors got a buffer.
+    pub fn wrap_host_memory(&self, usage: super::buffer::BufferUsage) -> Result<usize> {
+        let mut wrapped = 0;
+        for ctx in self.reachable_contexts() {
+            let ctx = Context::from_inner(ctx);
+            if !ctx.is_metadata_only() && ctx.tensors().iter().any(|t| t.buffer().is_none() && t.has_data()) {
+                wrapped += ctx.wrap_host_memory(usage)?;
+            }
+        }
+        Ok(wrapped)
+    }
+
+    /// Makes `node` read `replacement` instead of its source in `slot` (same type and shape),
+    /// and keeps the replacement's context alive with the graph.
+    pub fn replace_source(&self, node: &TensorRef<'_>, slot: usize, replacement: &Tensor) -> Result<()> {
+        let op = "replace_source";
+        if !self.contains(node) || slot >= sys::GGML_MAX_SRC as usize {
+            return Err(Error::InvalidArgument { op, reason: format!("`{}` slot {slot} is not a source of this graph", node.name()) });
+        }
+        // SAFETY: a live node of this graph (checked); reading its source array.
+        let current = unsafe { (*node.raw().as_ptr()).src[slot] };
+        let Some(current) = NonNull::new(current).map(TensorRef::new) else {
+            return Err(Error::InvalidArgument { op, reason: format!("`{}` has no source {slot}", node.name()) });
+        };
+        if current.dtype() != replacement.dtype() || current.ne() != replacement.ne() || !replacement.is_contiguous() {
+            return Err(Error::ShapeMismatch {
+                op,
+                reason: "the replacement must be a contiguous tensor of the same type and shape".into(),
+                operands: vec![current.describe(), replacement.describe()],
+            });
+        }
+        if !self.contains(replacement) && self.n_leafs() + 1 > self.capacity {
+            return Err(Error::GraphFull { tensor: replacement.name(), nodes: self.n_nodes(), leafs: self.n_leafs() + 1, capacity: self.capacity });
+        }
+        // SAFETY: same type and shape (checked); the replacement stays alive with the graph
+        // (its context is recorded below) and its memory is owned by that context.
+        unsafe { (*node.raw().as_ptr()).src[slot] = replacement.as_ptr() };
+        if self.visited.borrow_mut().insert(replacement.id()) {
+            self.leafs.borrow_mut().push(replacement.as_ref().raw());
+        }
+        let mut contexts = self.contexts.borrow_mut();
+        if !contexts.iter().any(|c| Rc::ptr_eq(c, replacement.ctx())) {
+            contexts.push(replacement.ctx().clone());
+        }
+        Ok(())
+    }
 }

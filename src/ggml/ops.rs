@@ -159,6 +159,14 @@ impl Context {
         self.result(raw, "scale", &[a])
     }
 
+    /// `a * s + b`.
+    pub fn scale_bias(&self, a: &Tensor, s: f32, b: f32) -> Result<Tensor> {
+        self.reserve_like(a)?;
+        // SAFETY: no preconditions beyond live tensors.
+        let raw = unsafe { sys::ggml_scale_bias(self.raw(), a.as_ptr(), s, b) };
+        self.result(raw, "scale_bias", &[a])
+    }
+
     fn unary(
         &self,
         op: &'static str,

@@ -1,7 +1,7 @@
 //! ggml's multi-backend scheduler (`ggml_backend_sched`): splits a graph between backends and
 //! copies tensors across, at a per-compute cost.
 
-use super::alloc::check_member;
+use super::alloc::{check_member, Placed};
 use super::backend::Backend;
 use super::buffer;
 use super::error::{Error, Result};
@@ -78,11 +78,12 @@ impl Sched {
             // SAFETY: live scheduler, one of its backends, a tensor of the graph.
             unsafe { sys::ggml_backend_sched_set_tensor_backend(self.raw.as_ptr(), tensor.as_ptr(), backend.as_ptr()) };
         }
+        let placed = Placed(graph.unallocated_tensors());
         // SAFETY: live scheduler and graph within its size.
         if !unsafe { sys::ggml_backend_sched_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
             return Err(Error::Allocation { backend: "sched".into(), reason: "ggml_backend_sched_alloc_graph failed".into() });
         }
-        Ok(SchedAllocation { sched: self, graph })
+        Ok(SchedAllocation { sched: self, graph, _placed: placed })
     }
 }
 
@@ -97,6 +98,7 @@ impl Drop for Sched {
 pub struct SchedAllocation<'a> {
     sched: &'a mut Sched,
     graph: &'a Graph,
+    _placed: Placed,
 }
 
 impl SchedAllocation<'_> {

@@ -225,9 +225,25 @@ pub struct TensorRef<'a> {
     _borrow: PhantomData<&'a sys::ggml_tensor>,
 }
 
-impl TensorRef<'_> {
+impl<'a> TensorRef<'a> {
     pub(crate) fn new(raw: NonNull<sys::ggml_tensor>) -> Self {
         TensorRef { raw, _borrow: PhantomData }
+    }
+    /// The op's operands with their source slots (ggml's `src[slot]`), valid as long as this
+    /// reference.
+    pub fn sources_with_slots(&self) -> Vec<(usize, TensorRef<'a>)> {
+        // SAFETY: live tensor; its sources are kept alive with it (see Context keep-alive).
+        let srcs = unsafe { (*self.raw.as_ptr()).src };
+        srcs.iter().enumerate().filter_map(|(i, s)| NonNull::new(*s).map(|s| (i, TensorRef::new(s)))).collect()
+    }
+    /// The op's operands, valid as long as this reference.
+    pub fn sources(&self) -> Vec<TensorRef<'a>> {
+        self.sources_with_slots().into_iter().map(|(_, s)| s).collect()
+    }
+    /// The tensor this one is a view of, valid as long as this reference.
+    pub fn view_source(&self) -> Option<TensorRef<'a>> {
+        // SAFETY: live tensor; view_src outlives its views.
+        NonNull::new(unsafe { (*self.raw.as_ptr()).view_src }).map(TensorRef::new)
     }
 }
 

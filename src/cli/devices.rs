@@ -1,0 +1,30 @@
+//! `da3 devices`: what ggml can compute on here.
+
+use da3::ggml::{ggml_version, Device};
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Also list the device of an RPC server at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    rpc: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(endpoint) = &args.rpc {
+        Device::rpc(endpoint)?;
+    }
+    println!("ggml {}", ggml_version());
+    for device in Device::all() {
+        let (free, total) = device.memory();
+        println!(
+            "{:<24} {:<14} {:>8.1} / {:>8.1} GiB free  {}",
+            device.name(),
+            format!("{:?}", device.kind()),
+            free as f64 / (1u64 << 30) as f64,
+            total as f64 / (1u64 << 30) as f64,
+            device.description()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,243 @@
+//! The DINOv2 backbone with DA3's additions: a camera token, 2D RoPE, QK-norm, and
+//! alternating local/global attention. Tokens are `[embed, n_tokens]` (ggml order), token 0
+//! first.
+
+use super::config::{Ffn, VitConfig};
+use super::weights::{Linear, Loader, Norm, Role};
+use super::Error;
+use crate::ggml::{Context, RopeMode, Tensor, TensorView};
+
+/// Host-computed inputs that depend only on the resolution (set once per graph).
+pub struct BackboneConstants {
+    /// Positional embedding resampled to the patch grid, cls row first: [embed, tokens].
+    pub pos_embed: Tensor,
+    /// RoPE positions (i32, one per token): rows/cols in local blocks ("patch at (r+1, c+1)")
+    /// and in global blocks (every patch at (1, 1) for a single view); token 0 at (0, 0).
+    pub local_y: Tensor,
+    pub local_x: Tensor,
+    pub global_y: Tensor,
+    pub global_x: Tensor,
+}
+
+enum FfnWeights {
+    Mlp { fc1: Linear, fc2: Linear },
+    SwiGlu { w12: Linear, w3: Linear, hidden: usize },
+}
+
+struct Block {
+    norm1: Norm,
+    attn_qkv: Linear,
+    qk_norm: Option<(Norm, Norm)>,
+    attn_proj: Linear,
+    ls1: Tensor,
+    norm2: Norm,
+    ffn: FfnWeights,
+    ls2: Tensor,
+    rope: bool,
+}
+
+/// Backbone weights.
+pub struct Backbone {
+    cfg: VitConfig,
+    patch_embed_w: Tensor,
+    patch_embed_b: Tensor,
+    cls_token: Tensor,
+    camera_token: Option<Tensor>,
+    blocks: Vec<Block>,
+    norm: Norm,
+}
+
+/// What the head and the camera decoder take from the backbone.
+pub struct BackboneOutput {
+    /// Per out layer, patch tokens only: [feature_dim, n_patches].
+    pub features: Vec<Tensor>,
+    /// Token 0 of the last out layer, concat(local_x, x), not normalised: [feature_dim, 1].
+    pub camera_token: Tensor,
+    /// Tokens after patch embedding and positional embedding (for stage checks).
+    pub tokens_in: Tensor,
+}
+
+impl Block {
+    fn load(l: &mut Loader<'_>, cfg: &VitConfig, i: usize) -> Result<Self, Error> {
+        let e = cfg.embed_dim;
+        let p = format!("vit.blk.{i}");
+        let qk_norm = match cfg.qknorm_start {
+            Some(start) if i >= start => Some((
+                Norm::load(l, &format!("{p}.attn_qnorm"), cfg.head_dim(), cfg.qk_ln_eps)?,
+                Norm::load(l, &format!("{p}.attn_knorm"), cfg.head_dim(), cfg.qk_ln_eps)?,
+            )),
+            _ => None,
+        };
+        let ffn = match cfg.ffn {
+            Ffn::Mlp => FfnWeights::Mlp {
+                fc1: Linear::load(l, &format!("{p}.mlp_fc1"), e, cfg.mlp_hidden)?,
+                fc2: Linear::load(l, &format!("{p}.mlp_fc2"), cfg.mlp_hidden, e)?,
+            },
+            Ffn::SwiGlu => FfnWeights::SwiGlu {
+                w12: Linear::load(l, &format!("{p}.mlp_w12"), e, 2 * cfg.mlp_hidden)?,
+                w3: Linear::load(l, &format!("{p}.mlp_w3"), cfg.mlp_hidden, e)?,
+                hidden: cfg.mlp_hidden,
+            },
+        };
+        Ok(Block {
+            norm1: Norm::load(l, &format!("{p}.norm1"), e, cfg.block_ln_eps)?,
+            attn_qkv: Linear::load(l, &format!("{p}.attn_qkv"), e, 3 * e)?,
+            qk_norm,
+            attn_proj: Linear::load(l, &format!("{p}.attn_proj"), e, e)?,
+            ls1: l.tensor(&format!("{p}.ls1"), &[e], Role::F32)?,
+            norm2: Norm::load(l, &format!("{p}.norm2"), e, cfg.block_ln_eps)?,
+            ffn,
+            ls2: l.tensor(&format!("{p}.ls2"), &[e], Role::F32)?,
+            rope: cfg.rope_start.is_some_and(|s| i >= s),
+        })
+    }
+
+    /// `x + ls1 * attn(norm1(x))`, then `+ ls2 * ffn(norm2(x))`.
+    fn forward(&self, g: &Context, cfg: &VitConfig, x: &Tensor, pos: Option<(&Tensor, &Tensor)>, name: &str) -> Result<Tensor, Error> {
+        let h = self.norm1.forward(g, x)?;
+        let attn = self.attention(g, cfg, &h, pos)?;
+        let x = g.add(x, &g.mul(&attn, &self.ls1)?)?;
+        let h = self.norm2.forward(g, &x)?;
+        let f = match &self.ffn {
+            FfnWeights::Mlp { fc1, fc2 } => fc2.forward(g, &g.gelu_erf(&fc1.forward(g, &h)?)?)?,
+            FfnWeights::SwiGlu { w12, w3, hidden } => {
+                let ab = w12.forward(g, &h)?;
+                let t = ab.ne()[1];
+                let row = ab.nb()[1];
+                let a = g.view(&ab, &[*hidden as i64, t], &[row], 0)?;
+                let b = g.view(&ab, &[*hidden as i64, t], &[row], hidden * 4)?;
+                w3.forward(g, &g.mul(&g.silu(&a)?, &b)?)?
+            }
+        };
+        Ok(g.add(&x, &g.mul(&f, &self.ls2)?)?.named(name))
+    }
+
+    fn attention(&self, g: &Context, cfg: &VitConfig, h: &Tensor, pos: Option<(&Tensor, &Tensor)>) -> Result<Tensor, Error> {
+        let (e, heads, d) = (cfg.embed_dim as i64, cfg.num_heads as i64, cfg.head_dim() as i64);
+        let qkv = self.attn_qkv.forward(g, h)?; // [3E, T], rows ordered (q|k|v, head, dim)
+        let t = qkv.ne()[1];
+        let row = qkv.nb()[1];
+        let split = |i: i64| -> Result<Tensor, Error> {
+            let v = g.view(&qkv, &[d, heads, t], &[d as usize * 4, row], (i * e) as usize * 4)?;
+            Ok(g.cont(&v)?) // [D, H, T]
+        };
+        let (mut q, mut k, v) = (split(0)?, split(1)?, split(2)?);
+        if let Some((qn, kn)) = &self.qk_norm {
+            q = qn.forward(g, &q)?;
+            k = kn.forward(g, &k)?;
+        }
+        if let (true, Some((py, px))) = (self.rope, pos) {
+            q = rope_2d(g, &q, py, px, cfg.rope_freq)?;
+            k = rope_2d(g, &k, py, px, cfg.rope_freq)?;
+        }
+        // [D, H, T] -> [D, T, H] for per-head products.
+        let q = g.cont(&g.permute(&q, [0, 2, 1, 3])?)?;
+        let k = g.cont(&g.permute(&k, [0, 2, 1, 3])?)?;
+        let v_t = g.cont(&g.permute(&v, [1, 2, 0, 3])?)?; // [T, D, H]
+        let scores = g.mul_mat(&k, &q)?; // [Tk, Tq, H]
+        let probs = g.soft_max_ext(&scores, None, 1.0 / (d as f32).sqrt(), 0.0)?;
+        let out = g.mul_mat(&v_t, &probs)?; // [D, Tq, H]
+        let out = g.cont(&g.permute(&out, [0, 2, 1, 3])?)?; // [D, H, T]
+        let out = g.reshape(&out, &[e, t])?;
+        self.attn_proj.forward(g, &out)
+    }
+}
+
+/// 2D RoPE: the first half of each head rotates by the row position, the second by the
+/// column, each with rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`.
+fn rope_2d(g: &Context, x: &Tensor, pos_y: &Tensor, pos_x: &Tensor, freq: f32) -> Result<Tensor, Error> {
+    let [d, heads, t, _] = x.ne();
+    let half = d / 2;
+    let nb = x.nb();
+    let y_half = g.view(x, &[half, heads, t], &[nb[1], nb[2]], 0)?;
+    let x_half = g.view(x, &[half, heads, t], &[nb[1], nb[2]], half as usize * 4)?;
+    let y_rot = g.rope(&g.cont(&y_half)?, pos_y, half as usize, RopeMode::Neox, freq)?;
+    let x_rot = g.rope(&g.cont(&x_half)?, pos_x, half as usize, RopeMode::Neox, freq)?;
+    Ok(g.concat(&y_rot, &x_rot, 0)?)
+}
+
+impl Backbone {
+    pub fn load(l: &mut Loader<'_>, cfg: &VitConfig) -> Result<Self, Error> {
+        let (e, p) = (cfg.embed_dim, cfg.patch_size);
+        let n_pos = cfg.pos_embed_grid * cfg.pos_embed_grid + 1;
+        let blocks = (0..cfg.depth).map(|i| Block::load(l, cfg, i)).collect::<Result<Vec<_>, _>>()?;
+        // Shape checks for the tokens used on the host.
+        l.shape_of("vit.pos_embed").and_then(|s| {
+            if s.iter().product::<usize>() == n_pos * e {
+                Ok(())
+            } else {
+                Err(Error::Weights(format!("tensor `vit.pos_embed` has shape {s:?}, expected [1, {n_pos}, {e}]")))
+            }
+        })?;
+        Ok(Backbone {
+            cfg: cfg.clone(),
+            patch_embed_w: l.tensor("vit.patch_embed.weight", &[e, 3, p, p], Role::F32)?,
+            patch_embed_b: l.tensor("vit.patch_embed.bias", &[e], Role::F32)?,
+            cls_token: l.tensor("vit.cls_token", &[1, 1, e], Role::F32)?,
+            camera_token: match cfg.alt_start {
+                Some(_) => Some(l.tensor("vit.camera_token", &[1, 2, e], Role::F32)?),
+                None => None,
+            },
+            blocks,
+            norm: Norm::load(l, "vit.norm", e, cfg.final_ln_eps)?,
+        })
+    }
+
+    /// Builds the backbone on `image` ([W, H, 3, 1], normalised).
+    pub fn forward(&self, g: &Context, image: &Tensor, c: &BackboneConstants) -> Result<BackboneOutput, Error> {
+        let cfg = &self.cfg;
+        let (e, p) = (cfg.embed_dim as i64, cfg.patch_size as i32);
+        // Patch embedding as one product: columns [3*p*p, gw, gh] x kernel -> [E, patches].
+        let columns = g.im2col(&self.patch_embed_w, image, (p, p), (0, 0), (1, 1), crate::ggml::DType::F32)?;
+        let [k, gw, gh, _] = columns.ne();
+        let columns = g.reshape(&columns, &[k, gw * gh])?;
+        let kernel = g.reshape(&self.patch_embed_w, &[k, e])?;
+        let patches = g.add(&g.mul_mat(&kernel, &columns)?, &self.patch_embed_b)?;
+        let cls = g.reshape(&self.cls_token, &[e, 1])?;
+        let tokens = g.concat(&cls, &patches, 1)?;
+        let mut x = g.add(&tokens, &c.pos_embed)?.named("tokens_in");
+        let tokens_in = x.clone();
+        let t = x.ne()[1];
+
+        let mut local_x = x.clone();
+        let mut features = Vec::new();
+        let mut camera_token = None;
+        for (i, block) in self.blocks.iter().enumerate() {
+            if cfg.alt_start == Some(i) {
+                let cam = self.camera_token.as_ref().expect("loaded with alt_start");
+                let cam0 = g.view(cam, &[e, 1], &[cam.nb()[1]], 0)?;
+                let rest = g.view(&x, &[e, t - 1], &[x.nb()[1]], x.nb()[1])?;
+                x = g.concat(&cam0, &rest, 1)?;
+            }
+            let global = cfg.alt_start.is_some_and(|s| i >= s && i % 2 == 1);
+            let pos = if global { (&c.global_y, &c.global_x) } else { (&c.local_y, &c.local_x) };
+            x = block.forward(g, cfg, &x, Some(pos), &format!("blk.{i}"))?;
+            if !global {
+                local_x = x.clone();
+            }
+            if cfg.out_layers.contains(&i) {
+                let normed = self.norm.forward(g, &x)?;
+                let (feature, raw) = if cfg.cat_token {
+                    (g.concat(&local_x, &normed, 0)?, Some(g.concat(&local_x, &x, 0)?))
+                } else {
+                    (normed, None)
+                };
+                let c_dim = feature.ne()[0];
+                let patches = g.view(&feature, &[c_dim, t - 1], &[feature.nb()[1]], feature.nb()[1])?;
+                features.push(g.cont(&patches)?.named(&format!("feat{}", features.len())));
+                if let Some(raw) = raw {
+                    camera_token = Some(g.cont(&g.view(&raw, &[c_dim, 1], &[raw.nb()[1]], 0)?)?);
+                }
+            }
+        }
+        let camera_token = match camera_token {
+            Some(t) => t,
+            None => g.cont(&g.view(&x, &[e, 1], &[x.nb()[1]], 0)?)?,
+        };
+        Ok(BackboneOutput { features, camera_token, tokens_in })
+    }
+
+    pub fn config(&self) -> &VitConfig {
+        &self.cfg
+    }
+}

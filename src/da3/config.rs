@@ -1,0 +1,295 @@
+//! Hyperparameters: one preset per official variant, read back from GGUF metadata.
+
+use super::Error;
+use crate::ggml::gguf::GgufFile;
+
+/// The feed-forward block of the backbone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ffn {
+    /// fc1 -> exact GELU -> fc2.
+    Mlp,
+    /// w12 -> split -> silu(a) * b -> w3 (DINOv2 giant).
+    SwiGlu,
+}
+
+/// The dense head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadKind {
+    /// Depth + confidence (and a ray branch this crate skips); features are concat(local, x).
+    DualDpt,
+    /// Depth + sky (mono / metric models).
+    Dpt,
+}
+
+/// Backbone (DINOv2 with DA3's camera token, 2D RoPE, QK-norm and alternating attention).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VitConfig {
+    pub embed_dim: usize,
+    pub depth: usize,
+    pub num_heads: usize,
+    pub mlp_hidden: usize,
+    pub ffn: Ffn,
+    /// First block of alternating local/global attention (camera token inserted before it).
+    pub alt_start: Option<usize>,
+    pub rope_start: Option<usize>,
+    pub qknorm_start: Option<usize>,
+    pub rope_freq: f32,
+    /// Head input is concat(local_x, norm(x)) (DualDPT models).
+    pub cat_token: bool,
+    pub out_layers: [usize; 4],
+    pub patch_size: usize,
+    /// The pretrained positional grid is `pos_embed_grid` x `pos_embed_grid` (+ cls).
+    pub pos_embed_grid: usize,
+    pub interpolate_offset: f32,
+    pub block_ln_eps: f32,
+    pub qk_ln_eps: f32,
+    pub final_ln_eps: f32,
+}
+
+impl VitConfig {
+    pub fn head_dim(&self) -> usize {
+        self.embed_dim / self.num_heads
+    }
+    /// Width of each feature the head receives.
+    pub fn feature_dim(&self) -> usize {
+        if self.cat_token {
+            2 * self.embed_dim
+        } else {
+            self.embed_dim
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeadConfig {
+    pub kind: HeadKind,
+    pub features: usize,
+    pub out_channels: [usize; 4],
+    /// 2 (depth, confidence) for DualDPT, 1 for DPT.
+    pub output_dim: usize,
+    /// Adds 0.1 x the UV sin/cos embedding to the projected features and the upsampled map.
+    pub pos_embed: bool,
+    /// LayerNorm on the features before projection (DualDPT: always).
+    pub norm: bool,
+    pub sky: bool,
+    pub ln_eps: f32,
+}
+
+/// A whole model's hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Preset name ("da3-small", "da3mono-large", ...), or the file's checkpoint name.
+    pub name: String,
+    pub vit: VitConfig,
+    pub head: HeadConfig,
+    /// Camera decoder width (DualDPT models), for pose.
+    pub cam_dim: Option<usize>,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The preset names [`Config::preset`] knows.
+pub const PRESETS: &[&str] = &["da3-small", "da3-base", "da3-large", "da3-giant", "da3mono-large", "da3metric-large", "da3-tiny"];
+
+impl Config {
+    /// The official variants (and `da3-tiny`, a small model of the same shape used for the
+    /// built-in default and the committed test fixtures).
+    pub fn preset(name: &str) -> Result<Config, Error> {
+        let dual = |name: &str, embed: usize, depth: usize, heads: usize, alt: usize, out: [usize; 4], features: usize, oc: [usize; 4]| Config {
+            name: name.to_owned(),
+            vit: VitConfig {
+                embed_dim: embed,
+                depth,
+                num_heads: heads,
+                mlp_hidden: 4 * embed,
+                ffn: Ffn::Mlp,
+                alt_start: Some(alt),
+                rope_start: Some(alt),
+                qknorm_start: Some(alt),
+                rope_freq: 100.0,
+                cat_token: true,
+                out_layers: out,
+                patch_size: 14,
+                pos_embed_grid: 37,
+                interpolate_offset: 0.1,
+                block_ln_eps: 1e-6,
+                qk_ln_eps: 1e-5,
+                final_ln_eps: 1e-5,
+            },
+            head: HeadConfig { kind: HeadKind::DualDpt, features, out_channels: oc, output_dim: 2, pos_embed: true, norm: true, sky: false, ln_eps: 1e-5 },
+            cam_dim: Some(2 * embed),
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
+        };
+        let mono = |name: &str| {
+            let mut c = dual(name, 1024, 24, 16, 0, [4, 11, 17, 23], 256, [256, 512, 1024, 1024]);
+            c.vit.alt_start = None;
+            c.vit.rope_start = None;
+            c.vit.qknorm_start = None;
+            c.vit.cat_token = false;
+            c.head = HeadConfig { kind: HeadKind::Dpt, features: 256, out_channels: [256, 512, 1024, 1024], output_dim: 1, pos_embed: false, norm: false, sky: true, ln_eps: 1e-5 };
+            c.cam_dim = None;
+            c
+        };
+        Ok(match name {
+            "da3-tiny" => dual(name, 128, 4, 2, 2, [0, 1, 2, 3], 32, [16, 32, 64, 128]),
+            "da3-small" => dual(name, 384, 12, 6, 4, [5, 7, 9, 11], 64, [48, 96, 192, 384]),
+            "da3-base" => dual(name, 768, 12, 12, 4, [5, 7, 9, 11], 128, [96, 192, 384, 768]),
+            "da3-large" => dual(name, 1024, 24, 16, 8, [11, 15, 19, 23], 256, [256, 512, 1024, 1024]),
+            "da3-giant" => {
+                let mut c = dual(name, 1536, 40, 24, 13, [19, 27, 33, 39], 256, [256, 512, 1024, 1024]);
+                c.vit.ffn = Ffn::SwiGlu;
+                // DINOv2's fused SwiGLU: hidden = round_up(int(4 * embed * 2 / 3), 8).
+                c.vit.mlp_hidden = (4 * 1536 * 2 / 3usize).div_ceil(8) * 8;
+                c
+            }
+            "da3mono-large" | "da3metric-large" => mono(name),
+            other => {
+                return Err(Error::Config(format!("unknown preset `{other}`; known: {}", PRESETS.join(", "))));
+            }
+        })
+    }
+
+    /// Reads the hyperparameters of a GGUF file in depth-anything.cpp's layout (keys under
+    /// `depthanything3.`). Missing keys fall back to the preset named by
+    /// `checkpoint_name`; the tensor shapes are checked later, when weights load.
+    pub fn from_gguf(file: &GgufFile) -> Result<Config, Error> {
+        let arch = match file.opt_str("general.architecture")? {
+            Some(a) => a.to_owned(),
+            None => file.opt_str("depthanything3.arch")?.map(str::to_owned).unwrap_or_default(),
+        };
+        if arch != "depthanything3" {
+            let found = if arch.is_empty() { "no architecture key".to_owned() } else { format!("architecture `{arch}`") };
+            return Err(Error::Config(format!(
+                "not a Depth Anything 3 model: {found} (expected `depthanything3`; Depth Anything 2 files are not supported)"
+            )));
+        }
+        let key = |k: &str| format!("depthanything3.{k}");
+        let checkpoint = file.opt_str(&key("checkpoint_name"))?.unwrap_or("").to_owned();
+        let mut config = match Self::preset_for_checkpoint(&checkpoint) {
+            Some(preset) => Self::preset(preset)?,
+            None => Self::preset("da3-base")?,
+        };
+        config.name = if checkpoint.is_empty() { config.name } else { checkpoint };
+
+        let usize_key = |k: &str| -> Result<Option<usize>, Error> { Ok(file.opt_u32(&key(k))?.map(|v| v as usize)) };
+        let start_key = |k: &str, current: Option<usize>| -> Result<Option<usize>, Error> {
+            Ok(match file.opt_i32(&key(k))? {
+                Some(v) if v < 0 => None,
+                Some(v) => Some(v as usize),
+                None => current,
+            })
+        };
+        let v = &mut config.vit;
+        v.embed_dim = usize_key("vit.embed_dim")?.unwrap_or(v.embed_dim);
+        v.depth = usize_key("vit.depth")?.unwrap_or(v.depth);
+        v.num_heads = usize_key("vit.num_heads")?.unwrap_or(v.num_heads);
+        v.mlp_hidden = usize_key("vit.mlp_hidden")?.unwrap_or(v.mlp_hidden);
+        v.patch_size = usize_key("patch_size")?.unwrap_or(v.patch_size);
+        v.pos_embed_grid = usize_key("vit.pos_embed_grid")?.unwrap_or(v.pos_embed_grid);
+        v.alt_start = start_key("vit.alt_start", v.alt_start)?;
+        v.rope_start = start_key("vit.rope_start", v.rope_start)?;
+        v.qknorm_start = start_key("vit.qknorm_start", v.qknorm_start)?;
+        if let Some(f) = file.opt_f32(&key("vit.rope_freq"))? {
+            v.rope_freq = f;
+        }
+        if let Some(c) = file.opt_bool(&key("vit.cat_token"))? {
+            v.cat_token = c;
+        }
+        if let Some(f) = file.opt_f32(&key("vit.interpolate_offset"))? {
+            v.interpolate_offset = f;
+        }
+        if let Some(ffn) = file.opt_str(&key("vit.ffn_type"))? {
+            v.ffn = match ffn {
+                "mlp" => Ffn::Mlp,
+                "swiglu" => Ffn::SwiGlu,
+                other => return Err(Error::Config(format!("unknown vit.ffn_type `{other}`"))),
+            };
+        }
+        if let Some(layers) = file.opt_i32_array(&key("vit.out_layers"))? {
+            config.vit.out_layers = four(&layers, "vit.out_layers")?;
+        }
+        let h = &mut config.head;
+        h.features = usize_key("head.features")?.unwrap_or(h.features);
+        h.output_dim = usize_key("head.output_dim")?.unwrap_or(h.output_dim);
+        if let Some(p) = file.opt_bool(&key("head.pos_embed"))? {
+            h.pos_embed = p;
+        }
+        if let Some(norm) = file.opt_str(&key("head.norm_type"))? {
+            h.norm = norm == "layer";
+        }
+        if let Some(oc) = file.opt_i32_array(&key("head.out_channels"))? {
+            config.head.out_channels = four(&oc, "head.out_channels")?;
+        }
+        if let Some(mean) = file.opt_f32_array(&key("img.mean"))? {
+            config.mean = three(mean, "img.mean")?;
+        }
+        if let Some(std) = file.opt_f32_array(&key("img.std"))? {
+            config.std = three(std, "img.std")?;
+        }
+        // `cam.dim_in` is written as 1536 for every variant; the weights decide (see loading).
+        config.cam_dim = config.cam_dim.map(|_| config.vit.feature_dim());
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The preset a checkpoint name ("da3-base", "depth-anything/DA3-BASE", ...) refers to.
+    pub fn preset_for_checkpoint(name: &str) -> Option<&'static str> {
+        let lower = name.to_ascii_lowercase().replace(['_', ' '], "-");
+        let lower = lower.rsplit('/').next().unwrap_or(&lower).to_owned();
+        let table = [
+            ("mono-large", "da3mono-large"),
+            ("monolarge", "da3mono-large"),
+            ("metric-large", "da3metric-large"),
+            ("metriclarge", "da3metric-large"),
+            ("giant", "da3-giant"),
+            ("large", "da3-large"),
+            ("base", "da3-base"),
+            ("small", "da3-small"),
+            ("tiny", "da3-tiny"),
+        ];
+        table.iter().find(|(k, _)| lower.contains(k)).map(|(_, p)| *p)
+    }
+
+    /// Internal consistency (independent of any weights).
+    pub fn validate(&self) -> Result<(), Error> {
+        let v = &self.vit;
+        let bad = |why: String| Err(Error::Config(why));
+        if v.embed_dim == 0 || v.num_heads == 0 || v.embed_dim % v.num_heads != 0 {
+            return bad(format!("embed_dim {} is not a multiple of num_heads {}", v.embed_dim, v.num_heads));
+        }
+        if v.head_dim() % 4 != 0 {
+            return bad(format!("head_dim {} must be a multiple of 4 for 2D RoPE", v.head_dim()));
+        }
+        if v.out_layers.iter().any(|&l| l >= v.depth) || v.out_layers.windows(2).any(|w| w[0] >= w[1]) {
+            return bad(format!("out_layers {:?} must increase and lie below depth {}", v.out_layers, v.depth));
+        }
+        if v.patch_size == 0 || v.pos_embed_grid == 0 {
+            return bad("patch_size and pos_embed_grid must be positive".into());
+        }
+        if self.head.features % 2 != 0 || self.head.features == 0 {
+            return bad(format!("head features {} must be even", self.head.features));
+        }
+        if self.head.kind == HeadKind::DualDpt && self.head.output_dim != 2 {
+            return bad(format!("a DualDPT head has 2 outputs, not {}", self.head.output_dim));
+        }
+        Ok(())
+    }
+}
+
+fn four(values: &[i32], key: &str) -> Result<[usize; 4], Error> {
+    match values {
+        [a, b, c, d] if values.iter().all(|&x| x >= 0) => Ok([*a as usize, *b as usize, *c as usize, *d as usize]),
+        _ => Err(Error::Config(format!("{key} must hold 4 non-negative values, found {values:?}"))),
+    }
+}
+
+fn three(values: &[f32], key: &str) -> Result<[f32; 3], Error> {
+    match values {
+        [a, b, c] => Ok([*a, *b, *c]),
+        _ => Err(Error::Config(format!("{key} must hold 3 values, found {values:?}"))),
+    }
+}

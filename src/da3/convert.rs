@@ -1,0 +1,250 @@
+//! Official checkpoints (and synthetic weights) to GGUF files in depth-anything.cpp's layout.
+
+use super::config::{Config, HeadKind};
+use super::weights::Loader;
+use super::{Error, Head};
+use crate::ggml::gguf::{GgufWriter, Value};
+use crate::ggml::DType;
+use std::path::Path;
+
+/// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
+/// tensors single-image depth does not use (ray branch, camera encoder, 3DGS head).
+pub fn gguf_name(key: &str) -> Option<String> {
+    if key.contains("_aux") || key.starts_with("cam_enc.") || key.starts_with("gs_") {
+        return None;
+    }
+    if let Some(rest) = key.strip_prefix("backbone.pretrained.") {
+        let rest = match rest {
+            "patch_embed.proj.weight" => "patch_embed.weight".to_owned(),
+            "patch_embed.proj.bias" => "patch_embed.bias".to_owned(),
+            other => match other.strip_prefix("blocks.") {
+                Some(b) => {
+                    let (index, field) = b.split_once('.')?;
+                    let field = field
+                        .replace("attn.qkv", "attn_qkv")
+                        .replace("attn.proj", "attn_proj")
+                        .replace("attn.q_norm", "attn_qnorm")
+                        .replace("attn.k_norm", "attn_knorm")
+                        .replace("ls1.gamma", "ls1")
+                        .replace("ls2.gamma", "ls2")
+                        .replace("mlp.fc1", "mlp_fc1")
+                        .replace("mlp.fc2", "mlp_fc2")
+                        .replace("mlp.w12", "mlp_w12")
+                        .replace("mlp.w3", "mlp_w3");
+                    format!("blk.{index}.{field}")
+                }
+                None => other.to_owned(),
+            },
+        };
+        return Some(format!("vit.{rest}"));
+    }
+    if let Some(rest) = key.strip_prefix("head.") {
+        let mut name = rest
+            .replace("projects.", "proj.")
+            .replace("resize_layers.", "resize.")
+            .replace("scratch.output_conv1.", "scratch.out1.")
+            .replace("scratch.output_conv2.0.", "scratch.out2a.")
+            .replace("scratch.output_conv2.2.", "scratch.out2b.")
+            .replace("scratch.sky_output_conv2.0.", "scratch.sky_out2a.")
+            .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.");
+        for k in 1..=4 {
+            name = name.replace(&format!("refinenet{k}."), &format!("rn{k}."));
+        }
+        name = name.replace("resConfUnit", "rc").replace(".conv1.", ".c1.").replace(".conv2.", ".c2.").replace(".out_conv.", ".out.");
+        return Some(format!("head.{name}"));
+    }
+    if let Some(rest) = key.strip_prefix("cam_dec.") {
+        let name = rest.replace("backbone.0.", "bb0.").replace("backbone.2.", "bb2.").replace("fc_qvec.", "fc_q.").replace("fc_fov.0.", "fc_fov.");
+        return Some(format!("cam.{name}"));
+    }
+    None
+}
+
+/// The official key of a GGUF name (the inverse of [`gguf_name`] on the tensors it keeps).
+pub fn official_name(gguf: &str) -> String {
+    if let Some(rest) = gguf.strip_prefix("vit.") {
+        let rest = match rest {
+            "patch_embed.weight" => "patch_embed.proj.weight".to_owned(),
+            "patch_embed.bias" => "patch_embed.proj.bias".to_owned(),
+            other => match other.strip_prefix("blk.") {
+                Some(b) => {
+                    let (index, field) = b.split_once('.').unwrap_or((b, ""));
+                    let field = match field {
+                        "ls1" => "ls1.gamma".to_owned(),
+                        "ls2" => "ls2.gamma".to_owned(),
+                        f => f
+                            .replace("attn_qkv", "attn.qkv")
+                            .replace("attn_proj", "attn.proj")
+                            .replace("attn_qnorm", "attn.q_norm")
+                            .replace("attn_knorm", "attn.k_norm")
+                            .replace("mlp_fc1", "mlp.fc1")
+                            .replace("mlp_fc2", "mlp.fc2")
+                            .replace("mlp_w12", "mlp.w12")
+                            .replace("mlp_w3", "mlp.w3"),
+                    };
+                    format!("blocks.{index}.{field}")
+                }
+                None => other.to_owned(),
+            },
+        };
+        return format!("backbone.pretrained.{rest}");
+    }
+    if let Some(rest) = gguf.strip_prefix("head.") {
+        let mut name = rest
+            .replace("proj.", "projects.")
+            .replace("resize.", "resize_layers.")
+            .replace("scratch.out1.", "scratch.output_conv1.")
+            .replace("scratch.out2a.", "scratch.output_conv2.0.")
+            .replace("scratch.out2b.", "scratch.output_conv2.2.")
+            .replace("scratch.sky_out2a.", "scratch.sky_output_conv2.0.")
+            .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.");
+        for k in 1..=4 {
+            name = name.replace(&format!("rn{k}."), &format!("refinenet{k}."));
+        }
+        name = name.replace(".rc", ".resConfUnit").replace(".c1.", ".conv1.").replace(".c2.", ".conv2.").replace(".out.", ".out_conv.");
+        return format!("head.{name}");
+    }
+    if let Some(rest) = gguf.strip_prefix("cam.") {
+        return format!("cam_dec.{}", rest.replace("bb0.", "backbone.0.").replace("bb2.", "backbone.2.").replace("fc_q.", "fc_qvec.").replace("fc_fov.", "fc_fov.0."));
+    }
+    gguf.to_owned()
+}
+
+/// Every tensor a file for `config` must hold: (GGUF name, PyTorch shape), in load order.
+pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Error> {
+    let mut l = Loader::recording(config)?;
+    super::backbone_load(&mut l, config)?;
+    Head::load(&mut l, &config.head, config.vit.feature_dim())?;
+    if config.head.kind == HeadKind::DualDpt && config.cam_dim.is_some() {
+        super::head::CameraDecoder::load(&mut l)?;
+    }
+    let mut tensors = l.into_declared();
+    let e = config.vit.embed_dim;
+    tensors.push(("vit.pos_embed".to_owned(), vec![1, config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1, e]));
+    Ok(tensors)
+}
+
+/// Metadata in depth-anything.cpp's key layout.
+pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
+    let v = &config.vit;
+    let k = |s: &str| format!("depthanything3.{s}");
+    let start = |s: Option<usize>| s.map_or(-1, |x| x as i32);
+    w.set("general.architecture", "depthanything3");
+    w.set(k("arch"), "depthanything3");
+    w.set(k("checkpoint_name"), config.name.as_str());
+    w.set(k("patch_size"), v.patch_size as u32);
+    w.set(k("vit.embed_dim"), v.embed_dim as u32);
+    w.set(k("vit.depth"), v.depth as u32);
+    w.set(k("vit.num_heads"), v.num_heads as u32);
+    w.set(k("vit.head_dim"), v.head_dim() as u32);
+    w.set(k("vit.mlp_hidden"), v.mlp_hidden as u32);
+    w.set(k("vit.ffn_type"), if v.ffn == super::Ffn::SwiGlu { "swiglu" } else { "mlp" });
+    w.set(k("vit.num_register_tokens"), 0u32);
+    w.set(k("vit.alt_start"), start(v.alt_start));
+    w.set(k("vit.rope_start"), start(v.rope_start));
+    w.set(k("vit.qknorm_start"), start(v.qknorm_start));
+    w.set(k("vit.rope_freq"), v.rope_freq);
+    w.set(k("vit.cat_token"), v.cat_token);
+    w.set(k("vit.qkv_bias"), true);
+    w.set(k("vit.ln_eps"), v.block_ln_eps);
+    w.set(k("vit.interpolate_offset"), v.interpolate_offset);
+    w.set(k("vit.interpolate_antialias"), false);
+    w.set(k("vit.pos_embed_grid"), v.pos_embed_grid as u32);
+    w.set(k("vit.out_layers"), v.out_layers.iter().map(|&x| x as i32).collect::<Vec<i32>>());
+    w.set(k("img.mean"), config.mean.to_vec());
+    w.set(k("img.std"), config.std.to_vec());
+    w.set(k("img.resize_mode"), "upper_bound_resize");
+    w.set(k("img.resize_target"), 504u32);
+    let h = &config.head;
+    w.set(k("head.features"), h.features as u32);
+    w.set(k("head.out_channels"), h.out_channels.iter().map(|&x| x as i32).collect::<Vec<i32>>());
+    w.set(k("head.output_dim"), h.output_dim as u32);
+    w.set(k("head.pos_embed"), h.pos_embed);
+    w.set(k("head.norm_type"), if h.norm { "layer" } else { "idt" });
+    w.set(k("head.activation"), "exp");
+    if let Some(d) = config.cam_dim {
+        w.set(k("cam.dim_in"), d as u32);
+    }
+}
+
+/// Tensor storage types a converted or synthetic file may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightType {
+    F32,
+    /// Matrix-product weights in f16, everything else f32.
+    F16,
+}
+
+/// A GGUF file for `config` whose weights come from `values(official_key, shape)`.
+pub fn write_gguf(path: &Path, config: &Config, weight_type: WeightType, mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>) -> Result<(), Error> {
+    let mut w = GgufWriter::new();
+    write_metadata(&mut w, config);
+    for (name, shape) in expected_tensors(config)? {
+        let data = values(&official_name(&name), &shape)?;
+        let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+        let matmul = is_matmul_weight(&name) && ne[0] % 32 == 0;
+        let (dtype, bytes): (DType, Vec<u8>) = match weight_type {
+            WeightType::F16 if matmul => (DType::F16, data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()),
+            _ => (DType::F32, data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        };
+        w.add_tensor(name, dtype, &ne, bytes)?;
+    }
+    w.write_to(path)?;
+    Ok(())
+}
+
+/// The tensors depth-anything.cpp stores quantised: block linears and the camera decoder.
+pub fn is_matmul_weight(name: &str) -> bool {
+    let block = ["attn_qkv", "attn_proj", "mlp_fc1", "mlp_fc2", "mlp_w12", "mlp_w3"].iter().any(|k| name.contains(k));
+    (block && name.starts_with("vit.blk.") || name.starts_with("cam.")) && name.ends_with(".weight")
+}
+
+/// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).
+pub fn write_synthetic(path: &Path, config: &Config, weight_type: WeightType) -> Result<(), Error> {
+    write_gguf(path, config, weight_type, |key, shape| Ok(super::synthetic::weight_values(key, shape)))
+}
+
+/// Converts an official checkpoint directory (`config.json` naming a preset as
+/// `{"model_name": "da3-small"}`, `model.safetensors` with `model.`-prefixed keys).
+pub fn convert_checkpoint(dir: &Path, out: &Path, weight_type: WeightType) -> Result<Vec<String>, Error> {
+    let err = |path: &Path, reason: String| Error::Checkpoint { path: path.to_path_buf(), reason };
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| err(&config_path, e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(&config_path, format!("not JSON: {e}")))?;
+    let model_name = json.get("model_name").and_then(|v| v.as_str()).ok_or_else(|| err(&config_path, "no \"model_name\" string".into()))?;
+    let config = Config::preset(model_name).map_err(|e| err(&config_path, e.to_string()))?;
+
+    let st_path = dir.join("model.safetensors");
+    let file = std::fs::File::open(&st_path).map_err(|e| err(&st_path, e.to_string()))?;
+    // SAFETY-free read: the checkpoint is read into memory (checkpoints of the presets fit).
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes).map_err(|e| err(&st_path, e.to_string()))?;
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| err(&st_path, format!("not a safetensors file: {e}")))?;
+    let mut by_gguf = std::collections::HashMap::new();
+    let mut skipped = Vec::new();
+    for (key, view) in tensors.tensors() {
+        let bare = key.strip_prefix("model.").unwrap_or(&key);
+        match gguf_name(bare) {
+            Some(name) => {
+                by_gguf.insert(name, view);
+            }
+            None => skipped.push(key.clone()),
+        }
+    }
+    write_gguf(out, &config, weight_type, |official, shape| {
+        let name = gguf_name(official).expect("official names of kept tensors map back");
+        let view = by_gguf.get(&name).ok_or_else(|| err(&st_path, format!("tensor `model.{official}` is missing")))?;
+        if view.shape() != shape {
+            return Err(err(&st_path, format!("tensor `model.{official}` has shape {:?}, {} expects {shape:?}", view.shape(), config.name)));
+        }
+        let data = view.data();
+        Ok(match view.dtype() {
+            safetensors::Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            safetensors::Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            safetensors::Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            other => return Err(err(&st_path, format!("tensor `model.{official}` has type {other:?}; expected f32, f16 or bf16"))),
+        })
+    })?;
+    skipped.sort();
+    Ok(skipped)
+}

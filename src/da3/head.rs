@@ -1,0 +1,219 @@
+//! The DPT and DualDPT heads (depth, confidence, sky) and the camera decoder. Maps are
+//! `[W, H, C, 1]` (ggml order).
+
+use super::config::{HeadConfig, HeadKind};
+use super::weights::{Conv, ConvTranspose, Linear, Loader, Norm};
+use super::Error;
+use crate::ggml::{Context, Interpolation, Tensor, TensorView};
+
+/// Host-computed inputs that depend only on the resolution: the 0.1 x UV embeddings added
+/// after projection (one per stage, at the patch grid) and at the output resolution.
+pub struct HeadConstants {
+    pub stage_uv: Vec<Tensor>,
+    pub output_uv: Option<Tensor>,
+}
+
+/// Residual conv unit: `conv2(relu(conv1(relu(x)))) + x`.
+struct Rcu {
+    c1: Conv,
+    c2: Conv,
+}
+
+impl Rcu {
+    fn load(l: &mut Loader<'_>, prefix: &str, f: usize) -> Result<Self, Error> {
+        Ok(Rcu { c1: Conv::load(l, &format!("{prefix}.c1"), f, f, 3, 1, 1, true)?, c2: Conv::load(l, &format!("{prefix}.c2"), f, f, 3, 1, 1, true)? })
+    }
+    fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+        let y = self.c1.forward(g, &g.relu(x)?)?;
+        let y = self.c2.forward(g, &g.relu(&y)?)?;
+        Ok(g.add(&y, x)?)
+    }
+}
+
+/// Feature fusion block: (lateral RCU1 + top) -> RCU2 -> bilinear resize -> 1x1 conv.
+struct Fusion {
+    rc1: Option<Rcu>,
+    rc2: Rcu,
+    out: Conv,
+}
+
+impl Fusion {
+    fn load(l: &mut Loader<'_>, k: usize, f: usize) -> Result<Self, Error> {
+        let p = format!("head.scratch.rn{k}");
+        Ok(Fusion {
+            rc1: if k == 4 { None } else { Some(Rcu::load(l, &format!("{p}.rc1"), f)?) },
+            rc2: Rcu::load(l, &format!("{p}.rc2"), f)?,
+            out: Conv::load(l, &format!("{p}.out"), f, f, 1, 1, 0, true)?,
+        })
+    }
+    /// `size`: the (W, H) to resize to; None doubles.
+    fn forward(&self, g: &Context, top: &Tensor, lateral: Option<&Tensor>, size: Option<(i64, i64)>) -> Result<Tensor, Error> {
+        let mut y = top.clone();
+        if let (Some(rc1), Some(lateral)) = (&self.rc1, lateral) {
+            y = g.add(&y, &rc1.forward(g, lateral)?)?;
+        }
+        let y = self.rc2.forward(g, &y)?;
+        let [w, h, c, n] = y.ne();
+        let (tw, th) = size.unwrap_or((2 * w, 2 * h));
+        let y = g.interpolate(&y, [tw, th, c, n], Interpolation::Bilinear { align_corners: true })?;
+        self.out.forward(g, &y)
+    }
+}
+
+enum Resize {
+    Up(ConvTranspose),
+    Identity,
+    Down(Conv),
+}
+
+/// DPT / DualDPT head (the DualDPT ray branch is not built: single-image depth discards it).
+pub struct Head {
+    cfg: HeadConfig,
+    norm: Option<Norm>,
+    proj: Vec<Conv>,
+    resize: Vec<Resize>,
+    layer_rn: Vec<Conv>,
+    fusion: Vec<Fusion>,
+    out1: Conv,
+    out2a: Conv,
+    out2b: Conv,
+    sky: Option<(Conv, Conv)>,
+}
+
+/// The head's outputs, each [W, H] at the processed resolution.
+pub struct HeadOutput {
+    pub depth: Tensor,
+    pub confidence: Option<Tensor>,
+    pub sky: Option<Tensor>,
+}
+
+impl Head {
+    pub fn load(l: &mut Loader<'_>, cfg: &HeadConfig, dim_in: usize) -> Result<Self, Error> {
+        let (f, oc) = (cfg.features, cfg.out_channels);
+        let norm = if cfg.norm { Some(Norm::load(l, "head.norm", dim_in, cfg.ln_eps)?) } else { None };
+        let proj = (0..4).map(|s| Conv::load(l, &format!("head.proj.{s}"), dim_in, oc[s], 1, 1, 0, true)).collect::<Result<Vec<_>, _>>()?;
+        let resize = vec![
+            Resize::Up(ConvTranspose::load(l, "head.resize.0", oc[0], oc[0], 4)?),
+            Resize::Up(ConvTranspose::load(l, "head.resize.1", oc[1], oc[1], 2)?),
+            Resize::Identity,
+            Resize::Down(Conv::load(l, "head.resize.3", oc[3], oc[3], 3, 2, 1, true)?),
+        ];
+        let layer_rn = (0..4).map(|s| Conv::load(l, &format!("head.scratch.layer{}_rn", s + 1), oc[s], f, 3, 1, 1, false)).collect::<Result<Vec<_>, _>>()?;
+        let fusion = (1..=4).map(|k| Fusion::load(l, k, f)).collect::<Result<Vec<_>, _>>()?;
+        let sky = if cfg.sky {
+            Some((Conv::load(l, "head.scratch.sky_out2a", f / 2, 32, 3, 1, 1, true)?, Conv::load(l, "head.scratch.sky_out2b", 32, 1, 1, 1, 0, true)?))
+        } else {
+            None
+        };
+        Ok(Head {
+            cfg: cfg.clone(),
+            norm,
+            proj,
+            resize,
+            layer_rn,
+            fusion,
+            out1: Conv::load(l, "head.scratch.out1", f, f / 2, 3, 1, 1, true)?,
+            out2a: Conv::load(l, "head.scratch.out2a", f / 2, 32, 3, 1, 1, true)?,
+            out2b: Conv::load(l, "head.scratch.out2b", 32, cfg.output_dim, 1, 1, 0, true)?,
+            sky,
+        })
+    }
+
+    /// `features`: four [C, gw*gh] patch-token features; returns maps at (`width`, `height`).
+    pub fn forward(&self, g: &Context, features: &[Tensor], grid: (i64, i64), size: (i64, i64), c: &HeadConstants) -> Result<HeadOutput, Error> {
+        let (gw, gh) = grid;
+        let mut rn = Vec::with_capacity(4);
+        for (s, feature) in features.iter().enumerate() {
+            let x = match &self.norm {
+                Some(norm) => norm.forward(g, feature)?,
+                None => feature.clone(),
+            };
+            let channels = x.ne()[0];
+            let map = g.reshape(&g.cont(&g.transpose(&x)?)?, &[gw, gh, channels, 1])?;
+            let mut y = self.proj[s].forward(g, &map)?;
+            if self.cfg.pos_embed {
+                y = g.add(&y, &c.stage_uv[s])?;
+            }
+            let y = match &self.resize[s] {
+                Resize::Up(up) => up.forward(g, &y)?,
+                Resize::Identity => y,
+                Resize::Down(down) => down.forward(g, &y)?,
+            };
+            rn.push(self.layer_rn[s].forward(g, &y)?.named(&format!("layer{}_rn", s + 1)));
+        }
+        let size_of = |t: &Tensor| (t.ne()[0], t.ne()[1]);
+        let out = self.fusion[3].forward(g, &rn[3], None, Some(size_of(&rn[2])))?;
+        let out = self.fusion[2].forward(g, &out, Some(&rn[2]), Some(size_of(&rn[1])))?;
+        let out = self.fusion[1].forward(g, &out, Some(&rn[1]), Some(size_of(&rn[0])))?;
+        let out = self.fusion[0].forward(g, &out, Some(&rn[0]), None)?.named("fused");
+        let out = self.out1.forward(g, &out)?;
+        let [_, _, ch, n] = out.ne();
+        let mut out = g.interpolate(&out, [size.0, size.1, ch, n], Interpolation::Bilinear { align_corners: true })?;
+        if let (true, Some(uv)) = (self.cfg.pos_embed, &c.output_uv) {
+            out = g.add(&out, uv)?;
+        }
+        let logits = self.out2b.forward(g, &g.relu(&self.out2a.forward(g, &out)?)?)?;
+        let (w, h) = size;
+        let channel = |i: i64| -> Result<Tensor, Error> {
+            let nb = logits.nb();
+            Ok(g.view(&logits, &[w, h], &[nb[1]], i as usize * nb[2])?)
+        };
+        let depth = g.exp(&g.cont(&channel(0)?)?)?.named("depth");
+        let confidence = match self.cfg.kind {
+            HeadKind::DualDpt => {
+                let conf = g.exp(&g.cont(&channel(1)?)?)?;
+                Some(g.scale_bias(&conf, 1.0, 1.0)?.named("confidence"))
+            }
+            HeadKind::Dpt => None,
+        };
+        let sky = match &self.sky {
+            Some((a, b)) => {
+                let s = b.forward(g, &g.relu(&a.forward(g, &out)?)?)?;
+                Some(g.relu(&g.reshape(&s, &[w, h])?)?.named("sky"))
+            }
+            None => None,
+        };
+        Ok(HeadOutput { depth, confidence, sky })
+    }
+
+    pub fn config(&self) -> &HeadConfig {
+        &self.cfg
+    }
+}
+
+/// The camera decoder (DualDPT models): pose encoding (t, quaternion xyzw, fov h/w) from the
+/// camera token.
+pub struct CameraDecoder {
+    bb0: Linear,
+    bb2: Linear,
+    fc_t: Linear,
+    fc_q: Linear,
+    fc_fov: Linear,
+}
+
+impl CameraDecoder {
+    /// The width comes from the weights: files write `cam.dim_in` as 1536 for every variant.
+    pub fn load(l: &mut Loader<'_>) -> Result<Option<Self>, Error> {
+        let Ok(shape) = l.shape_of("cam.bb0.weight") else { return Ok(None) };
+        let d = shape[shape.len() - 1];
+        Ok(Some(CameraDecoder {
+            bb0: Linear::load(l, "cam.bb0", d, d)?,
+            bb2: Linear::load(l, "cam.bb2", d, d)?,
+            fc_t: Linear::load(l, "cam.fc_t", d, 3)?,
+            fc_q: Linear::load(l, "cam.fc_q", d, 4)?,
+            fc_fov: Linear::load(l, "cam.fc_fov", d, 2)?,
+        }))
+    }
+    /// `token`: [D, 1] -> pose encoding [9].
+    pub fn forward(&self, g: &Context, token: &Tensor) -> Result<Tensor, Error> {
+        let h = g.relu(&self.bb0.forward(g, token)?)?;
+        let h = g.relu(&self.bb2.forward(g, &h)?)?;
+        let t = self.fc_t.forward(g, &h)?;
+        let q = self.fc_q.forward(g, &h)?;
+        let fov = g.relu(&self.fc_fov.forward(g, &h)?)?;
+        Ok(g.concat(&g.concat(&t, &q, 0)?, &fov, 0)?.named("pose_encoding"))
+    }
+    pub fn dim(&self) -> usize {
+        self.bb0.weight.ne()[0] as usize
+    }
+}

@@ -1,0 +1,60 @@
+//! Depth Anything 3: model files in depth-anything.cpp's GGUF layout, preprocessing as the
+//! official InputProcessor, the backbone and DPT/DualDPT heads as ggml graphs, and outputs.
+//!
+//! Reference: the official PyPI package `depth-anything-3==0.1.1`. Three phases stay apart:
+//! weights load once ([`Model::load`]), a graph is built once per processed resolution, and
+//! each image is computed through the residency planner ([`crate::residency::Executor`]).
+
+mod backbone;
+pub mod config;
+pub mod convert;
+mod head;
+mod model;
+pub mod outputs;
+pub mod preprocess;
+pub mod synthetic;
+mod weights;
+
+pub use config::{Config, Ffn, HeadKind, PRESETS};
+pub use model::{LoadOptions, Model};
+pub use outputs::{Colormap, Pose, Prediction};
+pub use weights::{Loader, Role};
+
+use std::path::PathBuf;
+
+pub(crate) use backbone::Backbone;
+pub(crate) use head::Head;
+
+/// Declares the backbone's tensors (shared by loading and [`convert::expected_tensors`]).
+pub(crate) fn backbone_load(l: &mut Loader<'_>, config: &Config) -> Result<Backbone, Error> {
+    Backbone::load(l, &config.vit)
+}
+
+/// Errors of the DA3 layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Hyperparameters that are missing, contradictory or unknown.
+    #[error("model configuration: {0}")]
+    Config(String),
+    /// A tensor missing from the file, misshapen or of an unusable type.
+    #[error("model weights: {0}")]
+    Weights(String),
+    /// An input the model cannot take.
+    #[error("input: {0}")]
+    Input(String),
+    #[error(transparent)]
+    Preprocess(#[from] preprocess::PreprocessError),
+    #[error(transparent)]
+    Gguf(#[from] crate::ggml::gguf::GgufError),
+    #[error(transparent)]
+    Ggml(#[from] crate::ggml::Error),
+    #[error(transparent)]
+    Residency(#[from] crate::residency::Error),
+    /// A checkpoint that cannot be converted.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint { path: PathBuf, reason: String },
+    /// An output file that could not be written (nothing is left half-written).
+    #[error("cannot write {path}: {source}")]
+    Output { path: PathBuf, #[source] source: std::io::Error },
+}

@@ -1,0 +1,159 @@
+//! What a prediction holds, camera pose from the decoder, the mono sky rule, and the files
+//! the CLI writes (atomically: a temporary file renamed into place).
+
+use super::Error;
+use std::io::Write;
+use std::path::Path;
+
+/// Camera parameters of the input view (DualDPT models).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pose {
+    /// Pinhole intrinsics: fx, fy, principal point at the image centre.
+    pub intrinsics: [[f32; 3]; 3],
+    /// World-to-camera [R | t] (the decoder predicts camera-to-world; this is its inverse).
+    pub extrinsics: [[f32; 4]; 3],
+}
+
+impl Pose {
+    /// From the decoder's encoding (t[3], quaternion xyzw[4], fov h/w[2]) for a processed
+    /// image of `width` x `height`.
+    pub fn from_encoding(enc: &[f32], width: usize, height: usize) -> Pose {
+        let (t, q) = ([enc[0], enc[1], enc[2]], [enc[3], enc[4], enc[5], enc[6]]);
+        let (fov_h, fov_w) = (enc[7], enc[8]);
+        let [i, j, k, r] = q;
+        let two_s = 2.0 / (i * i + j * j + k * k + r * r);
+        let rot = [
+            [1.0 - two_s * (j * j + k * k), two_s * (i * j - k * r), two_s * (i * k + j * r)],
+            [two_s * (i * j + k * r), 1.0 - two_s * (i * i + k * k), two_s * (j * k - i * r)],
+            [two_s * (i * k - j * r), two_s * (j * k + i * r), 1.0 - two_s * (i * i + j * j)],
+        ];
+        let mut extrinsics = [[0.0f32; 4]; 3];
+        for a in 0..3 {
+            for b in 0..3 {
+                extrinsics[a][b] = rot[b][a];
+            }
+            extrinsics[a][3] = -(0..3).map(|b| rot[b][a] * t[b]).sum::<f32>();
+        }
+        let (w, h) = (width as f32, height as f32);
+        let fy = (h / 2.0) / (fov_h / 2.0).tan().max(1e-6);
+        let fx = (w / 2.0) / (fov_w / 2.0).tan().max(1e-6);
+        Pose { intrinsics: [[fx, 0.0, w / 2.0], [0.0, fy, h / 2.0], [0.0, 0.0, 1.0]], extrinsics }
+    }
+}
+
+/// Outputs at the processed resolution, rows top to bottom.
+#[derive(Debug, Clone)]
+pub struct Prediction {
+    pub width: usize,
+    pub height: usize,
+    pub depth: Vec<f32>,
+    pub confidence: Option<Vec<f32>>,
+    pub sky: Option<Vec<f32>>,
+    pub pose: Option<Pose>,
+    /// Intermediate stages, when loaded with probes.
+    pub probes: Vec<(String, Vec<f32>)>,
+}
+
+impl Prediction {
+    pub fn probe(&self, name: &str) -> Option<&[f32]> {
+        self.probes.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
+    }
+}
+
+/// The official mono/metric post-processing: pixels with sky >= 0.3 get the 0.99 quantile of
+/// the non-sky depth (the official code estimates it from 100 000 random samples when there
+/// are more; this uses all of them, the value the sampling estimates). Unchanged when either
+/// class has 10 pixels or fewer.
+pub fn fill_sky(depth: &mut [f32], sky: &[f32]) {
+    let non_sky: Vec<f32> = depth.iter().zip(sky).filter(|(_, &s)| s < 0.3).map(|(&d, _)| d).collect();
+    let sky_count = depth.len() - non_sky.len();
+    if non_sky.len() <= 10 || sky_count <= 10 {
+        return;
+    }
+    let max = quantile(non_sky, 0.99);
+    for (d, &s) in depth.iter_mut().zip(sky) {
+        if s >= 0.3 {
+            *d = max;
+        }
+    }
+}
+
+/// Linear-interpolated quantile, as `torch.quantile` computes it.
+pub fn quantile(mut values: Vec<f32>, q: f64) -> f32 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let pos = q * (values.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    let frac = (pos - lo as f64) as f32;
+    values[lo] + (values[hi] - values[lo]) * frac
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same folder, so that a failure
+/// never leaves a half-written file behind.
+pub fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), Error> {
+    let io = |source| Error::Output { path: path.to_path_buf(), source };
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let file_name = path.file_name().ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path")))?;
+    let tmp = dir.join(format!(".{}.tmp{}", file_name.to_string_lossy(), std::process::id()));
+    let result = (|| {
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        write(&mut file)?;
+        let file = file.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io)
+}
+
+/// PFM: `Pf`, size, negative scale (little-endian), rows bottom to top.
+pub fn write_pfm(path: &Path, values: &[f32], width: usize, height: usize) -> Result<(), Error> {
+    write_atomically(path, |w| {
+        write!(w, "Pf\n{width} {height}\n-1.0\n")?;
+        for row in (0..height).rev() {
+            for v in &values[row * width..(row + 1) * width] {
+                w.write_all(&v.to_le_bytes())?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Colour maps for 8-bit depth images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Colormap {
+    Gray,
+    Turbo,
+}
+
+/// An 8-bit PNG of `values` scaled to their range, near (small depth) bright.
+pub fn write_png(path: &Path, values: &[f32], width: usize, height: usize, colormap: Colormap) -> Result<(), Error> {
+    let (lo, hi) = values.iter().filter(|v| v.is_finite()).fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    let level = |v: f32| if v.is_finite() { 1.0 - ((v - lo) / span).clamp(0.0, 1.0) } else { 0.0 };
+    let mut rgb = Vec::with_capacity(width * height * 3);
+    for &v in values {
+        let x = level(v);
+        match colormap {
+            Colormap::Gray => rgb.extend_from_slice(&[(x * 255.0).round() as u8; 3]),
+            Colormap::Turbo => rgb.extend_from_slice(&turbo(x)),
+        }
+    }
+    let mut encoded = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut encoded)
+        .write_image(&rgb, width as u32, height as u32, image::ExtendedColorType::Rgb8)
+        .map_err(|e| Error::Output { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
+    write_atomically(path, |w| w.write_all(&encoded))
+}
+
+use image::ImageEncoder;
+
+/// Google's Turbo colormap, polynomial approximation (Mikhailov 2019).
+fn turbo(x: f32) -> [u8; 3] {
+    let x = x.clamp(0.0, 1.0) as f64;
+    let r = 0.13572138 + x * (4.61539260 + x * (-42.66032258 + x * (132.13108234 + x * (-152.94239396 + x * 59.28637943))));
+    let g = 0.09140261 + x * (2.19418839 + x * (4.84296658 + x * (-14.18503333 + x * (4.27729857 + x * 2.82956604))));
+    let b = 0.10667330 + x * (12.64194608 + x * (-60.58204836 + x * (110.36276771 + x * (-89.90310912 + x * 27.34824973))));
+    [r, g, b].map(|c| (c.clamp(0.0, 1.0) * 255.0).round() as u8)
+}

@@ -1,0 +1,223 @@
+//! The one compute entry point: pass, decision, allocation, compute.
+
+use super::pass::{self, Issue, PassResult};
+use super::report::{Decision, Report};
+use super::{Error, Policy, Strategy};
+use crate::ggml::{Allocation, Backend, BufferUsage, Context, Element, Gallocr, Graph, Sched, SchedAllocation, Tensor, TensorRef, TensorView};
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+
+/// Computes graphs on one device, deciding per graph (and caching the decision) whether the
+/// gallocr fast path is safe.
+pub struct Executor {
+    device: Backend,
+    cpu: Backend,
+    policy: Policy,
+    gallocr: Gallocr,
+    sched: Option<Sched>,
+    sched_size: usize,
+    /// Decisions by graph fingerprint (topology and where each operand lives).
+    plans: HashMap<u64, Report>,
+    /// Graphs whose decision was logged.
+    logged: HashSet<u64>,
+    /// Device copies of non-resident operands, by (tensor, data pointer), reused across graphs.
+    mirrors: HashMap<(usize, usize), Tensor>,
+    log: bool,
+}
+
+impl Executor {
+    /// An executor for `device`; `cpu` is the fallback backend the scheduler needs (the same
+    /// backend when the device is the CPU).
+    pub fn new(device: Backend, cpu: Backend, policy: Policy) -> Result<Executor, Error> {
+        let gallocr = Gallocr::for_backend(&device)?;
+        Ok(Executor { device, cpu, policy, gallocr, sched: None, sched_size: 0, plans: HashMap::new(), logged: HashSet::new(), mirrors: HashMap::new(), log: true })
+    }
+    /// Stops the one-line decision log on stderr.
+    pub fn quiet(mut self) -> Self {
+        self.log = false;
+        self
+    }
+    pub fn device(&self) -> &Backend {
+        &self.device
+    }
+    pub fn policy(&self) -> Policy {
+        self.policy
+    }
+
+    /// The decision for `graph` (running the pass and preparing the graph the first time).
+    pub fn plan(&mut self, graph: &Graph) -> Result<Report, Error> {
+        let key = fingerprint(graph, &self.device);
+        if let Some(report) = self.plans.get(&key) {
+            return Ok(report.clone());
+        }
+        let pass = pass::check(graph, &self.device);
+        let decision = self.decide(graph, &pass)?;
+        let report = Report { device: self.device.name(), policy: self.policy, pass, decision };
+        if report.decision == Decision::Refused {
+            return Err(Error::Refused(Box::new(report)));
+        }
+        // Cache under the fingerprint of the graph as prepared (preparing changes where
+        // operands live), never under the unprepared one: a graph rebuilt at the same
+        // addresses hashes like the unprepared original and must be prepared again (the
+        // mirror cache makes that cheap). `key` would hand it the plan without the preparation.
+        self.plans.insert(fingerprint(graph, &self.device), report.clone());
+        Ok(report)
+    }
+
+    fn decide(&mut self, graph: &Graph, pass: &PassResult) -> Result<Decision, Error> {
+        Ok(match super::choose(self.policy, pass) {
+            Strategy::FastPath => Decision::Gallocr,
+            Strategy::Unchecked => Decision::Unchecked,
+            Strategy::Refuse => Decision::Refused,
+            Strategy::MirrorAll { then_sched } => {
+                let uploaded = self.mirror(graph, |_| true)?;
+                if then_sched {
+                    Decision::Sched { wrapped: 0, mirrored: uploaded, splits: None }
+                } else {
+                    Decision::Mirror { uploaded }
+                }
+            }
+            Strategy::Route => {
+                // Memory that neither the device nor the CPU can read cannot be scheduled:
+                // copy it once. Host memory is wrapped and left to the scheduler.
+                let mirrored = self.mirror(graph, |issue| matches!(issue, Issue::ForeignBuffer { host_readable: false, .. }))?;
+                let wrapped = graph.wrap_host_memory(BufferUsage::Any)?;
+                Decision::Sched { wrapped, mirrored, splits: None }
+            }
+        })
+    }
+
+    /// Uploads every non-resident leaf operand whose issue `select` picks, and points its
+    /// consumers at the copy. Returns how many distinct tensors were uploaded.
+    fn mirror(&mut self, graph: &Graph, select: impl Fn(&Issue) -> bool) -> Result<usize, Error> {
+        let mut targets: Vec<(TensorRef<'_>, usize, TensorRef<'_>)> = Vec::new();
+        for node in graph.nodes() {
+            for (slot, src) in node.sources_with_slots() {
+                let residency = pass::classify(&src, &self.device);
+                let issue = match residency {
+                    pass::Residency::NoBuffer if !pass::Target::reads_host_pointers(&self.device) => Issue::NoBuffer,
+                    pass::Residency::ForeignBuffer { buffer_type, host_readable } => Issue::ForeignBuffer { buffer_type, host_readable },
+                    _ => continue,
+                };
+                if select(&issue) {
+                    targets.push((node, slot, src));
+                }
+            }
+        }
+        let fresh: Vec<TensorRef<'_>> = {
+            let mut seen = HashSet::new();
+            targets.iter().map(|(_, _, src)| *src).filter(|s| !self.mirrors.contains_key(&mirror_key(s)) && seen.insert(s.id())).collect()
+        };
+        if !fresh.is_empty() {
+            let ctx = Context::metadata_with_graph(fresh.len(), 1)?;
+            let copies = ctx.upload_copies(&fresh, self.device.default_buffer_type(), BufferUsage::Weights)?;
+            for (src, copy) in fresh.iter().zip(copies) {
+                self.mirrors.insert(mirror_key(src), copy);
+            }
+        }
+        let mut uploaded = HashSet::new();
+        for (node, slot, src) in &targets {
+            let copy = &self.mirrors[&mirror_key(src)];
+            graph.replace_source(node, *slot, copy)?;
+            uploaded.insert(src.id());
+        }
+        Ok(uploaded.len())
+    }
+
+    /// Plans (cached), allocates and returns the run through which inputs are written, the
+    /// graph computed and outputs read.
+    pub fn run<'a>(&'a mut self, graph: &'a Graph) -> Result<Run<'a>, Error> {
+        let mut report = self.plan(graph)?;
+        // After planning: the fingerprint of the prepared graph, the same on every run.
+        let key = fingerprint(graph, &self.device);
+        let inner = match report.decision {
+            Decision::Gallocr | Decision::Mirror { .. } | Decision::Unchecked => {
+                let allocation = self.gallocr.alloc(graph)?;
+                RunInner::Gallocr { allocation, backend: &self.device }
+            }
+            Decision::Sched { .. } => {
+                let needed = graph.n_nodes() + graph.n_leafs();
+                let size_ok = self.sched.as_ref().is_some_and(|_| self.sched_size >= needed);
+                if !size_ok {
+                    let backends: Vec<Backend> = if self.device.is_cpu() { vec![self.cpu.clone()] } else { vec![self.device.clone(), self.cpu.clone()] };
+                    self.sched_size = needed.max(crate::ggml::Context::GRAPH_SIZE);
+                    self.sched = Some(Sched::new(&backends, self.sched_size, false)?);
+                }
+                let sched = self.sched.as_mut().expect("created above");
+                let allocation = sched.alloc(graph, &[])?;
+                if let Decision::Sched { splits, .. } = &mut report.decision {
+                    *splits = Some(allocation.n_splits());
+                }
+                RunInner::Sched(allocation)
+            }
+            Decision::Refused => unreachable!("plan returns refusals as errors"),
+        };
+        if self.log && self.logged.insert(key) {
+            eprintln!("{}", report.summary());
+        }
+        Ok(Run { inner, report })
+    }
+}
+
+fn mirror_key(src: &TensorRef<'_>) -> (usize, usize) {
+    let owner = src.view_source().unwrap_or(*src);
+    (owner.id(), src.id())
+}
+
+/// Hash of the graph's topology and of where each operand lives (buffer identity), so a
+/// cached decision is reused only for the same situation.
+fn fingerprint(graph: &Graph, device: &Backend) -> u64 {
+    let mut h = DefaultHasher::new();
+    device.name().hash(&mut h);
+    graph.n_nodes().hash(&mut h);
+    for node in graph.nodes() {
+        node.id().hash(&mut h);
+        for src in node.sources() {
+            src.id().hash(&mut h);
+            let owner = src.view_source().unwrap_or(src);
+            owner.buffer().map(|b| b.id()).hash(&mut h);
+            owner.has_data().hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+enum RunInner<'a> {
+    Gallocr { allocation: Allocation<'a>, backend: &'a Backend },
+    Sched(SchedAllocation<'a>),
+}
+
+/// One allocated graph, ready for inputs.
+pub struct Run<'a> {
+    inner: RunInner<'a>,
+    report: Report,
+}
+
+impl Run<'_> {
+    /// The decision this run follows.
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+    pub fn write<T: Element>(&self, tensor: &Tensor, data: &[T]) -> Result<(), Error> {
+        match &self.inner {
+            RunInner::Gallocr { allocation, .. } => allocation.write(tensor, data)?,
+            RunInner::Sched(allocation) => allocation.write(tensor, data)?,
+        }
+        Ok(())
+    }
+    pub fn read<T: Element>(&self, tensor: &Tensor) -> Result<Vec<T>, Error> {
+        Ok(match &self.inner {
+            RunInner::Gallocr { allocation, .. } => allocation.read(tensor)?,
+            RunInner::Sched(allocation) => allocation.read(tensor)?,
+        })
+    }
+    pub fn compute(&self) -> Result<(), Error> {
+        match &self.inner {
+            // Under `unchecked` this is where a non-resident operand faults on a GPU.
+            RunInner::Gallocr { allocation, backend } => allocation.compute(backend)?,
+            RunInner::Sched(allocation) => allocation.compute()?,
+        }
+        Ok(())
+    }
+}

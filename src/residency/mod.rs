@@ -1,0 +1,169 @@
+//! The residency-aware planner: before every compute, check that the device can read every
+//! operand of every node, and pick how to compute accordingly.
+//!
+//! ggml's single-backend allocator (`gallocr`) assumes every operand it did not allocate
+//! already lives where the backend can read it. A weight left in plain host memory (tensor
+//! `buffer == NULL`) breaks that: Metal dereferences the NULL buffer (the reported M4 crash),
+//! CUDA aborts, an RPC server computes on NULL. [`Executor`] is the one entry point every graph
+//! in this crate computes through: it runs the [`pass`], decides by [`Policy`], allocates, and
+//! computes, caching the decision per graph and device.
+
+mod executor;
+pub mod pass;
+mod report;
+
+pub use executor::{Executor, Run};
+pub use pass::{check, classify, Finding, Issue, PassResult, Residency, Target};
+pub use report::{Decision, Report};
+
+/// What to do when an operand is not resident on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Send the graph to ggml's scheduler over {device, CPU}, after giving host memory a real
+    /// CPU buffer so the scheduler sees it and copies it (per compute).
+    #[default]
+    Route,
+    /// Upload each non-resident operand once to the device, keep the copy, stay on gallocr.
+    Mirror,
+    /// Refuse, returning the report as the error.
+    Strict,
+    /// Compute on gallocr regardless. Exists only to reproduce the crash (in a child
+    /// process); with a non-resident operand on a GPU it aborts or segfaults the process.
+    Unchecked,
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "route" => Ok(Policy::Route),
+            "mirror" => Ok(Policy::Mirror),
+            "strict" => Ok(Policy::Strict),
+            "unchecked" => Ok(Policy::Unchecked),
+            other => Err(format!("unknown residency policy `{other}` (route, mirror, strict, unchecked)")),
+        }
+    }
+}
+
+/// What to do about a pass's findings, before anything is changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Nothing to do: the gallocr fast path.
+    FastPath,
+    /// Upload every non-resident operand once; scheduler only if some op is unsupported.
+    MirrorAll { then_sched: bool },
+    /// Upload what neither device nor CPU can read, wrap host memory, schedule.
+    Route,
+    Refuse,
+    Unchecked,
+}
+
+/// The decision rule, separate from its side effects so it can be tested on its own.
+pub fn choose(policy: Policy, pass: &PassResult) -> Strategy {
+    if pass.is_clean() {
+        return Strategy::FastPath;
+    }
+    match policy {
+        Policy::Unchecked => Strategy::Unchecked,
+        Policy::Strict => Strategy::Refuse,
+        Policy::Mirror => Strategy::MirrorAll { then_sched: !pass.unsupported_ops().is_empty() },
+        Policy::Route => Strategy::Route,
+    }
+}
+
+/// Errors of the planner.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// `strict` found operands the device cannot read.
+    #[error("{0}")]
+    Refused(Box<Report>),
+    #[error(transparent)]
+    Ggml(#[from] crate::ggml::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pass_with(issues: &[Issue]) -> PassResult {
+        let findings = issues
+            .iter()
+            .enumerate()
+            .map(|(i, issue)| Finding { tensor: format!("t{i}"), consumer: "y".into(), consumer_op: "MUL".into(), issue: issue.clone() })
+            .collect();
+        PassResult { findings, nodes: 2, sources_checked: 4 }
+    }
+
+    fn clean() -> PassResult {
+        pass_with(&[])
+    }
+    fn hazards() -> PassResult {
+        pass_with(&[Issue::NoBuffer, Issue::ForeignBuffer { buffer_type: "CPU".into(), host_readable: true }])
+    }
+    fn hazards_and_unsupported_op() -> PassResult {
+        pass_with(&[Issue::NoBuffer, Issue::UnsupportedOp])
+    }
+    fn unsupported_op_only() -> PassResult {
+        pass_with(&[Issue::UnsupportedOp])
+    }
+
+    const POLICIES: [Policy; 4] = [Policy::Route, Policy::Mirror, Policy::Strict, Policy::Unchecked];
+
+    #[test]
+    fn clean_pass_takes_the_fast_path_under_every_policy() {
+        for policy in POLICIES {
+            assert_eq!(choose(policy, &clean()), Strategy::FastPath, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn hazards_are_handled_as_each_policy_says() {
+        let expected = [
+            (Policy::Route, Strategy::Route),
+            (Policy::Mirror, Strategy::MirrorAll { then_sched: false }),
+            (Policy::Strict, Strategy::Refuse),
+            (Policy::Unchecked, Strategy::Unchecked),
+        ];
+        for (policy, strategy) in expected {
+            assert_eq!(choose(policy, &hazards()), strategy, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn unsupported_op_sends_mirror_on_to_the_scheduler() {
+        let expected = [
+            (Policy::Route, Strategy::Route),
+            (Policy::Mirror, Strategy::MirrorAll { then_sched: true }),
+            (Policy::Strict, Strategy::Refuse),
+            (Policy::Unchecked, Strategy::Unchecked),
+        ];
+        for (policy, strategy) in expected {
+            assert_eq!(choose(policy, &hazards_and_unsupported_op()), strategy, "{policy:?}");
+        }
+    }
+
+    /// Documents today's rule: an unsupported op alone is not clean, so `strict` refuses it
+    /// and `unchecked` leaves it to the compute-time op check.
+    #[test]
+    fn unsupported_op_without_hazards_is_not_the_fast_path() {
+        let expected = [
+            (Policy::Route, Strategy::Route),
+            (Policy::Mirror, Strategy::MirrorAll { then_sched: true }),
+            (Policy::Strict, Strategy::Refuse),
+            (Policy::Unchecked, Strategy::Unchecked),
+        ];
+        for (policy, strategy) in expected {
+            assert_eq!(choose(policy, &unsupported_op_only()), strategy, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn policy_parses_from_its_cli_name() {
+        for (name, policy) in [("route", Policy::Route), ("mirror", Policy::Mirror), ("strict", Policy::Strict), ("unchecked", Policy::Unchecked)] {
+            assert_eq!(name.parse::<Policy>(), Ok(policy));
+        }
+        assert!("gallocr".parse::<Policy>().unwrap_err().contains("route, mirror, strict, unchecked"));
+        assert_eq!(Policy::default(), Policy::Route);
+    }
+}

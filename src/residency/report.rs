@@ -1,0 +1,110 @@
+//! What the planner found and decided, in one line for logs and in full for `da3 repro`.
+
+use super::pass::{Finding, Issue, PassResult};
+use super::Policy;
+use std::fmt;
+
+/// How a graph is computed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Every operand resident: ggml's single-backend allocator on the device.
+    Gallocr,
+    /// Non-resident operands uploaded once to the device; then the gallocr path.
+    Mirror { uploaded: usize },
+    /// ggml's scheduler over {device, CPU}; host memory wrapped in a CPU buffer first.
+    Sched { wrapped: usize, mirrored: usize, splits: Option<usize> },
+    /// Refused (`strict`).
+    Refused,
+    /// Gallocr on the device regardless of hazards (`unchecked`, for reproducing the bug).
+    Unchecked,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Gallocr => write!(f, "gallocr"),
+            Decision::Mirror { uploaded } => write!(f, "mirror ({uploaded} uploaded once), gallocr"),
+            Decision::Sched { wrapped, mirrored, splits } => {
+                write!(f, "sched")?;
+                if let Some(splits) = splits {
+                    write!(f, ", {splits} splits")?;
+                }
+                if *wrapped > 0 {
+                    write!(f, ", {wrapped} host tensors given a CPU buffer")?;
+                }
+                if *mirrored > 0 {
+                    write!(f, ", {mirrored} uploaded")?;
+                }
+                Ok(())
+            }
+            Decision::Refused => write!(f, "refused (strict)"),
+            Decision::Unchecked => write!(f, "gallocr UNCHECKED"),
+        }
+    }
+}
+
+/// The pass's findings with the decision taken.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub device: String,
+    pub policy: Policy,
+    pub pass: PassResult,
+    pub decision: Decision,
+}
+
+impl Report {
+    /// One line: `residency: 2 tensors not on CUDA0 (vit.norm.weight, vit.norm.bias: no buffer) -> sched, 3 splits`.
+    pub fn summary(&self) -> String {
+        let non_resident = self.pass.non_resident();
+        let unsupported = self.pass.unsupported_ops();
+        let mut line = format!("residency: {} nodes checked on {}", self.pass.nodes, self.device);
+        if !non_resident.is_empty() {
+            let plural = if non_resident.len() == 1 { "" } else { "s" };
+            line = format!("residency: {} tensor{plural} not on {} ({})", non_resident.len(), self.device, group(&non_resident));
+        }
+        if !unsupported.is_empty() {
+            line.push_str(&format!(", {} ops unsupported", unsupported.len()));
+        }
+        format!("{line} -> {}", self.decision)
+    }
+}
+
+/// "a, b: no buffer; c: in RPC0[...]", names grouped by issue, at most 6 shown.
+fn group(findings: &[&Finding]) -> String {
+    let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
+    for f in findings {
+        let issue = f.issue.to_string();
+        match groups.iter_mut().find(|(i, _)| *i == issue) {
+            Some((_, names)) => names.push(&f.tensor),
+            None => groups.push((issue, vec![&f.tensor])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(issue, names)| {
+            let shown: Vec<&str> = names.iter().take(6).copied().collect();
+            let more = if names.len() > 6 { format!(" and {} more", names.len() - 6) } else { String::new() };
+            format!("{}{more}: {issue}", shown.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl fmt::Display for Report {
+    /// The full report: the summary, then each finding with its consumer.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.summary())?;
+        writeln!(
+            f,
+            "  policy {:?}; {} nodes, {} operands checked against {}",
+            self.policy, self.pass.nodes, self.pass.sources_checked, self.device
+        )?;
+        for finding in &self.pass.findings {
+            match &finding.issue {
+                Issue::UnsupportedOp => writeln!(f, "  - node `{}` ({}): op not supported", finding.consumer, finding.consumer_op)?,
+                issue => writeln!(f, "  - `{}` read by `{}` ({}): {issue}", finding.tensor, finding.consumer, finding.consumer_op)?,
+            }
+        }
+        Ok(())
+    }
+}
