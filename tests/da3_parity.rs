@@ -49,3 +49,40 @@ fn tiny_matches_official_at_every_stage_and_aspect_ratio() {
         assert!(ai.max_scaled <= 1e-3 && ae.max_scaled <= 1e-3, "{}: {ai:?} {ae:?}", case.name);
     }
 }
+
+/// The real presets at the default 504 resolution, compared on a 32 x 32 grid of samples per
+/// output (the committed fixtures are compact).
+fn preset_matches_official(preset: &str) {
+    let fixture = Fixture::load(preset);
+    let (mut model, _dir) = load_synthetic(preset, true);
+    for case in &fixture.images {
+        let image = synthetic::image(case.width, case.height);
+        let prediction = model.infer(&image, fixture.process_res).unwrap();
+        assert_eq!((prediction.width, prediction.height), (case.processed_width, case.processed_height), "{}", case.name);
+        for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")].into_iter().filter(|(_, t)| case.has(t)) {
+            let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
+            eprintln!("{preset} {} {ours}: {a:?}", case.name);
+            assert!(a.max_scaled < 1e-4 && a.corr > 0.99999, "{} {ours}: {a:?}", case.name);
+        }
+        let depth = agreement(&prediction.depth, &case.reference("depth"));
+        let conf = agreement(prediction.confidence.as_ref().unwrap(), &case.reference("depth_conf"));
+        eprintln!("{preset} {} depth {depth:?} conf {conf:?}", case.name);
+        for (what, a) in [("depth", depth), ("confidence", conf)] {
+            assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{preset} {} {what}: {a:?}", case.name);
+        }
+        let pose = prediction.pose.unwrap();
+        let intr: Vec<f32> = pose.intrinsics.iter().flatten().copied().collect();
+        let ai = agreement(&intr, &case.reference("intrinsics"));
+        assert!(ai.max_scaled <= 1e-3, "{preset} {} intrinsics {ai:?}", case.name);
+    }
+}
+
+#[test]
+fn small_matches_official_at_504() {
+    preset_matches_official("da3-small");
+}
+
+#[test]
+fn base_matches_official_at_504() {
+    preset_matches_official("da3-base");
+}

@@ -5,18 +5,32 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod common;
+mod convert;
+mod depth;
 mod devices;
+mod info;
+mod repro;
 mod rpc_server;
 
 #[derive(Parser)]
 #[command(name = "da3", version, about = "Depth Anything 3 on ggml, with a residency-aware planner")]
 struct Cli {
+    /// Without a subcommand: `repro` on the built-in model.
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Depth (and confidence, sky, pose) for one image.
+    Depth(depth::Args),
+    /// What a model file holds and where its weights live.
+    Info(info::Args),
+    /// Convert an official checkpoint directory to GGUF.
+    Convert(convert::Args),
+    /// Reproduce the Metal NULL-buffer crash and show the residency planner fixing it.
+    Repro(repro::Args),
     /// List the devices ggml can compute on.
     Devices(devices::Args),
     /// Serve this machine's CPU as a ggml RPC device (no authentication: loopback by default).
@@ -25,7 +39,13 @@ enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    // No subcommand: the README's run command, `repro` with its defaults.
+    let command = cli.command.unwrap_or_else(|| Cli::parse_from(["da3", "repro"]).command.expect("repro parses"));
+    let result = match command {
+        Command::Depth(args) => depth::run(args),
+        Command::Info(args) => info::run(args),
+        Command::Convert(args) => convert::run(args),
+        Command::Repro(args) => repro::run(args),
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc_server::run(args),
     };

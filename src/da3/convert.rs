@@ -176,7 +176,13 @@ pub enum WeightType {
 }
 
 /// A GGUF file for `config` whose weights come from `values(official_key, shape)`.
-pub fn write_gguf(path: &Path, config: &Config, weight_type: WeightType, mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>) -> Result<(), Error> {
+pub fn write_gguf(path: &Path, config: &Config, weight_type: WeightType, values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>) -> Result<(), Error> {
+    build_gguf(config, weight_type, values)?.write_to(path)?;
+    Ok(())
+}
+
+/// The GGUF contents for `config`, in memory.
+pub fn build_gguf(config: &Config, weight_type: WeightType, mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>) -> Result<GgufWriter<'static>, Error> {
     let mut w = GgufWriter::new();
     write_metadata(&mut w, config);
     for (name, shape) in expected_tensors(config)? {
@@ -189,8 +195,7 @@ pub fn write_gguf(path: &Path, config: &Config, weight_type: WeightType, mut val
         };
         w.add_tensor(name, dtype, &ne, bytes)?;
     }
-    w.write_to(path)?;
-    Ok(())
+    Ok(w)
 }
 
 /// The tensors depth-anything.cpp stores quantised: block linears and the camera decoder.
@@ -202,6 +207,15 @@ pub fn is_matmul_weight(name: &str) -> bool {
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).
 pub fn write_synthetic(path: &Path, config: &Config, weight_type: WeightType) -> Result<(), Error> {
     write_gguf(path, config, weight_type, |key, shape| Ok(super::synthetic::weight_values(key, shape)))
+}
+
+/// The built-in default model: `da3-tiny` with synthetic weights, built in memory (no file,
+/// no download).
+pub fn builtin_model_file() -> Result<crate::ggml::gguf::GgufFile, Error> {
+    let config = Config::preset("da3-tiny")?;
+    let mut bytes = Vec::new();
+    build_gguf(&config, WeightType::F32, |key, shape| Ok(super::synthetic::weight_values(key, shape)))?.write_to_writer(&mut bytes)?;
+    Ok(crate::ggml::gguf::GgufFile::from_bytes(bytes)?)
 }
 
 /// Converts an official checkpoint directory (`config.json` naming a preset as

@@ -39,6 +39,7 @@ pub struct Model {
     executor: Executor,
     sessions: HashMap<(usize, usize), Session>,
     probes: bool,
+    last_report: Option<Report>,
 }
 
 /// The graph for one processed resolution, built once and reused.
@@ -80,7 +81,7 @@ impl Model {
         if !options.log_decisions {
             executor = executor.quiet();
         }
-        Ok(Model { config, backbone, head, camera, pos_embed, weights, executor, sessions: HashMap::new(), probes: options.probes })
+        Ok(Model { config, backbone, head, camera, pos_embed, weights, executor, sessions: HashMap::new(), probes: options.probes, last_report: None })
     }
 
     pub fn config(&self) -> &Config {
@@ -103,6 +104,10 @@ impl Model {
         let session = &self.sessions[&(width, height)];
         Ok(self.executor.plan(&session.graph)?)
     }
+    /// The planner's report for the last computed image (with the scheduler's split count).
+    pub fn last_report(&self) -> Option<&Report> {
+        self.last_report.as_ref()
+    }
     /// The graph of a processed resolution (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
         self.session(width, height)?;
@@ -121,6 +126,7 @@ impl Model {
         self.session(w, h)?;
         let session = &self.sessions[&(w, h)];
         let run = self.executor.run(&session.graph)?;
+        self.last_report = Some(run.report().clone());
         run.write(&session.image, &image.chw)?;
         run.compute()?;
         let read = |t: &Tensor| run.read::<f32>(t);

@@ -5,8 +5,8 @@
 //!
 //! * [`preprocess`]: the official `InputProcessor` default path (`upper_bound_resize`):
 //!   longest side to `process_res`, each side to the nearest multiple of 14, ImageNet
-//!   normalisation. Its two resizes are OpenCV's (`cv2.resize`), reproduced bit-exactly by
-//!   [`resize_cubic`] and [`resize_area`].
+//!   normalisation. Its two resizes are OpenCV's (`cv2.resize`), reproduced by [`resize_area`]
+//!   bit-exactly and by [`resize_cubic`] bit-exactly except at rare near-ties (see there).
 //! * [`resample_pos_embed`]: DINOv2's `interpolate_pos_encoding` (PyTorch bicubic resampling of
 //!   the 37x37 patch position-embedding grid).
 //! * [`uv_embedding`]: the DPT heads' UV sin/cos position embedding.
@@ -172,9 +172,15 @@ fn rgb_len(width: usize, height: usize) -> Result<usize, PreprocessError> {
 
 /// Decodes an image file (PNG or JPEG, format sniffed from the content like PIL does) to RGB8.
 ///
-/// Alpha is dropped and grey is replicated, as PIL's `convert("RGB")` does. Known deviations
-/// from the official PIL loader: 16-bit PNGs are scaled (PIL clips) and JPEG decoders may differ
-/// from libjpeg-turbo by a level on some pixels. EXIF orientation is ignored by both.
+/// Alpha is dropped (not composited) and grey is replicated, as PIL's `convert("RGB")` does;
+/// 8-bit PNGs (RGB, RGBA, grey, palette) decode exactly as PIL decodes them. Known deviations
+/// from the official PIL loader: JPEGs are decoded by the `image` crate rather than
+/// libjpeg-turbo, so pixels differ by up to a few levels (IDCT and chroma upsampling differ);
+/// 16-bit PNGs are reduced to 8 bits differently; only PNG and JPEG are supported. EXIF
+/// orientation is ignored by both.
+///
+/// # Errors
+/// [`PreprocessError::Open`] or [`PreprocessError::Decode`], naming the path and the cause.
 pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
     let open_err = |source| PreprocessError::Open {
         path: path.to_path_buf(),
@@ -201,7 +207,7 @@ pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
 const COEF_BITS: u32 = 11;
 const COEF_SCALE: f32 = (1 << COEF_BITS) as f32;
 
-/// Checks both images' sizes and returns `(source, target byte length)`.
+/// Checks the source image and the target size; returns the target's byte length.
 fn check_resize(src: &RgbImage8, width: usize, height: usize) -> Result<usize, PreprocessError> {
     src.validate()?;
     if width == 0 || height == 0 {
@@ -296,6 +302,9 @@ const IPP_CUBIC_MIN_SIDE: usize = 4;
 /// the filter in `f64` and rounds half to even: it matches IPP everywhere but at such near-ties
 /// (about 5 values per million on smooth test images, off by one level). Smaller sources take
 /// OpenCV's fixed-point path, which is reproduced bit-exactly.
+///
+/// # Errors
+/// An invalid source ([`RgbImage8::validate`]) or an empty or oversized target.
 pub fn resize_cubic(
     src: &RgbImage8,
     width: usize,
@@ -425,8 +434,10 @@ fn cubic_fixed_point(src: &RgbImage8, width: usize, height: usize) -> Vec<u8> {
             out.push(sat_u8(acc.round_ties_even() as i64));
         }
         for x in simd_len..row_len {
-            let acc: i64 = (0..4)
-                .map(|j| i64::from(rows[j][x]) * i64::from(tap.weights[j]))
+            let acc: i64 = rows
+                .iter()
+                .zip(tap.weights)
+                .map(|(r, b)| i64::from(r[x]) * i64::from(b))
                 .sum();
             out.push(sat_u8((acc + ROUND_HALF) >> (2 * COEF_BITS)));
         }
@@ -443,6 +454,9 @@ fn cubic_fixed_point(src: &RgbImage8, width: usize, height: usize) -> Vec<u8> {
 ///   rounds half up, larger blocks multiply by an `f32` reciprocal and round half to even;
 /// * both factors >= 1 otherwise: exact box-filter coverage weights accumulated in `f32`;
 /// * any factor < 1 (enlarging): a bilinear filter with area-style weights in fixed point.
+///
+/// # Errors
+/// An invalid source ([`RgbImage8::validate`]) or an empty or oversized target.
 pub fn resize_area(
     src: &RgbImage8,
     width: usize,
@@ -485,11 +499,11 @@ fn area_integer(src: &RgbImage8, width: usize, height: usize, kx: usize, ky: usi
     for dy in 0..height {
         for dx in 0..width {
             for c in 0..CN {
-                let mut sum: u32 = 0;
+                let mut sum: u64 = 0;
                 for sy in dy * ky..(dy + 1) * ky {
                     let row = &src.data[sy * src_row..(sy + 1) * src_row];
                     for sx in dx * kx..(dx + 1) * kx {
-                        sum += u32::from(row[sx * CN + c]);
+                        sum += u64::from(row[sx * CN + c]);
                     }
                 }
                 out.push(if area == 4 && kx == 2 {
@@ -653,22 +667,19 @@ fn area_enlarge(
         }
         row
     };
-    let mut cache: Vec<Option<Vec<i32>>> = vec![None; src.height];
+    let rows_of = |t: &LinearTap| [t.first, t.first + 1].map(|r| r.min(src.height - 1));
+    let mut hrows: Vec<Vec<i32>> = vec![Vec::new(); src.height];
+    for r in ytaps.iter().flat_map(rows_of) {
+        if hrows[r].is_empty() {
+            hrows[r] = hrow(r);
+        }
+    }
     let mut out = Vec::with_capacity(row_len * height);
     for t in &ytaps {
-        let r0 = t.first.min(src.height - 1);
-        let r1 = (t.first + 1).min(src.height - 1);
-        for r in [r0, r1] {
-            if cache[r].is_none() {
-                cache[r] = Some(hrow(r));
-            }
-        }
-        let (Some(s0), Some(s1)) = (&cache[r0], &cache[r1]) else {
-            unreachable!("rows were filled just above");
-        };
+        let [r0, r1] = rows_of(t);
         // OpenCV's 8-bit bilinear vertical pass drops 4 bits before multiplying and keeps
         // only the high 16 bits of each product (its SIMD and scalar paths agree on this).
-        for (&a, &b) in s0.iter().zip(s1) {
+        for (&a, &b) in hrows[r0].iter().zip(&hrows[r1]) {
             let v = ((t.weights[0] * (a >> 4)) >> 16) + ((t.weights[1] * (b >> 4)) >> 16);
             out.push(sat_u8(i64::from((v + 2) >> 2)));
         }
@@ -687,7 +698,7 @@ pub enum Interpolation {
     Area,
 }
 
-/// One resize of the official preprocessing: `None` when the official code skips it.
+/// One resize of the official preprocessing (see [`ResizePlan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResizeStep {
     pub width: usize,
@@ -713,6 +724,10 @@ pub struct ResizePlan {
 /// `max(1, round(side * scale))` with round-half-to-even, and each result then goes to the
 /// nearest multiple of 14 with ties rounding up. Cubic is used whenever the image (or, in the
 /// second step, either side) grows, area otherwise.
+///
+/// # Errors
+/// An empty or oversized image, `process_res` below 14, or [`PreprocessError::TooThin`] where
+/// a side would round to no patch at all.
 pub fn plan_resize(
     width: usize,
     height: usize,
@@ -806,6 +821,9 @@ fn apply_step(img: &RgbImage8, step: &ResizeStep) -> Result<RgbImage8, Preproces
 /// The official `InputProcessor` default path (`upper_bound_resize`) for one image; see
 /// [`plan_resize`] for the sizes. Normalisation is computed in `f32` in the official order
 /// (`v / 255`, minus mean, divided by std), so values match PyTorch exactly.
+///
+/// # Errors
+/// An invalid image ([`RgbImage8::validate`]) or any error of [`plan_resize`].
 pub fn preprocess(img: &RgbImage8, process_res: usize) -> Result<ProcessedImage, PreprocessError> {
     img.validate()?;
     let plan = plan_resize(img.width, img.height, process_res)?;
@@ -841,9 +859,10 @@ pub fn normalize_chw(img: &RgbImage8) -> Vec<f32> {
 // DINOv2 position-embedding resampling
 // ---------------------------------------------------------------------------------------------
 
-/// PyTorch's bicubic weights (a = -0.75) for a fractional offset `t`, in `f32`. PyTorch's CPU
-/// kernels are built for AVX2/AVX-512 with floating-point contraction, so the polynomials
-/// are evaluated with fused multiply-adds; doing the same keeps the result within an ulp or so.
+/// PyTorch's bicubic weights (a = -0.75) for a fractional offset `t`, in `f32`. PyTorch's
+/// vectorised CPU builds contract these polynomials (and the sample position) into fused
+/// multiply-adds; doing the same brings the resampled values from ~7e-6 to within ~1e-6 of
+/// PyTorch's on unit-variance data.
 fn torch_cubic_weights(t: f32) -> [f32; 4] {
     const A: f32 = -0.75;
     let near = |x: f32| ((A + 2.0).mul_add(x, -(A + 3.0)) * x).mul_add(x, 1.0);
@@ -874,6 +893,14 @@ fn torch_cubic_taps(
         .collect()
 }
 
+/// A 4-tap sum in PyTorch's order: starting from the first product, adding the others in turn.
+fn weighted_sum(w: &[f32; 4], value: impl Fn(usize) -> f32) -> f32 {
+    w.iter()
+        .enumerate()
+        .skip(1)
+        .fold(value(0) * w[0], |acc, (k, &wk)| acc + value(k) * wk)
+}
+
 /// Source step along one axis as PyTorch derives it: from the scale factor when one is given
 /// (`1 / scale_factor`, computed in `f64` and rounded to `f32`), otherwise from the sizes.
 fn torch_axis_scale(src_len: usize, dst_len: usize, offset: f64) -> Option<f32> {
@@ -900,6 +927,11 @@ fn torch_axis_scale(src_len: usize, dst_len: usize, offset: f64) -> Option<f32> 
 /// The official code skips the resample (returns the grid unchanged) when the token count and
 /// the image's height and width are equal; for patch-aligned images that is `dst == src`,
 /// which is the condition used here.
+///
+/// # Errors
+/// [`PreprocessError::PosEmbedShape`] when `grid` does not hold `src_h * src_w * embed_dim`
+/// values; [`PreprocessError::PosEmbedTarget`] for an empty target or one that the offset would
+/// make PyTorch miss (the official code asserts on it).
 pub fn resample_pos_embed(
     grid: &[f32],
     embed_dim: usize,
@@ -909,19 +941,18 @@ pub fn resample_pos_embed(
     dst_w: usize,
     interpolate_offset: f64,
 ) -> Result<Vec<f32>, PreprocessError> {
-    let shape_err = PreprocessError::PosEmbedShape {
-        len: grid.len(),
-        src_h,
-        src_w,
-        embed_dim,
-    };
     let expected = src_h
         .checked_mul(src_w)
         .and_then(|n| n.checked_mul(embed_dim));
     if expected != Some(grid.len()) || grid.is_empty() {
-        return Err(shape_err);
+        return Err(PreprocessError::PosEmbedShape {
+            len: grid.len(),
+            src_h,
+            src_w,
+            embed_dim,
+        });
     }
-    let target_err = PreprocessError::PosEmbedTarget {
+    let target_err = || PreprocessError::PosEmbedTarget {
         src_h,
         src_w,
         dst_h,
@@ -932,43 +963,23 @@ pub fn resample_pos_embed(
         .checked_mul(dst_w)
         .and_then(|n| n.checked_mul(embed_dim))
         .filter(|&n| n > 0 && dst_h <= MAX_SIDE && dst_w <= MAX_SIDE)
-        .ok_or_else(|| target_err)?;
+        .ok_or_else(target_err)?;
     if (dst_h, dst_w) == (src_h, src_w) {
         return Ok(grid.to_vec());
     }
-    let (Some(sy), Some(sx)) = (
-        torch_axis_scale(src_h, dst_h, interpolate_offset),
-        torch_axis_scale(src_w, dst_w, interpolate_offset),
-    ) else {
-        return Err(PreprocessError::PosEmbedTarget {
-            src_h,
-            src_w,
-            dst_h,
-            dst_w,
-            offset: interpolate_offset,
-        });
-    };
+    let sy = torch_axis_scale(src_h, dst_h, interpolate_offset).ok_or_else(target_err)?;
+    let sx = torch_axis_scale(src_w, dst_w, interpolate_offset).ok_or_else(target_err)?;
     let ytaps = torch_cubic_taps(src_h, dst_h, sy);
     let xtaps = torch_cubic_taps(src_w, dst_w, sx);
+
+    // PyTorch's CPU kernel nests the sums this way round: x-interpolated rows, then y.
     let mut out = Vec::with_capacity(out_len);
     for (yi, yw) in &ytaps {
         for (xi, xw) in &xtaps {
             for c in 0..embed_dim {
-                // Same accumulation order as PyTorch's CPU kernel: rows of the outer (y)
-                // sum are x-interpolated first, each sum starting from its first product.
-                let row = |r: usize| {
-                    let at = |k: usize| grid[(yi[r] * src_w + xi[k]) * embed_dim + c];
-                    let mut acc = at(0) * xw[0];
-                    for k in 1..4 {
-                        acc += at(k) * xw[k];
-                    }
-                    acc
-                };
-                let mut acc = row(0) * yw[0];
-                for r in 1..4 {
-                    acc += row(r) * yw[r];
-                }
-                out.push(acc);
+                out.push(weighted_sum(yw, |r| {
+                    weighted_sum(xw, |k| grid[(yi[r] * src_w + xi[k]) * embed_dim + c])
+                }));
             }
         }
     }
@@ -1020,6 +1031,10 @@ pub fn uv_embedding(
 /// `sx = a / sqrt(a^2 + 1)`, `v` spans the same with `sy = 1 / sqrt(a^2 + 1)`.
 ///
 /// The heads add `0.1 *` this to their feature maps; the 0.1 is not applied here.
+///
+/// # Errors
+/// An empty map, a channel count that is not a positive multiple of 4 (the official code
+/// asserts), or an aspect ratio that is not positive and finite.
 pub fn uv_embedding_with_aspect(
     width: usize,
     height: usize,
@@ -1077,7 +1092,7 @@ pub fn uv_embedding_with_aspect(
             }
         } else {
             for &p in &v {
-                out.extend(std::iter::repeat_n(f(p * w), width));
+                out.extend(std::iter::repeat(f(p * w)).take(width));
             }
         }
     }

@@ -178,7 +178,8 @@ impl Context {
                 ne4[0]
             )));
         }
-        let data_size = dtype.nbytes(ne4).filter(|&n| n <= isize::MAX as u64 && ne4.iter().product::<u64>() <= i64::MAX as u64);
+        let count_fits = ne4.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_some_and(|n| n <= i64::MAX as u64);
+        let data_size = dtype.nbytes(ne4).filter(|&n| n <= isize::MAX as u64 && count_fits);
         let data_size = data_size.ok_or_else(|| invalid("size overflows".to_owned()))? as usize;
         let data = if self.inner.no_alloc { 0 } else { data_size };
         self.inner.reserve(std::mem::size_of::<sys::ggml_tensor>() + data)?;

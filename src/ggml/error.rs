@@ -74,7 +74,7 @@ pub enum Error {
     #[error("cannot initialise backend {name}: {reason}")]
     BackendInit { name: String, reason: String },
     /// An RPC endpoint that does not answer (ggml's own client would abort the process).
-    #[error("RPC server {endpoint} is unreachable: {source} (start one with `da3 rpc-server --port PORT`)")]
+    #[error("RPC server {endpoint} is unreachable (start one with `da3 rpc-server --port PORT`)")]
     RpcUnreachable { endpoint: String, #[source] source: std::io::Error },
     /// A node whose op the backend cannot run.
     #[error("backend {backend} cannot run {op} for node `{node}`")]

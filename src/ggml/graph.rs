@@ -29,9 +29,11 @@ impl Context {
         if capacity == 0 {
             return Err(Error::InvalidArgument { op: "new_graph", reason: "capacity 0".into() });
         }
+        // The graph object without ggml's object header (which `reserve` adds back); added
+        // before subtracting, as a small graph's overhead is less than a tensor's.
         // SAFETY: pure function of its arguments.
-        let bytes = unsafe { sys::ggml_graph_overhead_custom(capacity, false) } - unsafe { sys::ggml_tensor_overhead() }
-            + std::mem::size_of::<sys::ggml_tensor>();
+        let bytes = unsafe { sys::ggml_graph_overhead_custom(capacity, false) } + std::mem::size_of::<sys::ggml_tensor>()
+            - unsafe { sys::ggml_tensor_overhead() };
         self.inner().reserve(bytes)?;
         // SAFETY: live context with room for the graph object (checked above).
         let raw = unsafe { sys::ggml_new_graph_custom(self.raw(), capacity, false) };
@@ -205,5 +207,26 @@ impl Graph {
             contexts.push(replacement.ctx().clone());
         }
         Ok(())
+    }
+
+    /// Every node's source pointers, to undo the scheduler's rewiring (see [`SourceSnapshot`]).
+    pub(crate) fn snapshot_sources(&self) -> SourceSnapshot {
+        // SAFETY: live nodes of this graph; copying their source arrays.
+        SourceSnapshot(self.nodes().map(|n| (n.raw(), unsafe { (*n.raw().as_ptr()).src })).collect())
+    }
+}
+
+/// ggml's scheduler points graph nodes at its own copies of split inputs (`node->src[j] =
+/// copy`) and frees those copies at its next split, so a graph kept for reuse would hold
+/// dangling sources. The snapshot puts the original sources back when the allocation ends.
+pub(crate) struct SourceSnapshot(Vec<(NonNull<sys::ggml_tensor>, [*mut sys::ggml_tensor; sys::GGML_MAX_SRC as usize])>);
+
+impl Drop for SourceSnapshot {
+    fn drop(&mut self) {
+        for (node, srcs) in &self.0 {
+            // SAFETY: nodes of a graph that outlives the allocation holding this snapshot;
+            // restoring the pointers the graph had before the scheduler changed them.
+            unsafe { (*node.as_ptr()).src = *srcs };
+        }
     }
 }

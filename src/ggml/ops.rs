@@ -109,8 +109,12 @@ impl Context {
         if bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
             return Err(mismatch("mul_mat", "a's batch dims do not divide b's", &[a, b]));
         }
-        if a.is_transposed() {
-            return Err(Error::NotContiguous { op: "mul_mat", operand: a.describe() });
+        // ggml_mul_mat asserts `a` is not transposed; the CPU kernel also asserts nb[0] is the
+        // element size of both operands (rows contiguous), which strided views break.
+        for t in [a, b] {
+            if t.is_transposed() || t.nb()[0] != t.dtype().type_size() {
+                return Err(Error::NotContiguous { op: "mul_mat", operand: t.describe() });
+            }
         }
         self.reserve_result(DType::F32, [an[1], bn[1], bn[2], bn[3]])?;
         // SAFETY: preconditions of ggml_mul_mat checked above; live tensors and context.
@@ -129,6 +133,22 @@ impl Context {
     ) -> Result<Tensor> {
         if !can_repeat(b, a) {
             return Err(mismatch(op, "b cannot be broadcast to a (each a.ne[i] must be a multiple of b.ne[i])", &[a, b]));
+        }
+        // The CPU kernels (binary-ops.cpp) assert contiguous rows of `a` and abort on type pairs
+        // other than these (the result has a's type); add also takes quantized `a` + f32 `b`
+        // of the same shape.
+        if a.nb()[0] != a.dtype().type_size() {
+            return Err(Error::NotContiguous { op, operand: a.describe() });
+        }
+        let (ta, tb) = (a.dtype(), b.dtype());
+        let float_a = matches!(ta, DType::F32 | DType::F16 | DType::BF16);
+        let quantized_add = op == "add" && ta.is_quantized() && tb == DType::F32 && a.ne() == b.ne() && b.nb()[0] == tb.type_size();
+        if !float_a && !quantized_add {
+            return Err(Error::DType { op, operand: a.describe(), got: ta.to_string(), expected: "f32, f16 or bf16".into() });
+        }
+        if float_a && tb != ta && tb != DType::F32 {
+            let expected = if ta == DType::F32 { "f32".to_owned() } else { format!("{ta} or f32") };
+            return Err(Error::DType { op, operand: b.describe(), got: tb.to_string(), expected });
         }
         self.reserve_like(a)?;
         // SAFETY: ggml_can_repeat(b, a) holds; live tensors and context.
@@ -534,7 +554,8 @@ impl Context {
             return Err(Error::InvalidArgument { op: "pool_2d", reason: format!("kernel {kernel:?}, stride {stride:?}") });
         }
         let ne = a.ne();
-        let out = |i: i64, k: i32, s: i32, p: f32| ((i as f32 + 2.0 * p - k as f32) / s as f32) as i64 + 1;
+        // ggml's formula: the `+ 1` is in float and the sum truncated (0.5 -> 0, not 1).
+        let out = |i: i64, k: i32, s: i32, p: f32| ((i as f32 + 2.0 * p - k as f32) / s as f32 + 1.0) as i64;
         let (ow, oh) = (out(ne[0], kernel.0, stride.0, padding.0), out(ne[1], kernel.1, stride.1, padding.1));
         if ow < 1 || oh < 1 {
             return Err(mismatch("pool_2d", "the input is smaller than the kernel", &[a]));

@@ -5,7 +5,7 @@ use super::alloc::{check_member, Placed};
 use super::backend::Backend;
 use super::buffer;
 use super::error::{Error, Result};
-use super::graph::Graph;
+use super::graph::{Graph, SourceSnapshot};
 use super::tensor::{Element, Tensor, TensorView};
 use ggml_sys as sys;
 use std::ptr::NonNull;
@@ -79,11 +79,12 @@ impl Sched {
             unsafe { sys::ggml_backend_sched_set_tensor_backend(self.raw.as_ptr(), tensor.as_ptr(), backend.as_ptr()) };
         }
         let placed = Placed(graph.unallocated_tensors());
+        let sources = graph.snapshot_sources();
         // SAFETY: live scheduler and graph within its size.
         if !unsafe { sys::ggml_backend_sched_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
             return Err(Error::Allocation { backend: "sched".into(), reason: "ggml_backend_sched_alloc_graph failed".into() });
         }
-        Ok(SchedAllocation { sched: self, graph, _placed: placed })
+        Ok(SchedAllocation { sched: self, graph, _sources: sources, _placed: placed })
     }
 }
 
@@ -98,6 +99,8 @@ impl Drop for Sched {
 pub struct SchedAllocation<'a> {
     sched: &'a mut Sched,
     graph: &'a Graph,
+    /// Dropped first: sources restored before the placed tensors are cleared.
+    _sources: SourceSnapshot,
     _placed: Placed,
 }
 

@@ -144,7 +144,9 @@ pub fn check(graph: &Graph, target: &dyn Target) -> PassResult {
                 Residency::ForeignBuffer { buffer_type, host_readable } => Issue::ForeignBuffer { buffer_type, host_readable },
                 Residency::Resident | Residency::ToBeAllocated => unreachable!("not a hazard"),
             };
-            result.findings.push(Finding { tensor: src.name(), consumer: node.name(), consumer_op: node.op_name().to_owned(), issue });
+            // Name the tensor that owns the memory: a view of a host weight is that weight.
+            let owner = src.view_source().unwrap_or(src);
+            result.findings.push(Finding { tensor: owner.name(), consumer: node.name(), consumer_op: node.op_name().to_owned(), issue });
         }
     }
     result

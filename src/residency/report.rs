@@ -27,7 +27,7 @@ impl fmt::Display for Decision {
             Decision::Sched { wrapped, mirrored, splits } => {
                 write!(f, "sched")?;
                 if let Some(splits) = splits {
-                    write!(f, ", {splits} splits")?;
+                    write!(f, ", {splits} split{}", if *splits == 1 { "" } else { "s" })?;
                 }
                 if *wrapped > 0 {
                     write!(f, ", {wrapped} host tensors given a CPU buffer")?;

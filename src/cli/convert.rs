@@ -1,0 +1,30 @@
+//! `da3 convert`: an official checkpoint directory to a GGUF file.
+
+use anyhow::Context as _;
+use da3::da3::convert::{convert_checkpoint, WeightType};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Folder with `config.json` ({"model_name": "da3-small"} or another preset) and
+    /// `model.safetensors`, as the official DepthAnything3 class saves them.
+    checkpoint: PathBuf,
+    /// Output file (written atomically).
+    #[arg(short, long, value_name = "OUT.gguf")]
+    output: PathBuf,
+    /// Storage type of the matrix weights: f32, or f16 (block linears and camera decoder).
+    #[arg(long = "type", default_value = "f32", value_parser = ["f32", "f16"])]
+    weight_type: String,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let weight_type = if args.weight_type == "f16" { WeightType::F16 } else { WeightType::F32 };
+    let skipped = convert_checkpoint(&args.checkpoint, &args.output, weight_type)
+        .with_context(|| format!("converting {}", args.checkpoint.display()))?;
+    println!("wrote {}", args.output.display());
+    if !skipped.is_empty() {
+        println!("left out {} tensors single-image depth does not use (ray branch, camera encoder, ...)", skipped.len());
+    }
+    Ok(ExitCode::SUCCESS)
+}
