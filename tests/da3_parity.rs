@@ -86,3 +86,39 @@ fn small_matches_official_at_504() {
 fn base_matches_official_at_504() {
     preset_matches_official("da3-base");
 }
+
+fn correlation(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (a.iter().map(|&v| v as f64).sum::<f64>() / n, b.iter().map(|&v| v as f64).sum::<f64>() / n);
+    let (mut cov, mut va, mut vb) = (0.0, 0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64 - ma, y as f64 - mb);
+        cov += x * y;
+        va += x * x;
+        vb += y * y;
+    }
+    cov / (va * vb).sqrt()
+}
+
+/// f16, q8_0 and q4_k files (written with the safe layer's GGUF writer and ggml's quantisers)
+/// stay close to the f32 model.
+#[test]
+fn quantized_weights_stay_close_to_f32() {
+    use da3::da3::convert::WeightType;
+    let config = Config::preset("da3-small").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let image = synthetic::image(640, 427);
+    let cpu = Backend::cpu(2).unwrap();
+    let depth_of = |weight_type: WeightType| {
+        let path = dir.path().join(format!("{weight_type:?}.gguf"));
+        write_synthetic(&path, &config, weight_type).unwrap();
+        let mut model = Model::load(&path, cpu.clone(), cpu.clone(), &LoadOptions::default()).unwrap();
+        model.infer(&image, 504).unwrap().depth
+    };
+    let reference = depth_of(WeightType::F32);
+    for (weight_type, min_corr) in [(WeightType::F16, 0.999), (WeightType::Q8_0, 0.999), (WeightType::Q4_K, 0.99)] {
+        let corr = correlation(&depth_of(weight_type), &reference);
+        eprintln!("{weight_type:?}: depth correlation with f32 {corr:.6}");
+        assert!(corr >= min_corr, "{weight_type:?}: correlation {corr}");
+    }
+}

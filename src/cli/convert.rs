@@ -13,14 +13,14 @@ pub struct Args {
     /// Output file (written atomically).
     #[arg(short, long, value_name = "OUT.gguf")]
     output: PathBuf,
-    /// Storage type of the matrix weights: f32, or f16 (block linears and camera decoder).
-    #[arg(long = "type", default_value = "f32", value_parser = ["f32", "f16"])]
-    weight_type: String,
+    /// Storage type of the matrix weights (block linears and camera decoder): f32, f16,
+    /// q8_0 or q4_k; everything else stays f32.
+    #[arg(long = "type", default_value = "f32")]
+    weight_type: WeightType,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let weight_type = if args.weight_type == "f16" { WeightType::F16 } else { WeightType::F32 };
-    let skipped = convert_checkpoint(&args.checkpoint, &args.output, weight_type)
+    let skipped = convert_checkpoint(&args.checkpoint, &args.output, args.weight_type)
         .with_context(|| format!("converting {}", args.checkpoint.display()))?;
     println!("wrote {}", args.output.display());
     if !skipped.is_empty() {

@@ -167,12 +167,42 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     }
 }
 
-/// Tensor storage types a converted or synthetic file may use.
+/// Tensor storage types a converted or synthetic file may use. Except for `F32`, the type
+/// applies to the matrix-product weights (block linears, camera decoder) only, as in
+/// depth-anything.cpp's files; k-quants fall back to q8_0 where a row is not a multiple of 256.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightType {
     F32,
-    /// Matrix-product weights in f16, everything else f32.
     F16,
+    Q8_0,
+    Q4_K,
+}
+
+impl std::str::FromStr for WeightType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(WeightType::F32),
+            "f16" => Ok(WeightType::F16),
+            "q8_0" => Ok(WeightType::Q8_0),
+            "q4_k" => Ok(WeightType::Q4_K),
+            other => Err(format!("unknown weight type `{other}` (f32, f16, q8_0, q4_k)")),
+        }
+    }
+}
+
+impl WeightType {
+    /// The storage type of a matrix weight whose rows hold `ne0` values.
+    fn for_row(self, ne0: u64) -> DType {
+        let fits = |t: DType| ne0 % t.block_size() as u64 == 0;
+        match self {
+            WeightType::F32 => DType::F32,
+            WeightType::F16 => DType::F16,
+            WeightType::Q4_K if fits(DType::Q4_K) => DType::Q4_K,
+            WeightType::Q8_0 | WeightType::Q4_K if fits(DType::Q8_0) => DType::Q8_0,
+            _ => DType::F16,
+        }
+    }
 }
 
 /// A GGUF file for `config` whose weights come from `values(official_key, shape)`.
@@ -188,10 +218,10 @@ pub fn build_gguf(config: &Config, weight_type: WeightType, mut values: impl FnM
     for (name, shape) in expected_tensors(config)? {
         let data = values(&official_name(&name), &shape)?;
         let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        let matmul = is_matmul_weight(&name) && ne[0] % 32 == 0;
-        let (dtype, bytes): (DType, Vec<u8>) = match weight_type {
-            WeightType::F16 if matmul => (DType::F16, data.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect()),
-            _ => (DType::F32, data.iter().flat_map(|v| v.to_le_bytes()).collect()),
+        let dtype = if is_matmul_weight(&name) { weight_type.for_row(ne[0]) } else { DType::F32 };
+        let bytes = match dtype {
+            DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            other => crate::ggml::quantize(other, &data, ne[0] as usize)?,
         };
         w.add_tensor(name, dtype, &ne, bytes)?;
     }
