@@ -5,6 +5,7 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod bench;
 mod common;
 mod convert;
 mod depth;
@@ -31,6 +32,8 @@ enum Command {
     Convert(convert::Args),
     /// Reproduce the Metal NULL-buffer crash and show the residency planner fixing it.
     Repro(repro::Args),
+    /// Time a model: load, first image, steady state, memory.
+    Bench(bench::Args),
     /// List the devices ggml can compute on.
     Devices(devices::Args),
     /// Serve this machine's CPU as a ggml RPC device (no authentication: loopback by default).
@@ -46,6 +49,7 @@ pub fn main() -> ExitCode {
         Command::Info(args) => info::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Repro(args) => repro::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc_server::run(args),
     };

@@ -255,12 +255,29 @@ impl RpcServer {
 
     /// The unchecked run may have killed the server (it computes on NULL); start another on the
     /// same port.
+    ///
+    /// The server can still be dying when the child has ended (its listening socket keeps
+    /// accepting until the process is gone), and ggml aborts the whole process when it connects
+    /// to a server that is gone, so a probe alone cannot tell. The server gets a moment to end;
+    /// one that is still running after the unchecked run is replaced all the same.
     fn ensure_running(&mut self, threads: usize) -> anyhow::Result<()> {
-        if matches!(self.child.try_wait(), Ok(None)) && rpc::probe(&self.endpoint, Duration::from_millis(500)).is_ok() {
-            return Ok(());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let ended = loop {
+            match self.child.try_wait() {
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) => break None,
+                Ok(Some(status)) => break Some(describe_status(&status)),
+                Err(e) => break Some(format!("unknown status: {e}")),
+            }
+        };
+        match ended {
+            Some(status) => println!("    the RPC server died too ({status}); restarting it"),
+            None => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                println!("    the RPC server survived; restarting it anyway (its state after the unchecked run is not trusted)");
+            }
         }
-        let status = self.child.wait().map(|s| describe_status(&s)).unwrap_or_default();
-        println!("    the RPC server died too ({status}); restarting it");
         let port = self.endpoint.rsplit(':').next().unwrap_or("0").to_owned();
         let exe = std::env::current_exe()?;
         self.child = Command::new(exe).args(["rpc-server", "--port", &port, "--threads", &threads.to_string()]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;

@@ -142,6 +142,52 @@ impl Allocation<'_> {
     }
 }
 
+/// Time spent in one node, from [`Allocation::profile`].
+#[derive(Debug, Clone)]
+pub struct NodeTime {
+    pub name: String,
+    pub op: &'static str,
+    pub seconds: f64,
+}
+
+impl Allocation<'_> {
+    /// Computes the graph one node at a time on `backend` and times each node (for finding
+    /// where time goes; slower than [`Allocation::compute`] by the per-call overhead).
+    pub fn profile(&self, backend: &Backend) -> Result<Vec<NodeTime>> {
+        let n = self.graph.n_nodes();
+        // SAFETY: pure function of compile-time sizes.
+        let per_graph = unsafe { sys::ggml_graph_overhead_custom(1, false) };
+        // SAFETY: ggml allocates its own pool; freed below.
+        let scratch = unsafe { sys::ggml_init(sys::ggml_init_params { mem_size: per_graph * n + 1024, mem_buffer: std::ptr::null_mut(), no_alloc: true }) };
+        let scratch = NonNull::new(scratch).ok_or_else(|| Error::Creation { what: "a profiling context".into() })?;
+        let mut times = Vec::with_capacity(n);
+        let mut result = Ok(());
+        for node in self.graph.nodes() {
+            if !backend.supports_op(&node) {
+                result = Err(Error::UnsupportedOp { backend: backend.name(), op: node.op_name().into(), node: node.name() });
+                break;
+            }
+            // SAFETY: the pool holds n one-node graphs; the node belongs to this allocated
+            // graph, so its sources are computed (earlier nodes) or allocated.
+            let status = unsafe {
+                let single = sys::ggml_new_graph_custom(scratch.as_ptr(), 1, false);
+                sys::ggml_graph_add_node(single, node.raw().as_ptr());
+                let started = std::time::Instant::now();
+                let status = sys::ggml_backend_graph_compute(backend.as_ptr(), single);
+                times.push(NodeTime { name: node.name(), op: node.op_name(), seconds: started.elapsed().as_secs_f64() });
+                status
+            };
+            if status != sys::GGML_STATUS_SUCCESS {
+                result = Err(Error::Compute { backend: backend.name(), status });
+                break;
+            }
+        }
+        // SAFETY: created above, freed once.
+        unsafe { sys::ggml_free(scratch.as_ptr()) };
+        result.map(|()| times)
+    }
+}
+
 pub(crate) fn compute_on(backend: &Backend, graph: &Graph) -> Result<()> {
     if let Some(node) = graph.nodes().find(|n| !backend.supports_op(n)) {
         return Err(Error::UnsupportedOp { backend: backend.name(), op: node.op_name().into(), node: node.name() });

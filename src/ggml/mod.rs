@@ -38,7 +38,7 @@ pub mod rpc;
 mod sched;
 mod tensor;
 
-pub use alloc::{Allocation, Gallocr};
+pub use alloc::{Allocation, Gallocr, NodeTime};
 pub use backend::{ggml_version, Backend, Device, DeviceCaps, DeviceKind};
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;

@@ -1,0 +1,41 @@
+//! Where a model's time goes on the CPU, by op: `cargo run --release --example profile_model
+//! -- MODEL.gguf [threads]` (computes the 640x427 synthetic image one node at a time).
+
+use da3::da3::{preprocess, synthetic, LoadOptions, Model};
+use da3::ggml::{Backend, Gallocr, TensorView};
+use std::collections::BTreeMap;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args.get(1).ok_or("usage: profile_model MODEL.gguf [threads]")?;
+    let threads = args.get(2).map_or(Ok(2), |t| t.parse())?;
+    let cpu = Backend::cpu(threads)?;
+    let mut model = Model::load(path.as_ref(), cpu.clone(), cpu.clone(), &LoadOptions::default())?;
+    let image = preprocess::preprocess(&synthetic::image(640, 427), 504)?;
+    let graph = model.graph(image.width, image.height)?;
+    let input = graph.get("image").ok_or("no input")?;
+    let mut gallocr = Gallocr::for_backend(&cpu)?;
+    let run = gallocr.alloc(graph)?;
+    // The input tensor is written through its graph reference's name lookup.
+    let _ = input;
+    let times = run.profile(&cpu)?;
+    let total: f64 = times.iter().map(|t| t.seconds).sum();
+    let mut by_op: BTreeMap<&str, (f64, usize)> = BTreeMap::new();
+    for t in &times {
+        let e = by_op.entry(t.op).or_default();
+        e.0 += t.seconds;
+        e.1 += 1;
+    }
+    let mut ops: Vec<_> = by_op.into_iter().collect();
+    ops.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+    println!("total {:.1} ms over {} nodes", total * 1e3, times.len());
+    for (op, (s, n)) in ops.iter().take(15) {
+        println!("{op:<16} {:>8.1} ms {:>5.1}% ({n} nodes)", s * 1e3, 100.0 * s / total);
+    }
+    let mut slow = times.clone();
+    slow.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    for t in slow.iter().take(15) {
+        println!("  {:<28} {:<12} {:>7.2} ms", t.name, t.op, t.seconds * 1e3);
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! `da3 bench`: load time, first and steady-state compute, memory, residency decision.
+
+use super::common::{load_input, DeviceArgs, ModelArgs};
+use da3::da3::outputs::write_atomically;
+use da3::da3::LoadOptions;
+use da3::residency::Policy;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Image (PNG or JPEG). Default: the built-in synthetic 640x427 image.
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Timed runs after the first.
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    #[arg(long, default_value_t = 504)]
+    process_res: usize,
+    #[arg(long, default_value = "route")]
+    policy: Policy,
+    /// Also write the results as JSON.
+    #[arg(long, value_name = "F.json")]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    device: DeviceArgs,
+}
+
+/// Peak resident memory of this process (Linux), in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let pos = p * (sorted.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.runs == 0 {
+        anyhow::bail!("--runs must be at least 1");
+    }
+    let image = load_input(args.input.as_ref())?;
+    let (device, cpu) = args.device.backends()?;
+    let device_name = device.name();
+    let (free_before, total) = device.device().memory();
+    let started = Instant::now();
+    let mut model = args.model.load(device, cpu, &LoadOptions { policy: args.policy, ..Default::default() })?;
+    let load_s = started.elapsed().as_secs_f64();
+    let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
+
+    let started = Instant::now();
+    model.infer(&image, args.process_res)?;
+    let first_s = started.elapsed().as_secs_f64();
+    let mut times = Vec::with_capacity(args.runs);
+    for _ in 0..args.runs {
+        let started = Instant::now();
+        model.infer(&image, args.process_res)?;
+        times.push(started.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    let (median, p90, min) = (percentile(&times, 0.5), percentile(&times, 0.9), times[0]);
+    let (free_after, _) = model.device().device().memory();
+    let report = model.last_report().map(|r| r.summary()).unwrap_or_default();
+    let rss = peak_rss();
+
+    println!("model      {} ({})", args.model.describe(), model.config().name);
+    println!("device     {device_name}, {} threads, {}x{} -> {}x{}", args.device.threads, image.width, image.height, processed.width, processed.height);
+    println!("load       {:.1} ms", load_s * 1e3);
+    println!("first      {:.1} ms (graph build, allocation, compute)", first_s * 1e3);
+    println!("per image  median {:.1} ms, p90 {:.1} ms, min {:.1} ms over {} runs", median * 1e3, p90 * 1e3, min * 1e3, args.runs);
+    if let Some(rss) = rss {
+        println!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
+    }
+    if total > 0 && !model.device().is_cpu() {
+        println!("device mem {:.1} MiB used by this process (free before/after)", free_before.saturating_sub(free_after) as f64 / (1u64 << 20) as f64);
+    }
+    println!("{report}");
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "model": args.model.describe(),
+            "preset": model.config().name,
+            "device": device_name,
+            "threads": args.device.threads,
+            "input": [image.width, image.height],
+            "processed": [processed.width, processed.height],
+            "load_ms": load_s * 1e3,
+            "first_ms": first_s * 1e3,
+            "median_ms": median * 1e3,
+            "p90_ms": p90 * 1e3,
+            "min_ms": min * 1e3,
+            "runs_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
+            "peak_rss_bytes": rss,
+            "device_bytes_used": if total > 0 { Some(free_before.saturating_sub(free_after)) } else { None },
+            "residency": report,
+        });
+        write_atomically(path, |out| serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
