@@ -29,19 +29,34 @@ struct RpcServer {
 
 impl RpcServer {
     fn start() -> RpcServer {
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
         let stderr = tempfile::NamedTempFile::new().expect("a temp file");
-        let child = Command::new(env!("CARGO_BIN_EXE_da3"))
+        let child = isolated(Command::new(env!("CARGO_BIN_EXE_da3")))
             .args(["rpc-server", "--port", &port.to_string(), "--threads", "1"])
             .stdout(Stdio::null())
             .stderr(stderr.reopen().expect("temp file reopens"))
             .spawn()
             .expect("da3 rpc-server starts");
-        let mut server = RpcServer { child, endpoint: format!("127.0.0.1:{port}"), stderr };
+        let mut server = RpcServer {
+            child,
+            endpoint: format!("127.0.0.1:{port}"),
+            stderr,
+        };
         if let Err(e) = rpc::wait_until_listening(&server.endpoint, Duration::from_secs(20)) {
-            panic!("rpc-server never listened on {}: {e}\n{}", server.endpoint, server.stderr_text());
+            panic!(
+                "rpc-server never listened on {}: {e}\n{}",
+                server.endpoint,
+                server.stderr_text()
+            );
         }
-        assert!(server.exit_status().is_none(), "rpc-server exited at start:\n{}", server.stderr_text());
+        assert!(
+            server.exit_status().is_none(),
+            "rpc-server exited at start:\n{}",
+            server.stderr_text()
+        );
         server
     }
 
@@ -80,10 +95,52 @@ impl Drop for RpcServer {
     }
 }
 
+/// `cmd` for a helper process that takes none of this process's descriptors along.
+///
+/// ggml's RPC client opens its sockets without close-on-exec, and `Device::rpc` opens a
+/// connection that ggml closes right after (its per-endpoint connection cache holds weak
+/// references). A process spawned meanwhile keeps a copy of that socket, so the connection
+/// never closes, and the server, which serves one client at a time, never accepts the next:
+/// the next `Backend::new` waits for the server's hello forever, holding ggml's global
+/// connection lock, and every other RPC test in the process waits behind it (observed).
+/// On Linux the helper also dies with the thread that started it, so a killed test run
+/// leaves no server behind.
+fn isolated(mut cmd: Command) -> Command {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the hook makes only async-signal-safe system calls (fcntl, close_range,
+        // prctl) between fork and exec, and allocates nothing.
+        unsafe {
+            cmd.pre_exec(|| {
+                close_descriptors_on_exec();
+                #[cfg(target_os = "linux")]
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    cmd
+}
+
+/// Marks every descriptor above stderr close-on-exec (the ones `Command` set up are 0-2).
+#[cfg(unix)]
+unsafe fn close_descriptors_on_exec() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if libc::close_range(3, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) == 0 {
+        return;
+    }
+    for fd in 3..4096 {
+        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+    }
+}
+
 // --- the crash's graph ---------------------------------------------------------------------
 
 fn input_values() -> Vec<f32> {
-    (0..WIDTH * ROWS).map(|i| (i as f32 * 0.37).sin() * 2.0 + (i % 5) as f32 * 0.1).collect()
+    (0..WIDTH * ROWS)
+        .map(|i| (i as f32 * 0.37).sin() * 2.0 + (i % 5) as f32 * 0.1)
+        .collect()
 }
 fn norm_weight_values() -> Vec<f32> {
     (0..WIDTH).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect()
@@ -92,7 +149,9 @@ fn norm_bias_values() -> Vec<f32> {
     (0..WIDTH).map(|i| ((i % 5) as f32 - 2.0) * 0.05).collect()
 }
 fn proj_values() -> Vec<f32> {
-    (0..WIDTH * OUT).map(|i| (((i * 31) % 17) as f32 - 8.0) * 0.01).collect()
+    (0..WIDTH * OUT)
+        .map(|i| (((i * 31) % 17) as f32 - 8.0) * 0.01)
+        .collect()
 }
 
 /// Where the norm's weight and bias live.
@@ -116,10 +175,19 @@ impl Weights {
             NormParams::Host => None,
             NormParams::On(backend) => Some(backend),
         };
-        let [w, b]: [Tensor; 2] = tensors_with(norm_backend, &[("w", &[WIDTH], norm_weight_values()), ("b", &[WIDTH], norm_bias_values())])
-            .try_into()
-            .unwrap();
-        let [proj]: [Tensor; 1] = tensors_with(Some(proj_on), &[("proj", &[WIDTH, OUT], proj_values())]).try_into().unwrap();
+        let [w, b]: [Tensor; 2] = tensors_with(
+            norm_backend,
+            &[
+                ("w", &[WIDTH], norm_weight_values()),
+                ("b", &[WIDTH], norm_bias_values()),
+            ],
+        )
+        .try_into()
+        .unwrap();
+        let [proj]: [Tensor; 1] =
+            tensors_with(Some(proj_on), &[("proj", &[WIDTH, OUT], proj_values())])
+                .try_into()
+                .unwrap();
         Weights { w, b, proj }
     }
 }
@@ -131,7 +199,10 @@ fn tensors_with(backend: Option<&Backend>, specs: &[(&str, &[i64], Vec<f32>)]) -
         None => Context::host(1 << 20).unwrap(),
         Some(_) => Context::metadata(specs.len()).unwrap(),
     };
-    let tensors: Vec<Tensor> = specs.iter().map(|(name, ne, _)| ctx.new_tensor(DType::F32, ne).unwrap().named(name)).collect();
+    let tensors: Vec<Tensor> = specs
+        .iter()
+        .map(|(name, ne, _)| ctx.new_tensor(DType::F32, ne).unwrap().named(name))
+        .collect();
     if let Some(backend) = backend {
         ctx.allocate_on(backend, BufferUsage::Weights).unwrap();
     }
@@ -153,7 +224,10 @@ impl CrashGraph {
     /// A graph in its own context over `weights`, as a model builds one per input.
     fn over(weights: &Weights) -> CrashGraph {
         let ctx = Context::metadata(16).unwrap();
-        let x = ctx.new_tensor(DType::F32, &[WIDTH, ROWS]).unwrap().named("x");
+        let x = ctx
+            .new_tensor(DType::F32, &[WIDTH, ROWS])
+            .unwrap()
+            .named("x");
         x.mark_input();
         let normed = ctx.norm(&x, EPS).unwrap().named("normed");
         let scaled = ctx.mul(&normed, &weights.w).unwrap().named("scaled");
@@ -173,19 +247,28 @@ fn crash_graph(norm_params: NormParams<'_>, proj_on: &Backend) -> CrashGraph {
 
 /// `y` and `z` computed in plain Rust (f64), independently of ggml.
 fn expected() -> (Vec<f32>, Vec<f32>) {
-    let (x, w, b, proj) = (input_values(), norm_weight_values(), norm_bias_values(), proj_values());
+    let (x, w, b, proj) = (
+        input_values(),
+        norm_weight_values(),
+        norm_bias_values(),
+        proj_values(),
+    );
     let (width, rows, out) = (WIDTH as usize, ROWS as usize, OUT as usize);
     let mut y = Vec::with_capacity(width * rows);
     for row in x.chunks(width) {
         let mean = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
         let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
         let inv = 1.0 / (var + EPS as f64).sqrt();
-        y.extend((0..width).map(|i| ((row[i] as f64 - mean) * inv * w[i] as f64 + b[i] as f64) as f32));
+        y.extend(
+            (0..width).map(|i| ((row[i] as f64 - mean) * inv * w[i] as f64 + b[i] as f64) as f32),
+        );
     }
     let mut z = Vec::with_capacity(out * rows);
     for r in 0..rows {
         for j in 0..out {
-            let dot: f64 = (0..width).map(|k| proj[j * width + k] as f64 * y[r * width + k] as f64).sum();
+            let dot: f64 = (0..width)
+                .map(|k| proj[j * width + k] as f64 * y[r * width + k] as f64)
+                .sum();
             z.push(dot as f32);
         }
     }
@@ -198,7 +281,10 @@ fn assert_close(what: &str, got: &[f32], expected: &[f32], rel: f32) {
     assert_eq!(got.len(), expected.len(), "{what}: length");
     let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
-        assert!((g - e).abs() <= rel * scale, "{what}[{i}] = {g}, expected {e} (scale {scale})");
+        assert!(
+            (g - e).abs() <= rel * scale,
+            "{what}[{i}] = {g}, expected {e} (scale {scale})"
+        );
     }
 }
 
@@ -214,12 +300,20 @@ fn compute_and_check(executor: &mut Executor, g: &CrashGraph) -> residency::Repo
 }
 
 fn executor(device: Backend, policy: Policy) -> Executor {
-    Executor::new(device, Backend::cpu(2).unwrap(), policy).unwrap().quiet()
+    Executor::new(device, Backend::cpu(2).unwrap(), policy)
+        .unwrap()
+        .quiet()
 }
 
 /// The operand names `node` reads, in slot order.
 fn source_names(graph: &Graph, node: &str) -> Vec<String> {
-    graph.get(node).unwrap().sources().iter().map(|s| s.name()).collect()
+    graph
+        .get(node)
+        .unwrap()
+        .sources()
+        .iter()
+        .map(|s| s.name())
+        .collect()
 }
 
 // --- the policies ----------------------------------------------------------------------------
@@ -232,12 +326,33 @@ fn route_wraps_host_weights_and_schedules_over_rpc_and_cpu() {
     let mut exec = executor(rpc, Policy::Route);
     let report = compute_and_check(&mut exec, &g);
 
+    // ggml numbers RPC devices per process (RPC0, RPC1, ...) as servers are added.
+    assert!(report.device.starts_with("RPC"), "{}", report.device);
     let summary = report.summary();
-    assert!(summary.contains("2 tensors not on RPC0") && summary.contains("(w, b: no buffer)"), "{summary}");
-    assert!(matches!(report.decision, Decision::Sched { wrapped: 2, mirrored: 0, splits: Some(_) }), "{summary}");
+    assert!(
+        summary.contains(&format!(
+            "2 tensors not on {} (w, b: no buffer)",
+            report.device
+        )),
+        "{summary}"
+    );
+    assert!(
+        matches!(
+            report.decision,
+            Decision::Sched {
+                wrapped: 2,
+                mirrored: 0,
+                splits: Some(_)
+            }
+        ),
+        "{summary}"
+    );
     // The host tensors now have a CPU buffer the scheduler can see.
     let w = g.graph.get("w").unwrap();
-    assert_eq!(w.buffer().map(|b| b.buffer_type().name()).as_deref(), Some("CPU_Mapped"));
+    assert_eq!(
+        w.buffer().map(|b| b.buffer_type().name()).as_deref(),
+        Some("CPU_Mapped")
+    );
 }
 
 #[test]
@@ -250,7 +365,7 @@ fn mirror_uploads_host_weights_once_and_stays_on_gallocr() {
     let first = compute_and_check(&mut exec, &g);
     assert_eq!(first.decision, Decision::Mirror { uploaded: 2 });
     let copies = source_names(&g.graph, "scaled");
-    assert!(copies[1].starts_with("w@RPC0["), "{copies:?}");
+    assert_eq!(copies[1], format!("w@RPC0[{}]", server.endpoint));
     let copy_id = g.graph.get("scaled").unwrap().sources()[1].id();
     // The prepared graph is now clean for the device: nothing would crash on gallocr.
     assert!(residency::check(&g.graph, &rpc).is_clean());
@@ -259,7 +374,11 @@ fn mirror_uploads_host_weights_once_and_stays_on_gallocr() {
     let second = compute_and_check(&mut exec, &g);
     assert_eq!(second.decision, Decision::Mirror { uploaded: 2 });
     assert_eq!(second.summary(), first.summary());
-    assert_eq!(g.graph.get("scaled").unwrap().sources()[1].id(), copy_id, "the copy was not replaced");
+    assert_eq!(
+        g.graph.get("scaled").unwrap().sources()[1].id(),
+        copy_id,
+        "the copy was not replaced"
+    );
 }
 
 #[test]
@@ -273,9 +392,17 @@ fn mirror_prepares_every_graph_rebuilt_over_the_same_weights() {
     for round in 0..3 {
         let g = CrashGraph::over(&weights);
         let report = exec.plan(&g.graph).unwrap();
-        assert_eq!(report.decision, Decision::Mirror { uploaded: 2 }, "round {round}");
+        assert_eq!(
+            report.decision,
+            Decision::Mirror { uploaded: 2 },
+            "round {round}"
+        );
         let pass = residency::check(&g.graph, &rpc);
-        assert!(pass.is_clean(), "round {round}: the planned graph still reads {:?}", pass.non_resident());
+        assert!(
+            pass.is_clean(),
+            "round {round}: the planned graph still reads {:?}",
+            pass.non_resident()
+        );
         compute_and_check(&mut exec, &g);
     }
 }
@@ -291,14 +418,28 @@ fn mirror_prepares_a_graph_that_hashes_like_one_it_planned_before_preparing() {
     let weights = Weights::new(NormParams::Host, &rpc);
     let g = CrashGraph::over(&weights);
     let mut exec = executor(rpc.clone(), Policy::Mirror);
-    assert_eq!(exec.plan(&g.graph).unwrap().decision, Decision::Mirror { uploaded: 2 });
-    g.graph.replace_source(&g.graph.get("scaled").unwrap(), 1, &weights.w).unwrap();
-    g.graph.replace_source(&g.graph.get("y").unwrap(), 1, &weights.b).unwrap();
+    assert_eq!(
+        exec.plan(&g.graph).unwrap().decision,
+        Decision::Mirror { uploaded: 2 }
+    );
+    g.graph
+        .replace_source(&g.graph.get("scaled").unwrap(), 1, &weights.w)
+        .unwrap();
+    g.graph
+        .replace_source(&g.graph.get("y").unwrap(), 1, &weights.b)
+        .unwrap();
     assert_eq!(residency::check(&g.graph, &rpc).non_resident().len(), 2);
 
-    assert_eq!(exec.plan(&g.graph).unwrap().decision, Decision::Mirror { uploaded: 2 });
+    assert_eq!(
+        exec.plan(&g.graph).unwrap().decision,
+        Decision::Mirror { uploaded: 2 }
+    );
     let pass = residency::check(&g.graph, &rpc);
-    assert!(pass.is_clean(), "planned but not prepared: {:?}", pass.non_resident());
+    assert!(
+        pass.is_clean(),
+        "planned but not prepared: {:?}",
+        pass.non_resident()
+    );
     compute_and_check(&mut exec, &g);
 }
 
@@ -315,7 +456,10 @@ fn strict_refuses_and_names_both_host_tensors() {
     };
     assert_eq!(report.decision, Decision::Refused);
     let text = residency::Error::Refused(report).to_string();
-    assert!(text.contains("`w` read by `scaled` (MUL): no buffer"), "{text}");
+    assert!(
+        text.contains("`w` read by `scaled` (MUL): no buffer"),
+        "{text}"
+    );
     assert!(text.contains("`b` read by `y` (ADD): no buffer"), "{text}");
 }
 
@@ -346,7 +490,10 @@ fn device_weight_is_foreign_and_not_host_readable_for_the_cpu() {
     let g = crash_graph(NormParams::Host, &rpc);
     let proj = g.graph.get("proj").unwrap();
     match residency::classify(&proj, &Backend::cpu(1).unwrap()) {
-        Residency::ForeignBuffer { buffer_type, host_readable } => {
+        Residency::ForeignBuffer {
+            buffer_type,
+            host_readable,
+        } => {
             assert_eq!(buffer_type, format!("RPC0[{}]", server.endpoint));
             assert!(!host_readable);
         }
@@ -382,8 +529,15 @@ fn unchecked_compute_in_this_process() {
 }
 
 fn run_child(endpoint: &str) -> Output {
-    Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", CHILD_TEST, "--ignored", "--nocapture", "--test-threads", "1"])
+    isolated(Command::new(std::env::current_exe().unwrap()))
+        .args([
+            "--exact",
+            CHILD_TEST,
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD_ENDPOINT, endpoint)
         // ggml's abort would otherwise attach gdb to print a backtrace.
         .env("GGML_NO_BACKTRACE", "1")
@@ -392,7 +546,10 @@ fn run_child(endpoint: &str) -> Output {
 }
 
 fn last_line(text: &str) -> &str {
-    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
 }
 
 #[cfg(unix)]
@@ -415,16 +572,36 @@ fn unchecked_path_kills_its_process() {
         out.status,
         server.stderr_text()
     );
-    eprintln!("child {:?}, last stderr line {:?}; server {server_status:?}", out.status, last_line(&stderr));
+    eprintln!(
+        "child {:?}, last stderr line {:?}; server {server_status:?}",
+        out.status,
+        last_line(&stderr)
+    );
 
-    assert!(!out.status.success(), "the unchecked compute did not fail:\n{report}");
-    assert!(stderr.contains("child: compute returned Ok(())"), "{report}");
-    assert!(!stderr.contains("child: read y"), "the child read a result:\n{report}");
-    assert!(last_line(&stderr).ends_with("Remote RPC server crashed or returned malformed response"), "{report}");
+    assert!(
+        !out.status.success(),
+        "the unchecked compute did not fail:\n{report}"
+    );
+    assert!(
+        stderr.contains("child: compute returned Ok(())"),
+        "{report}"
+    );
+    assert!(
+        !stderr.contains("child: read y"),
+        "the child read a result:\n{report}"
+    );
+    assert!(
+        last_line(&stderr).ends_with("Remote RPC server crashed or returned malformed response"),
+        "{report}"
+    );
     #[cfg(unix)]
     {
         assert_eq!(signal_of(out.status), Some(libc::SIGABRT), "{report}");
-        assert_eq!(server_status.and_then(signal_of), Some(libc::SIGSEGV), "{report}");
+        assert_eq!(
+            server_status.and_then(signal_of),
+            Some(libc::SIGSEGV),
+            "{report}"
+        );
     }
 
     // This process is unaffected: the same graph computes correctly through the planner on

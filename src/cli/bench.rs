@@ -22,6 +22,10 @@ pub struct Args {
     process_res: usize,
     #[arg(long, default_value = "route")]
     policy: Policy,
+    /// Load with the crashing engine's layout (camera token and final norm in host memory,
+    /// no buffer), to measure what `--policy route` and `mirror` cost.
+    #[arg(long)]
+    crash_layout: bool,
     /// Also write the results as JSON.
     #[arg(long, value_name = "F.json")]
     json: Option<PathBuf>,
@@ -51,7 +55,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device_name = device.name();
     let (free_before, total) = device.device().memory();
     let started = Instant::now();
-    let mut model = args.model.load(device, cpu, &LoadOptions { policy: args.policy, ..Default::default() })?;
+    let host_only = if args.crash_layout { super::repro::CRASH_LAYOUT.iter().map(|s| s.to_string()).collect() } else { Vec::new() };
+    let mut model = args.model.load(device, cpu, &LoadOptions { policy: args.policy, host_only, ..Default::default() })?;
     let load_s = started.elapsed().as_secs_f64();
     let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
 
@@ -98,6 +103,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "runs_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "peak_rss_bytes": rss,
             "device_bytes_used": if total > 0 { Some(free_before.saturating_sub(free_after)) } else { None },
+            "crash_layout": args.crash_layout,
+            "policy": format!("{:?}", args.policy),
             "residency": report,
         });
         write_atomically(path, |out| serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other))?;

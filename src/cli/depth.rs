@@ -5,7 +5,7 @@ use anyhow::{bail, Context as _};
 use da3::da3::outputs::{fill_sky, write_atomically, write_pfm, write_png};
 use da3::da3::{Colormap, LoadOptions};
 use da3::residency::Policy;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
@@ -42,6 +42,12 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.policy == Policy::Unchecked {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
+    }
+    // Before any computing: an output that cannot be written fails now, not after inference.
+    for (flag, path) in [("--pfm", &args.pfm), ("--png", &args.png), ("--pose", &args.pose), ("--sky", &args.sky)] {
+        if let Some(path) = path {
+            check_output_folder(flag, path)?;
+        }
     }
     let image = load_input(args.input.as_ref())?;
     let (device, cpu) = args.device.backends()?;
@@ -85,4 +91,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The folder an output file goes to must exist (the file itself is written atomically later).
+fn check_output_folder(flag: &str, path: &Path) -> anyhow::Result<()> {
+    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !folder.is_dir() {
+        bail!("{flag} {}: the folder {} does not exist", path.display(), folder.display());
+    }
+    Ok(())
 }

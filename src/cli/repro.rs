@@ -20,7 +20,7 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 /// The tensors the crashing engine left without a buffer.
-const CRASH_LAYOUT: &[&str] = &["vit.pos_embed", "vit.camera_token", "vit.norm.weight", "vit.norm.bias"];
+pub const CRASH_LAYOUT: &[&str] = &["vit.pos_embed", "vit.camera_token", "vit.norm.weight", "vit.norm.bias"];
 
 /// Relative error under which the planned path counts as matching the CPU.
 const TOLERANCE: f64 = 1e-5;

@@ -108,6 +108,10 @@ impl Model {
     pub fn last_report(&self) -> Option<&Report> {
         self.last_report.as_ref()
     }
+    /// Drops the cached graphs (the next image of each resolution builds its graph again).
+    pub fn clear_graphs(&mut self) {
+        self.sessions.clear();
+    }
     /// The graph of a processed resolution (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
         self.session(width, height)?;

@@ -90,16 +90,31 @@ mod tests {
         let findings = issues
             .iter()
             .enumerate()
-            .map(|(i, issue)| Finding { tensor: format!("t{i}"), consumer: "y".into(), consumer_op: "MUL".into(), issue: issue.clone() })
+            .map(|(i, issue)| Finding {
+                tensor: format!("t{i}"),
+                consumer: "y".into(),
+                consumer_op: "MUL".into(),
+                issue: issue.clone(),
+            })
             .collect();
-        PassResult { findings, nodes: 2, sources_checked: 4 }
+        PassResult {
+            findings,
+            nodes: 2,
+            sources_checked: 4,
+        }
     }
 
     fn clean() -> PassResult {
         pass_with(&[])
     }
     fn hazards() -> PassResult {
-        pass_with(&[Issue::NoBuffer, Issue::ForeignBuffer { buffer_type: "CPU".into(), host_readable: true }])
+        pass_with(&[
+            Issue::NoBuffer,
+            Issue::ForeignBuffer {
+                buffer_type: "CPU".into(),
+                host_readable: true,
+            },
+        ])
     }
     fn hazards_and_unsupported_op() -> PassResult {
         pass_with(&[Issue::NoBuffer, Issue::UnsupportedOp])
@@ -108,7 +123,12 @@ mod tests {
         pass_with(&[Issue::UnsupportedOp])
     }
 
-    const POLICIES: [Policy; 4] = [Policy::Route, Policy::Mirror, Policy::Strict, Policy::Unchecked];
+    const POLICIES: [Policy; 4] = [
+        Policy::Route,
+        Policy::Mirror,
+        Policy::Strict,
+        Policy::Unchecked,
+    ];
 
     #[test]
     fn clean_pass_takes_the_fast_path_under_every_policy() {
@@ -139,7 +159,11 @@ mod tests {
             (Policy::Unchecked, Strategy::Unchecked),
         ];
         for (policy, strategy) in expected {
-            assert_eq!(choose(policy, &hazards_and_unsupported_op()), strategy, "{policy:?}");
+            assert_eq!(
+                choose(policy, &hazards_and_unsupported_op()),
+                strategy,
+                "{policy:?}"
+            );
         }
     }
 
@@ -154,16 +178,28 @@ mod tests {
             (Policy::Unchecked, Strategy::Unchecked),
         ];
         for (policy, strategy) in expected {
-            assert_eq!(choose(policy, &unsupported_op_only()), strategy, "{policy:?}");
+            assert_eq!(
+                choose(policy, &unsupported_op_only()),
+                strategy,
+                "{policy:?}"
+            );
         }
     }
 
     #[test]
     fn policy_parses_from_its_cli_name() {
-        for (name, policy) in [("route", Policy::Route), ("mirror", Policy::Mirror), ("strict", Policy::Strict), ("unchecked", Policy::Unchecked)] {
+        for (name, policy) in [
+            ("route", Policy::Route),
+            ("mirror", Policy::Mirror),
+            ("strict", Policy::Strict),
+            ("unchecked", Policy::Unchecked),
+        ] {
             assert_eq!(name.parse::<Policy>(), Ok(policy));
         }
-        assert!("gallocr".parse::<Policy>().unwrap_err().contains("route, mirror, strict, unchecked"));
+        assert!("gallocr"
+            .parse::<Policy>()
+            .unwrap_err()
+            .contains("route, mirror, strict, unchecked"));
         assert_eq!(Policy::default(), Policy::Route);
     }
 }

@@ -799,11 +799,13 @@ def timing(args, net) -> None:
         for i in range(args.warmup + args.repeats):
             for k in acc:
                 acc[k] = 0.0
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             net(x)
-            total = time.perf_counter() - t0
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
             if i >= args.warmup:
-                runs.append({"forward_s": total, **{f"{k}_s": v for k, v in acc.items()}})
+                runs.append(
+                    {"forward_s": total, "cpu_s": cpu, **{f"{k}_s": v for k, v in acc.items()}}
+                )
     for hnd in handles:
         hnd.remove()
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -827,8 +829,11 @@ def timing(args, net) -> None:
     data["machine"] = machine_description()
     data["method"] = (
         "official DepthAnything3Net.forward, float32, autocast off, torch.inference_mode, "
-        "torch.set_num_threads(threads), seeded weights; ray_branch_s sums the DualDPT aux "
-        "modules (refinenet*_aux, output_conv1_aux, output_conv2_aux) via forward hooks"
+        "torch.set_num_threads(threads), seeded weights, wall-clock seconds; cpu_s is the "
+        "process CPU time of a forward (all threads; less sensitive to other load than "
+        "wall time); backbone/head/ray_branch/cam_dec are wall time inside those modules "
+        "via forward hooks, ray_branch summing the DualDPT aux chain (ray_branch_modules); "
+        "depth_path_s = forward_s - ray_branch_s per run"
     )
     data.setdefault("results", {})[args.preset] = record
     path.write_text(dump_json(data))

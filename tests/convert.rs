@@ -1,0 +1,384 @@
+//! `da3 convert` on checkpoint folders in the official layout (`config.json` and
+//! `model.safetensors` with `model.`-prefixed keys), holding the synthetic weights: the
+//! converted file must compute exactly what the synthetic GGUF file computes, and broken
+//! checkpoints must fail with an error naming what is wrong.
+
+use da3::da3::convert::{
+    convert_checkpoint, expected_tensors, official_name, write_synthetic, WeightType,
+};
+use da3::da3::{synthetic, Config, LoadOptions, Model};
+use da3::ggml::gguf::GgufFile;
+use da3::ggml::{Backend, DType};
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const PRESET: &str = "da3-tiny";
+
+/// Tensors the official checkpoint has and single-image depth does not use.
+const EXTRA_KEYS: &[&str] = &[
+    "model.head.scratch.refinenet1_aux.out_conv.weight",
+    "model.cam_enc.something",
+];
+
+/// One state-dict entry.
+struct Entry {
+    key: String,
+    shape: Vec<usize>,
+    values: Vec<f32>,
+}
+
+/// The state dict of the official model for `PRESET` with the synthetic weights, plus the
+/// entries of [`EXTRA_KEYS`].
+fn official_state_dict() -> Vec<Entry> {
+    let config = Config::preset(PRESET).unwrap();
+    let mut entries: Vec<Entry> = expected_tensors(&config)
+        .unwrap()
+        .into_iter()
+        .map(|(gguf, shape)| {
+            let official = official_name(&gguf);
+            Entry {
+                values: synthetic::weight_values(&official, &shape),
+                key: format!("model.{official}"),
+                shape,
+            }
+        })
+        .collect();
+    for key in EXTRA_KEYS {
+        let shape = vec![4, 3];
+        entries.push(Entry {
+            key: key.to_string(),
+            values: synthetic::weight_values(key, &shape),
+            shape,
+        });
+    }
+    entries
+}
+
+fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        other => panic!("no encoder for {other:?}"),
+    }
+}
+
+/// Writes a checkpoint folder `dir`: `config.json` with `config_json` (none if `None`) and
+/// `model.safetensors` holding `entries` as `dtype`.
+fn write_checkpoint(dir: &Path, config_json: Option<&str>, entries: &[Entry], dtype: Dtype) {
+    std::fs::create_dir_all(dir).unwrap();
+    if let Some(json) = config_json {
+        std::fs::write(dir.join("config.json"), json).unwrap();
+    }
+    let encoded: Vec<(&Entry, Vec<u8>)> = entries
+        .iter()
+        .map(|e| (e, encode(&e.values, dtype)))
+        .collect();
+    let views = encoded.iter().map(|(e, bytes)| {
+        (
+            e.key.clone(),
+            TensorView::new(dtype, e.shape.clone(), bytes).unwrap(),
+        )
+    });
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+const TINY_CONFIG: &str = r#"{"model_name": "da3-tiny"}"#;
+
+/// A temporary folder with `ckpt/` (made by the caller) and an empty `out/`.
+struct Workspace {
+    dir: tempfile::TempDir,
+}
+
+impl Workspace {
+    fn new() -> Workspace {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("out")).unwrap();
+        Workspace { dir }
+    }
+    fn checkpoint(&self) -> PathBuf {
+        self.dir.path().join("ckpt")
+    }
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join("out").join(name)
+    }
+    /// Everything in `out/`, hidden temporary files included.
+    fn out_entries(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.path().join("out"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+    /// `da3 convert ckpt -o out/NAME [extra]`.
+    fn convert(&self, name: &str, extra: &[&str]) -> Run {
+        let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+            .arg("convert")
+            .arg(self.checkpoint())
+            .arg("-o")
+            .arg(self.out(name))
+            .args(extra)
+            .output()
+            .expect("da3 starts");
+        Run {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+    /// The conversion must fail cleanly, mention `parts`, and write nothing.
+    fn assert_convert_fails(&self, parts: &[&str]) {
+        let run = self.convert("model.gguf", &[]);
+        assert_eq!(run.code, Some(1), "{}", run.context());
+        assert!(run.stderr.starts_with("Error:"), "{}", run.context());
+        assert!(!run.stderr.contains("panicked"), "{}", run.context());
+        for part in parts {
+            assert!(
+                run.stderr.contains(part),
+                "stderr should mention `{part}`\n{}",
+                run.context()
+            );
+        }
+        assert_eq!(
+            self.out_entries(),
+            Vec::<String>::new(),
+            "nothing written\n{}",
+            run.context()
+        );
+    }
+}
+
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn context(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Depth of the model file on the synthetic image, on the CPU.
+fn depth(model: &Path, process_res: usize) -> Vec<f32> {
+    let cpu = Backend::cpu(2).unwrap();
+    let mut model = Model::load(model, cpu.clone(), cpu, &LoadOptions::default()).unwrap();
+    assert!(
+        model.unused_tensors().is_empty(),
+        "unused: {:?}",
+        model.unused_tensors()
+    );
+    model
+        .infer(&synthetic::image(640, 427), process_res)
+        .unwrap()
+        .depth
+}
+
+fn correlation(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (
+        a.iter().map(|&v| v as f64).sum::<f64>() / n,
+        b.iter().map(|&v| v as f64).sum::<f64>() / n,
+    );
+    let (mut cov, mut va, mut vb) = (0.0, 0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64 - ma, y as f64 - mb);
+        cov += x * y;
+        va += x * x;
+        vb += y * y;
+    }
+    cov / (va * vb).sqrt()
+}
+
+/// The synthetic GGUF file for `PRESET`, written by the library.
+fn synthetic_file(dir: &Path) -> PathBuf {
+    let path = dir.join("synthetic.gguf");
+    write_synthetic(&path, &Config::preset(PRESET).unwrap(), WeightType::F32).unwrap();
+    path
+}
+
+/// A tensor of a GGUF file as f32 values.
+fn tensor_f32(file: &GgufFile, name: &str) -> Vec<f32> {
+    let info = file
+        .tensor(name)
+        .unwrap_or_else(|| panic!("no tensor {name}"));
+    assert_eq!(info.dtype, DType::F32, "{name}");
+    file.tensor_data(info)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn converted_checkpoint_computes_exactly_the_synthetic_model() {
+    let ws = Workspace::new();
+    write_checkpoint(
+        &ws.checkpoint(),
+        Some(TINY_CONFIG),
+        &official_state_dict(),
+        Dtype::F32,
+    );
+    let run = ws.convert("model.gguf", &[]);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(
+        run.stdout
+            .contains(&format!("left out {} tensors", EXTRA_KEYS.len())),
+        "{}",
+        run.context()
+    );
+    assert_eq!(ws.out_entries(), ["model.gguf"], "no temporary file left");
+
+    let reference = synthetic_file(ws.dir.path());
+    let (converted, expected) = (
+        GgufFile::open(ws.out("model.gguf")).unwrap(),
+        GgufFile::open(&reference).unwrap(),
+    );
+    assert_eq!(converted.tensors().len(), expected.tensors().len());
+    let ours = depth(&ws.out("model.gguf"), 112);
+    let theirs = depth(&reference, 112);
+    assert_eq!(ours.len(), theirs.len());
+    let identical = ours
+        .iter()
+        .zip(&theirs)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(
+        identical,
+        "depth of the converted file differs from the synthetic file's"
+    );
+}
+
+#[test]
+fn dropped_tensors_are_reported_by_name() {
+    let ws = Workspace::new();
+    write_checkpoint(
+        &ws.checkpoint(),
+        Some(TINY_CONFIG),
+        &official_state_dict(),
+        Dtype::F32,
+    );
+    let skipped =
+        convert_checkpoint(&ws.checkpoint(), &ws.out("model.gguf"), WeightType::F32).unwrap();
+    let mut expected: Vec<String> = EXTRA_KEYS.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    assert_eq!(skipped, expected);
+    let file = GgufFile::open(ws.out("model.gguf")).unwrap();
+    assert!(file
+        .tensors()
+        .iter()
+        .all(|t| !t.name.contains("aux") && !t.name.contains("cam_enc")));
+}
+
+#[test]
+fn f16_conversion_stores_f16_matrices_and_keeps_depth() {
+    let ws = Workspace::new();
+    write_checkpoint(
+        &ws.checkpoint(),
+        Some(TINY_CONFIG),
+        &official_state_dict(),
+        Dtype::F32,
+    );
+    for (name, extra) in [("f32.gguf", &[][..]), ("f16.gguf", &["--type", "f16"][..])] {
+        let run = ws.convert(name, extra);
+        assert_eq!(run.code, Some(0), "{}", run.context());
+    }
+    let f16 = GgufFile::open(ws.out("f16.gguf")).unwrap();
+    let halves = f16
+        .tensors()
+        .iter()
+        .filter(|t| t.dtype == DType::F16)
+        .count();
+    assert!(halves > 0, "--type f16 stores some matrices as f16");
+    assert!(f16.file_size() < GgufFile::open(ws.out("f32.gguf")).unwrap().file_size());
+    let corr = correlation(
+        &depth(&ws.out("f16.gguf"), 112),
+        &depth(&ws.out("f32.gguf"), 112),
+    );
+    assert!(corr >= 0.999, "correlation {corr}");
+}
+
+#[test]
+fn bf16_checkpoint_converts_rounded_values_and_loads() {
+    let ws = Workspace::new();
+    let entries = official_state_dict();
+    write_checkpoint(&ws.checkpoint(), Some(TINY_CONFIG), &entries, Dtype::BF16);
+    let run = ws.convert("model.gguf", &[]);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+
+    let file = GgufFile::open(ws.out("model.gguf")).unwrap();
+    let norm = entries
+        .iter()
+        .find(|e| e.key == "model.backbone.pretrained.norm.weight")
+        .unwrap();
+    let rounded: Vec<f32> = norm
+        .values
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_f32())
+        .collect();
+    assert_ne!(
+        rounded, norm.values,
+        "bf16 rounding changes the synthetic values"
+    );
+    assert_eq!(tensor_f32(&file, "vit.norm.weight"), rounded);
+
+    let d = depth(&ws.out("model.gguf"), 112);
+    assert!(d.iter().all(|v| v.is_finite() && *v > 0.0));
+}
+
+#[test]
+fn missing_config_json_is_named() {
+    let ws = Workspace::new();
+    write_checkpoint(&ws.checkpoint(), None, &official_state_dict(), Dtype::F32);
+    ws.assert_convert_fails(&["config.json"]);
+}
+
+#[test]
+fn unknown_model_name_is_named_with_the_known_presets() {
+    let ws = Workspace::new();
+    write_checkpoint(
+        &ws.checkpoint(),
+        Some(r#"{"model_name": "da3-huge"}"#),
+        &official_state_dict(),
+        Dtype::F32,
+    );
+    ws.assert_convert_fails(&["config.json", "`da3-huge`", "da3-small"]);
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let ws = Workspace::new();
+    let missing = "model.backbone.pretrained.blocks.2.ls2.gamma";
+    let entries: Vec<Entry> = official_state_dict()
+        .into_iter()
+        .filter(|e| e.key != missing)
+        .collect();
+    write_checkpoint(&ws.checkpoint(), Some(TINY_CONFIG), &entries, Dtype::F32);
+    ws.assert_convert_fails(&["model.safetensors", &format!("`{missing}`"), "missing"]);
+}
+
+#[test]
+fn misshapen_tensor_is_named_with_both_shapes() {
+    let ws = Workspace::new();
+    let key = "model.head.projects.1.weight";
+    let mut entries = official_state_dict();
+    let entry = entries.iter_mut().find(|e| e.key == key).unwrap();
+    let expected = entry.shape.clone();
+    entry.shape[0] += 1;
+    entry.values = synthetic::weight_values(key, &entry.shape);
+    let found = entry.shape.clone();
+    write_checkpoint(&ws.checkpoint(), Some(TINY_CONFIG), &entries, Dtype::F32);
+    ws.assert_convert_fails(&[
+        &format!("`{key}`"),
+        &format!("{found:?}"),
+        &format!("{expected:?}"),
+    ]);
+}
