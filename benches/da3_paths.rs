@@ -21,7 +21,11 @@ struct Server(Child, String);
 
 impl Server {
     fn start() -> Server {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let child = Command::new(env!("CARGO_BIN_EXE_da3"))
             .args(["rpc-server", "--port", &port.to_string(), "--threads", "2"])
             .stdout(Stdio::null())
@@ -42,9 +46,23 @@ impl Drop for Server {
 }
 
 fn load(path: &std::path::Path, device: &Backend, policy: Policy, crash_layout: bool) -> Model {
-    let host_only = if crash_layout { CRASH_LAYOUT.iter().map(|s| s.to_string()).collect() } else { Vec::new() };
+    let host_only = if crash_layout {
+        CRASH_LAYOUT.iter().map(|s| s.to_string()).collect()
+    } else {
+        Vec::new()
+    };
     let cpu = Backend::cpu(2).unwrap();
-    Model::load(path, device.clone(), cpu, &LoadOptions { policy, host_only, ..Default::default() }).unwrap()
+    Model::load(
+        path,
+        device.clone(),
+        cpu,
+        &LoadOptions {
+            policy,
+            host_only,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_endpoint: &str) {
@@ -55,23 +73,36 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
     let rpc_device = Backend::new(Device::rpc(rpc_endpoint).unwrap()).unwrap();
 
     let mut group = c.benchmark_group(format!("{preset}/compute"));
-    group.sample_size(10).measurement_time(Duration::from_secs(20)).warm_up_time(Duration::from_secs(2));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(20))
+        .warm_up_time(Duration::from_secs(2));
     let variants: [(&str, &Backend, Policy, bool); 4] = [
         ("cpu/gallocr_resident", &cpu, Policy::Route, false),
         ("rpc/gallocr_resident", &rpc_device, Policy::Route, false),
         ("rpc/sched_after_route", &rpc_device, Policy::Route, true),
-        ("rpc/gallocr_after_mirror", &rpc_device, Policy::Mirror, true),
+        (
+            "rpc/gallocr_after_mirror",
+            &rpc_device,
+            Policy::Mirror,
+            true,
+        ),
     ];
     for (name, device, policy, crash) in variants {
         let mut model = load(&path, device, policy, crash);
         model.infer_processed(image).unwrap();
-        eprintln!("{preset} {name}: {}", model.last_report().unwrap().summary());
+        eprintln!(
+            "{preset} {name}: {}",
+            model.last_report().unwrap().summary()
+        );
         group.bench_function(name, |b| b.iter(|| model.infer_processed(image).unwrap()));
     }
     group.finish();
 
     let mut group = c.benchmark_group(format!("{preset}/phases"));
-    group.sample_size(10).measurement_time(Duration::from_secs(10));
+    group
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(10));
     let mut model = load(&path, &cpu, Policy::Route, false);
     group.bench_function("build_graph", |b| {
         b.iter(|| {
@@ -80,19 +111,30 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
         })
     });
     let graph = model.graph(image.width, image.height).unwrap();
-    eprintln!("{preset}: {} nodes, {} leafs", graph.n_nodes(), graph.n_leafs());
+    eprintln!(
+        "{preset}: {} nodes, {} leafs",
+        graph.n_nodes(),
+        graph.n_leafs()
+    );
     let mut gallocr = Gallocr::for_backend(&cpu).unwrap();
     gallocr.reserve(graph).unwrap();
-    group.bench_function("gallocr_alloc", |b| b.iter(|| drop(gallocr.alloc(graph).unwrap())));
-    let mut sched = da3::ggml::Sched::new(&[cpu.clone()], 16384, false).unwrap();
+    group.bench_function("gallocr_alloc", |b| {
+        b.iter(|| drop(gallocr.alloc(graph).unwrap()))
+    });
+    let mut sched = da3::ggml::Sched::new(std::slice::from_ref(&cpu), 16384, false).unwrap();
     sched.reserve(graph).unwrap();
-    group.bench_function("sched_alloc", |b| b.iter(|| drop(sched.alloc(graph, &[]).unwrap())));
-    group.bench_function("residency_pass", |b| b.iter(|| residency::check(graph, &cpu)));
+    group.bench_function("sched_alloc", |b| {
+        b.iter(|| drop(sched.alloc(graph, &[]).unwrap()))
+    });
+    group.bench_function("residency_pass", |b| {
+        b.iter(|| residency::check(graph, &cpu))
+    });
     group.finish();
 }
 
 fn benches(c: &mut Criterion) {
-    let presets = std::env::var("DA3_BENCH_PRESETS").unwrap_or_else(|_| "da3-small,da3-base".to_owned());
+    let presets =
+        std::env::var("DA3_BENCH_PRESETS").unwrap_or_else(|_| "da3-small,da3-base".to_owned());
     let image = preprocess(&synthetic::image(640, 427), 504).unwrap();
     let server = Server::start();
     for preset in presets.split(',') {

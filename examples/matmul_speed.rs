@@ -3,7 +3,12 @@ use da3::ggml::{Backend, BufferUsage, Context, DType, Gallocr};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = std::env::args().nth(1).map_or(2, |t| t.parse().unwrap());
     let cpu = Backend::cpu(threads)?;
-    for (k, m, n) in [(384usize, 1536usize, 865usize), (1536, 384, 865), (384, 1152, 865), (576, 32, 55296)] {
+    for (k, m, n) in [
+        (384usize, 1536usize, 865usize),
+        (1536, 384, 865),
+        (384, 1152, 865),
+        (576, 32, 55296),
+    ] {
         let w = Context::metadata(2)?;
         let a = w.new_tensor(DType::F32, &[k as i64, m as i64])?;
         w.allocate_on(&cpu, BufferUsage::Weights)?;
@@ -25,7 +30,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             run.compute(&cpu)?;
         }
         let s = t.elapsed().as_secs_f64() / reps as f64;
-        println!("{k}x{m} * {k}x{n}: {:.2} ms, {:.1} GFLOP/s", s * 1e3, 2.0 * (k * m * n) as f64 / s / 1e9);
+        println!(
+            "{k}x{m} * {k}x{n}: {:.2} ms, {:.1} GFLOP/s",
+            s * 1e3,
+            2.0 * (k * m * n) as f64 / s / 1e9
+        );
     }
     Ok(())
 }

@@ -2,15 +2,22 @@
 //! -- MODEL.gguf [threads]` (computes the 640x427 synthetic image one node at a time).
 
 use da3::da3::{preprocess, synthetic, LoadOptions, Model};
-use da3::ggml::{Backend, Gallocr, TensorView};
+use da3::ggml::{Backend, Gallocr};
 use std::collections::BTreeMap;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let path = args.get(1).ok_or("usage: profile_model MODEL.gguf [threads]")?;
+    let path = args
+        .get(1)
+        .ok_or("usage: profile_model MODEL.gguf [threads]")?;
     let threads = args.get(2).map_or(Ok(2), |t| t.parse())?;
     let cpu = Backend::cpu(threads)?;
-    let mut model = Model::load(path.as_ref(), cpu.clone(), cpu.clone(), &LoadOptions::default())?;
+    let mut model = Model::load(
+        path.as_ref(),
+        cpu.clone(),
+        cpu.clone(),
+        &LoadOptions::default(),
+    )?;
     let image = preprocess::preprocess(&synthetic::image(640, 427), 504)?;
     let graph = model.graph(image.width, image.height)?;
     let input = graph.get("image").ok_or("no input")?;
@@ -30,7 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ops.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
     println!("total {:.1} ms over {} nodes", total * 1e3, times.len());
     for (op, (s, n)) in ops.iter().take(15) {
-        println!("{op:<16} {:>8.1} ms {:>5.1}% ({n} nodes)", s * 1e3, 100.0 * s / total);
+        println!(
+            "{op:<16} {:>8.1} ms {:>5.1}% ({n} nodes)",
+            s * 1e3,
+            100.0 * s / total
+        );
     }
     let mut slow = times.clone();
     slow.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));

@@ -9,7 +9,11 @@ use da3::residency::{Executor, Policy};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // 1. Backends: the best device, and the CPU the planner may fall back to.
     let device = Device::best();
-    let backend = if device.kind() == da3::ggml::DeviceKind::Cpu { Backend::cpu(0)? } else { Backend::new(device)? };
+    let backend = if device.kind() == da3::ggml::DeviceKind::Cpu {
+        Backend::cpu(0)?
+    } else {
+        Backend::new(device)?
+    };
     println!("computing on {}", backend.name());
 
     // 2. Model: a weight matrix in its own context, allocated once on the device.
@@ -37,7 +41,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Expected: [60 55 50 110 | 90 54 54 126 | 42 29 28 64]
     let [n_i, n_j, ..] = result.ne();
     for j in 0..n_j as usize {
-        let row: Vec<String> = values[j * n_i as usize..(j + 1) * n_i as usize].iter().map(|v| format!("{v:.0}")).collect();
+        let row: Vec<String> = values[j * n_i as usize..(j + 1) * n_i as usize]
+            .iter()
+            .map(|v| format!("{v:.0}"))
+            .collect();
         println!("[{}]", row.join(" "));
     }
     Ok(())

@@ -11,7 +11,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2);
     };
     let weight_type: WeightType = args.get(3).map_or(Ok(WeightType::F32), |t| t.parse())?;
-    write_synthetic(std::path::Path::new(out), &Config::preset(preset)?, weight_type)?;
+    write_synthetic(
+        std::path::Path::new(out),
+        &Config::preset(preset)?,
+        weight_type,
+    )?;
     println!("wrote {out}");
     Ok(())
 }

@@ -24,7 +24,12 @@ mod source;
 mod util;
 
 fn main() {
-    for var in ["GGML_LIB_DIR", "GGML_INCLUDE_DIR", "GGML_SOURCE_DIR", "CUDA_ARCHITECTURES"] {
+    for var in [
+        "GGML_LIB_DIR",
+        "GGML_INCLUDE_DIR",
+        "GGML_SOURCE_DIR",
+        "CUDA_ARCHITECTURES",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     println!("cargo:rerun-if-changed=build.rs");

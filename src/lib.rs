@@ -6,6 +6,6 @@
 //!   and the one compute entry point built on it;
 //! - [`da3`]: the Depth Anything 3 model: GGUF loading, preprocessing, graph, outputs.
 
+pub mod da3;
 pub mod ggml;
 pub mod residency;
-pub mod da3;

@@ -14,8 +14,21 @@ fn load_synthetic(preset: &str, probes: bool) -> (Model, tempfile::TempDir) {
     let path = dir.path().join(format!("{preset}.gguf"));
     write_synthetic(&path, &Config::preset(preset).unwrap(), WeightType::F32).unwrap();
     let cpu = Backend::cpu(2).unwrap();
-    let model = Model::load(&path, cpu.clone(), cpu, &LoadOptions { probes, ..Default::default() }).unwrap();
-    assert!(model.unused_tensors().is_empty(), "unused: {:?}", model.unused_tensors());
+    let model = Model::load(
+        &path,
+        cpu.clone(),
+        cpu,
+        &LoadOptions {
+            probes,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        model.unused_tensors().is_empty(),
+        "unused: {:?}",
+        model.unused_tensors()
+    );
     (model, dir)
 }
 
@@ -26,19 +39,42 @@ fn tiny_matches_official_at_every_stage_and_aspect_ratio() {
     for case in &fixture.images {
         let image = synthetic::image(case.width, case.height);
         let prediction = model.infer(&image, fixture.process_res).unwrap();
-        assert_eq!((prediction.width, prediction.height), (case.processed_width, case.processed_height), "{}", case.name);
-        let stages = [("tokens_in", "tokens_in"), ("feat0", "feat0"), ("feat1", "feat1"), ("feat2", "feat2"), ("feat3", "feat3"), ("cam_token", "cam_token3")];
+        assert_eq!(
+            (prediction.width, prediction.height),
+            (case.processed_width, case.processed_height),
+            "{}",
+            case.name
+        );
+        let stages = [
+            ("tokens_in", "tokens_in"),
+            ("feat0", "feat0"),
+            ("feat1", "feat1"),
+            ("feat2", "feat2"),
+            ("feat3", "feat3"),
+            ("cam_token", "cam_token3"),
+        ];
         // Intermediate stages are recorded for the first image only.
         for (ours, theirs) in stages.into_iter().filter(|(_, theirs)| case.has(theirs)) {
             let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
             eprintln!("{} {ours}: {a:?}", case.name);
-            assert!(a.max_scaled < 1e-4 && a.corr > 0.99999, "{} {ours}: {a:?}", case.name);
+            assert!(
+                a.max_scaled < 1e-4 && a.corr > 0.99999,
+                "{} {ours}: {a:?}",
+                case.name
+            );
         }
         let depth = agreement(&prediction.depth, &case.reference("depth"));
-        let conf = agreement(prediction.confidence.as_ref().unwrap(), &case.reference("depth_conf"));
+        let conf = agreement(
+            prediction.confidence.as_ref().unwrap(),
+            &case.reference("depth_conf"),
+        );
         eprintln!("{} depth {depth:?}\n{} conf {conf:?}", case.name, case.name);
         for (what, a) in [("depth", depth), ("confidence", conf)] {
-            assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{} {what}: {a:?}", case.name);
+            assert!(
+                a.max_rel <= 1e-3 && a.corr >= 0.99999,
+                "{} {what}: {a:?}",
+                case.name
+            );
         }
         let pose = prediction.pose.unwrap();
         let intr: Vec<f32> = pose.intrinsics.iter().flatten().copied().collect();
@@ -46,7 +82,11 @@ fn tiny_matches_official_at_every_stage_and_aspect_ratio() {
         let ai = agreement(&intr, &case.reference("intrinsics"));
         let ae = agreement(&extr, &case.reference("extrinsics"));
         eprintln!("{} intrinsics {ai:?} extrinsics {ae:?}", case.name);
-        assert!(ai.max_scaled <= 1e-3 && ae.max_scaled <= 1e-3, "{}: {ai:?} {ae:?}", case.name);
+        assert!(
+            ai.max_scaled <= 1e-3 && ae.max_scaled <= 1e-3,
+            "{}: {ai:?} {ae:?}",
+            case.name
+        );
     }
 }
 
@@ -58,22 +98,45 @@ fn preset_matches_official(preset: &str) {
     for case in &fixture.images {
         let image = synthetic::image(case.width, case.height);
         let prediction = model.infer(&image, fixture.process_res).unwrap();
-        assert_eq!((prediction.width, prediction.height), (case.processed_width, case.processed_height), "{}", case.name);
-        for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")].into_iter().filter(|(_, t)| case.has(t)) {
+        assert_eq!(
+            (prediction.width, prediction.height),
+            (case.processed_width, case.processed_height),
+            "{}",
+            case.name
+        );
+        for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")]
+            .into_iter()
+            .filter(|(_, t)| case.has(t))
+        {
             let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
             eprintln!("{preset} {} {ours}: {a:?}", case.name);
-            assert!(a.max_scaled < 1e-4 && a.corr > 0.99999, "{} {ours}: {a:?}", case.name);
+            assert!(
+                a.max_scaled < 1e-4 && a.corr > 0.99999,
+                "{} {ours}: {a:?}",
+                case.name
+            );
         }
         let depth = agreement(&prediction.depth, &case.reference("depth"));
-        let conf = agreement(prediction.confidence.as_ref().unwrap(), &case.reference("depth_conf"));
+        let conf = agreement(
+            prediction.confidence.as_ref().unwrap(),
+            &case.reference("depth_conf"),
+        );
         eprintln!("{preset} {} depth {depth:?} conf {conf:?}", case.name);
         for (what, a) in [("depth", depth), ("confidence", conf)] {
-            assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{preset} {} {what}: {a:?}", case.name);
+            assert!(
+                a.max_rel <= 1e-3 && a.corr >= 0.99999,
+                "{preset} {} {what}: {a:?}",
+                case.name
+            );
         }
         let pose = prediction.pose.unwrap();
         let intr: Vec<f32> = pose.intrinsics.iter().flatten().copied().collect();
         let ai = agreement(&intr, &case.reference("intrinsics"));
-        assert!(ai.max_scaled <= 1e-3, "{preset} {} intrinsics {ai:?}", case.name);
+        assert!(
+            ai.max_scaled <= 1e-3,
+            "{preset} {} intrinsics {ai:?}",
+            case.name
+        );
     }
 }
 
@@ -89,7 +152,10 @@ fn base_matches_official_at_504() {
 
 fn correlation(a: &[f32], b: &[f32]) -> f64 {
     let n = a.len() as f64;
-    let (ma, mb) = (a.iter().map(|&v| v as f64).sum::<f64>() / n, b.iter().map(|&v| v as f64).sum::<f64>() / n);
+    let (ma, mb) = (
+        a.iter().map(|&v| v as f64).sum::<f64>() / n,
+        b.iter().map(|&v| v as f64).sum::<f64>() / n,
+    );
     let (mut cov, mut va, mut vb) = (0.0, 0.0, 0.0);
     for (&x, &y) in a.iter().zip(b) {
         let (x, y) = (x as f64 - ma, y as f64 - mb);
@@ -112,11 +178,16 @@ fn quantized_weights_stay_close_to_f32() {
     let depth_of = |weight_type: WeightType| {
         let path = dir.path().join(format!("{weight_type:?}.gguf"));
         write_synthetic(&path, &config, weight_type).unwrap();
-        let mut model = Model::load(&path, cpu.clone(), cpu.clone(), &LoadOptions::default()).unwrap();
+        let mut model =
+            Model::load(&path, cpu.clone(), cpu.clone(), &LoadOptions::default()).unwrap();
         model.infer(&image, 504).unwrap().depth
     };
     let reference = depth_of(WeightType::F32);
-    for (weight_type, min_corr) in [(WeightType::F16, 0.999), (WeightType::Q8_0, 0.999), (WeightType::Q4_K, 0.99)] {
+    for (weight_type, min_corr) in [
+        (WeightType::F16, 0.999),
+        (WeightType::Q8_0, 0.999),
+        (WeightType::Q4K, 0.99),
+    ] {
         let corr = correlation(&depth_of(weight_type), &reference);
         eprintln!("{weight_type:?}: depth correlation with f32 {corr:.6}");
         assert!(corr >= min_corr, "{weight_type:?}: correlation {corr}");

@@ -6,7 +6,14 @@ use crate::util::fail;
 use std::path::Path;
 
 /// The headers the bindings cover, in this order.
-pub const HEADERS: &[&str] = &["ggml.h", "ggml-alloc.h", "ggml-backend.h", "ggml-cpu.h", "ggml-rpc.h", "gguf.h"];
+pub const HEADERS: &[&str] = &[
+    "ggml.h",
+    "ggml-alloc.h",
+    "ggml-backend.h",
+    "ggml-cpu.h",
+    "ggml-rpc.h",
+    "gguf.h",
+];
 
 pub fn emit(include: Option<&Path>) {
     let fingerprint = include.map(headers_fingerprint);
@@ -39,7 +46,10 @@ fn generate(include: Option<&Path>, fingerprint: Option<&str>) {
     };
     let mut wrapper = String::new();
     for header in HEADERS {
-        wrapper.push_str(&format!("#include \"{}\"\n", include.join(header).display()));
+        wrapper.push_str(&format!(
+            "#include \"{}\"\n",
+            include.join(header).display()
+        ));
     }
     let bindings = bindgen::Builder::default()
         .header_contents("ggml_sys_wrapper.h", &wrapper)

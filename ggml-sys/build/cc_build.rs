@@ -43,17 +43,33 @@ pub fn build(src: &Source) {
     let mut objects = Vec::new();
     let base_defines: &[&str] = &["GGML_SCHED_MAX_COPIES=4"];
     objects.extend(compile(src, &generated, BASE_SOURCES, base_defines, &[]));
-    objects.extend(compile(src, &generated, REGISTRY_SOURCES, &["GGML_USE_CPU", "GGML_USE_RPC"], &[]));
+    objects.extend(compile(
+        src,
+        &generated,
+        REGISTRY_SOURCES,
+        &["GGML_USE_CPU", "GGML_USE_RPC"],
+        &[],
+    ));
 
     let mut cpu_sources: Vec<&str> = CPU_SOURCES.to_vec();
     cpu_sources.extend(arch_sources);
     let mut cpu_defines = vec!["GGML_USE_CPU_REPACK", "GGML_USE_LLAMAFILE"];
     cpu_defines.extend(arch_defines);
-    objects.extend(compile(src, &generated, &cpu_sources, &cpu_defines, &arch_flags));
+    objects.extend(compile(
+        src,
+        &generated,
+        &cpu_sources,
+        &cpu_defines,
+        &arch_flags,
+    ));
     objects.extend(compile(src, &generated, RPC_SOURCES, &[], &[]));
 
     // One archive, so the static link order between ggml's parts never matters.
-    cc::Build::new().cpp(true).objects(objects).cargo_warnings(false).compile("ggml");
+    cc::Build::new()
+        .cpp(true)
+        .objects(objects)
+        .cargo_warnings(false)
+        .compile("ggml");
     for lib in ["dl", "pthread", "m"] {
         if target_os() != "windows" && !(target_os() == "macos" && lib == "dl") {
             println!("cargo:rustc-link-lib={lib}");
@@ -63,8 +79,15 @@ pub fn build(src: &Source) {
 }
 
 /// Compiles one group of files; C and C++ files need separate `cc::Build`s.
-fn compile(src: &Source, generated: &PathBuf, files: &[&str], defines: &[&str], flags: &[String]) -> Vec<PathBuf> {
-    let (c_files, cpp_files): (Vec<&str>, Vec<&str>) = files.iter().partition(|f| f.ends_with(".c"));
+fn compile(
+    src: &Source,
+    generated: &PathBuf,
+    files: &[&str],
+    defines: &[&str],
+    flags: &[String],
+) -> Vec<PathBuf> {
+    let (c_files, cpp_files): (Vec<&str>, Vec<&str>) =
+        files.iter().partition(|f| f.ends_with(".c"));
     let mut objects = Vec::new();
     for (is_cpp, group) in [(false, c_files), (true, cpp_files)] {
         if group.is_empty() {
@@ -145,18 +168,38 @@ fn cpu_arch() -> (Vec<&'static str>, Vec<String>, Vec<&'static str>) {
                 ("avx512vnni", "-mavx512vnni"),
                 ("avx512bf16", "-mavx512bf16"),
             ];
-            let flags = X86.iter().filter(|(f, _)| has(f)).map(|(_, flag)| (*flag).to_owned()).collect();
-            (vec!["ggml-cpu/arch/x86/quants.c", "ggml-cpu/arch/x86/repack.cpp"], flags, vec![])
+            let flags = X86
+                .iter()
+                .filter(|(f, _)| has(f))
+                .map(|(_, flag)| (*flag).to_owned())
+                .collect();
+            (
+                vec!["ggml-cpu/arch/x86/quants.c", "ggml-cpu/arch/x86/repack.cpp"],
+                flags,
+                vec![],
+            )
         }
         "aarch64" => {
             let mut march = String::from("-march=armv8.2-a");
-            for (feature, ext) in [("dotprod", "+dotprod"), ("fp16", "+fp16"), ("i8mm", "+i8mm")] {
+            for (feature, ext) in [
+                ("dotprod", "+dotprod"),
+                ("fp16", "+fp16"),
+                ("i8mm", "+i8mm"),
+            ] {
                 if has(feature) {
                     march.push_str(ext);
                 }
             }
-            let flags = if target_os() == "macos" { vec![] } else { vec![march] };
-            (vec!["ggml-cpu/arch/arm/quants.c", "ggml-cpu/arch/arm/repack.cpp"], flags, vec![])
+            let flags = if target_os() == "macos" {
+                vec![]
+            } else {
+                vec![march]
+            };
+            (
+                vec!["ggml-cpu/arch/arm/quants.c", "ggml-cpu/arch/arm/repack.cpp"],
+                flags,
+                vec![],
+            )
         }
         _ => (vec![], vec![], vec!["GGML_CPU_GENERIC"]),
     }

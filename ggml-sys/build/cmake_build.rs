@@ -7,11 +7,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn build(src: &Source, gpu_features: &[&str]) {
-    require_tool("cmake", &["--version"], "the metal/cuda/vulkan features build ggml with CMake");
+    require_tool(
+        "cmake",
+        &["--version"],
+        "the metal/cuda/vulkan features build ggml with CMake",
+    );
     if gpu_features.contains(&"CUDA") {
-        let nvcc = cuda_root().map(|root| root.join("bin/nvcc")).filter(|p| p.is_file());
+        let nvcc = cuda_root()
+            .map(|root| root.join("bin/nvcc"))
+            .filter(|p| p.is_file());
         let nvcc = nvcc.unwrap_or_else(|| PathBuf::from("nvcc"));
-        require_tool(nvcc.to_str().unwrap_or("nvcc"), &["--version"], "the `cuda` feature needs the CUDA toolkit (nvcc); set CUDA_PATH or put nvcc on PATH");
+        require_tool(
+            nvcc.to_str().unwrap_or("nvcc"),
+            &["--version"],
+            "the `cuda` feature needs the CUDA toolkit (nvcc); set CUDA_PATH or put nvcc on PATH",
+        );
     }
     if gpu_features.contains(&"METAL") && target_os() != "macos" {
         fail("the `metal` feature builds only for macOS targets");
@@ -45,7 +55,9 @@ pub fn build(src: &Source, gpu_features: &[&str]) {
     }
     if gpu_features.contains(&"CUDA") {
         let archs = std::env::var("CUDA_ARCHITECTURES").unwrap_or_else(|_| "native".to_owned());
-        config.define("CMAKE_CUDA_ARCHITECTURES", archs).define("GGML_CUDA_NCCL", "OFF");
+        config
+            .define("CMAKE_CUDA_ARCHITECTURES", archs)
+            .define("GGML_CUDA_NCCL", "OFF");
     }
     if gpu_features.contains(&"METAL") {
         config.define("GGML_METAL_EMBED_LIBRARY", "ON");
@@ -54,7 +66,10 @@ pub fn build(src: &Source, gpu_features: &[&str]) {
 
     let lib_dir = dst.join("lib");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
-    println!("cargo:rustc-link-search=native={}", dst.join("lib64").display());
+    println!(
+        "cargo:rustc-link-search=native={}",
+        dst.join("lib64").display()
+    );
     // Dependents first, ggml-base last: static archives resolve left to right.
     let mut libs = vec!["ggml", "ggml-cpu", "ggml-rpc"];
     let mut backends = vec!["cpu", "rpc"];
@@ -78,7 +93,9 @@ pub fn build(src: &Source, gpu_features: &[&str]) {
     }
     libs.push("ggml-base");
     for lib in libs {
-        if lib_dir.join(format!("lib{lib}.a")).exists() || lib_dir.join(format!("{lib}.lib")).exists() {
+        if lib_dir.join(format!("lib{lib}.a")).exists()
+            || lib_dir.join(format!("{lib}.lib")).exists()
+        {
             println!("cargo:rustc-link-lib=static={lib}");
         }
     }
@@ -90,7 +107,10 @@ fn link_system_libraries(gpu_features: &[&str]) {
     if gpu_features.contains(&"CUDA") {
         if let Some(root) = cuda_root() {
             for sub in ["lib64", "lib", "lib/x64", "lib64/stubs"] {
-                println!("cargo:rustc-link-search=native={}", root.join(sub).display());
+                println!(
+                    "cargo:rustc-link-search=native={}",
+                    root.join(sub).display()
+                );
             }
         }
         for lib in ["cudart", "cublas", "cublasLt", "cuda"] {

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 /// Returns the header folder when `GGML_INCLUDE_DIR` names one (only `bindgen` needs it).
 pub fn link(lib_dir: &Path) -> Option<PathBuf> {
     if !lib_dir.is_dir() {
-        fail(&format!("GGML_LIB_DIR={} is not a directory", lib_dir.display()));
+        fail(&format!(
+            "GGML_LIB_DIR={} is not a directory",
+            lib_dir.display()
+        ));
     }
     let file_name = |lib: &str| match target_os().as_str() {
         "windows" => format!("{lib}.dll"),
@@ -18,8 +21,11 @@ pub fn link(lib_dir: &Path) -> Option<PathBuf> {
     // ggml-cpu and ggml-rpc are linked directly: the safe layer calls their APIs (CPU thread
     // count, host-pointer buffers, the RPC client and server).
     let required = ["ggml", "ggml-base", "ggml-cpu", "ggml-rpc"];
-    let missing: Vec<String> =
-        required.iter().map(|lib| file_name(lib)).filter(|f| !lib_dir.join(f).exists()).collect();
+    let missing: Vec<String> = required
+        .iter()
+        .map(|lib| file_name(lib))
+        .filter(|f| !lib_dir.join(f).exists())
+        .collect();
     if !missing.is_empty() {
         fail(&format!(
             "GGML_LIB_DIR={} is missing {}. Build ggml with -DBUILD_SHARED_LIBS=ON -DGGML_RPC=ON \
@@ -34,7 +40,11 @@ pub fn link(lib_dir: &Path) -> Option<PathBuf> {
         println!("cargo:rustc-link-lib=dylib={lib}");
     }
     let mut backends = vec!["cpu", "rpc"];
-    for (lib, name) in [("ggml-cuda", "cuda"), ("ggml-metal", "metal"), ("ggml-vulkan", "vulkan")] {
+    for (lib, name) in [
+        ("ggml-cuda", "cuda"),
+        ("ggml-metal", "metal"),
+        ("ggml-vulkan", "vulkan"),
+    ] {
         if lib_dir.join(file_name(lib)).exists() {
             backends.push(name);
         }

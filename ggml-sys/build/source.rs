@@ -35,7 +35,12 @@ pub fn locate() -> Source {
 }
 
 fn check_is_ggml(dir: &Path, origin: &str) {
-    for required in ["include/ggml.h", "include/ggml-backend.h", "src/ggml.c", "src/ggml-cpu/ggml-cpu.c"] {
+    for required in [
+        "include/ggml.h",
+        "include/ggml-backend.h",
+        "src/ggml.c",
+        "src/ggml-cpu/ggml-cpu.c",
+    ] {
         if !dir.join(required).is_file() {
             fail(&format!(
                 "{origin}={} does not look like a ggml source tree: `{required}` is missing. \
@@ -65,29 +70,49 @@ fn read_pin(pin_dir: &Path) -> Pin {
             .map(|(_, v)| v.trim().trim_matches('"').to_owned())
             .unwrap_or_else(|| fail(&format!("{} has no `{key}`", path.display())))
     };
-    Pin { package: field("package"), version: field("version"), subdir: field("subdir") }
+    Pin {
+        package: field("package"),
+        version: field("version"),
+        subdir: field("subdir"),
+    }
 }
 
 fn pinned_package_dir() -> PathBuf {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let pin_dir = manifest_dir.join("../vendor/ggml-pin");
     let manifest = pin_dir.join("Cargo.toml");
-    println!("cargo:rerun-if-changed={}", pin_dir.join("pin.toml").display());
-    println!("cargo:rerun-if-changed={}", pin_dir.join("Cargo.lock").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        pin_dir.join("pin.toml").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        pin_dir.join("Cargo.lock").display()
+    );
     let pin = read_pin(&pin_dir);
     let describe = format!("{} ={} (sub-path {})", pin.package, pin.version, pin.subdir);
 
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     // `--locked`: the checksum in vendor/ggml-pin/Cargo.lock is the content pin.
     let metadata = Command::new(&cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--manifest-path"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--locked",
+            "--manifest-path",
+        ])
         .arg(&manifest)
         // The outer build's target dir and flags are not this command's business.
         .env_remove("CARGO_TARGET_DIR")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .output()
-        .unwrap_or_else(|e| fail(&format!("cannot run cargo to fetch the ggml pin {describe}: {e}")));
+        .unwrap_or_else(|e| {
+            fail(&format!(
+                "cannot run cargo to fetch the ggml pin {describe}: {e}"
+            ))
+        });
     if !metadata.status.success() {
         fail(&format!(
             "cannot obtain ggml's pinned source, the crates.io package {describe}.\n\
@@ -98,9 +123,12 @@ fn pinned_package_dir() -> PathBuf {
         ));
     }
     let json = String::from_utf8_lossy(&metadata.stdout);
-    let manifest_path = find_manifest_path(&json, &pin.package, &pin.version).unwrap_or_else(|| {
-        fail(&format!("cargo metadata for the ggml pin does not list {describe}"))
-    });
+    let manifest_path =
+        find_manifest_path(&json, &pin.package, &pin.version).unwrap_or_else(|| {
+            fail(&format!(
+                "cargo metadata for the ggml pin does not list {describe}"
+            ))
+        });
     let root = Path::new(&manifest_path)
         .parent()
         .expect("a manifest path has a parent")
@@ -127,7 +155,12 @@ fn read_version(root: &Path) -> String {
     let part = |name: &str| -> Option<String> {
         let key = format!("set(GGML_VERSION_{name} ");
         let line = cmake.lines().find(|l| l.trim_start().starts_with(&key))?;
-        Some(line.trim_start()[key.len()..].trim_end_matches(')').trim().to_owned())
+        Some(
+            line.trim_start()[key.len()..]
+                .trim_end_matches(')')
+                .trim()
+                .to_owned(),
+        )
     };
     match (part("MAJOR"), part("MINOR"), part("PATCH")) {
         (Some(a), Some(b), Some(c)) => format!("{a}.{b}.{c}"),

@@ -9,7 +9,9 @@ pub fn fail(message: &str) -> ! {
 }
 
 pub fn env_path(var: &str) -> Option<PathBuf> {
-    std::env::var_os(var).filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 pub fn out_dir() -> PathBuf {
@@ -18,11 +20,15 @@ pub fn out_dir() -> PathBuf {
 
 /// GPU backends requested through cargo features, by their CMake option suffix.
 pub fn enabled_gpu_features() -> Vec<&'static str> {
-    [("CARGO_FEATURE_METAL", "METAL"), ("CARGO_FEATURE_CUDA", "CUDA"), ("CARGO_FEATURE_VULKAN", "VULKAN")]
-        .into_iter()
-        .filter(|(var, _)| std::env::var_os(var).is_some())
-        .map(|(_, name)| name)
-        .collect()
+    [
+        ("CARGO_FEATURE_METAL", "METAL"),
+        ("CARGO_FEATURE_CUDA", "CUDA"),
+        ("CARGO_FEATURE_VULKAN", "VULKAN"),
+    ]
+    .into_iter()
+    .filter(|(var, _)| std::env::var_os(var).is_some())
+    .map(|(_, name)| name)
+    .collect()
 }
 
 /// The Rust target's enabled CPU features (`-C target-cpu=native` widens them).
@@ -44,7 +50,12 @@ pub fn target_os() -> String {
 }
 
 /// Link metadata for dependents (`DEP_GGML_*` in their build scripts).
-pub fn export_metadata(include: Option<&std::path::Path>, lib_dir: &std::path::Path, shared: bool, backends: &[&str]) {
+pub fn export_metadata(
+    include: Option<&std::path::Path>,
+    lib_dir: &std::path::Path,
+    shared: bool,
+    backends: &[&str],
+) {
     if let Some(include) = include {
         println!("cargo:include={}", include.display());
     }

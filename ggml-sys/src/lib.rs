@@ -6,7 +6,12 @@
 //!
 //! How ggml is obtained (pinned registry package, `GGML_SOURCE_DIR`, `GGML_LIB_DIR`) and which
 //! backends are built is described in the crate's build script.
-#![allow(non_upper_case_globals, non_camel_case_types, non_snake_case, dead_code)]
+#![allow(
+    non_upper_case_globals,
+    non_camel_case_types,
+    non_snake_case,
+    dead_code
+)]
 #![allow(clippy::all)]
 
 #[cfg(not(feature = "bindgen"))]

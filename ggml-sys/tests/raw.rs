@@ -48,7 +48,10 @@ unsafe fn matmul_on(backend: sys::ggml_backend_t) -> Vec<f32> {
     let (av, bv) = (a_values(), b_values());
     sys::ggml_backend_tensor_set(a, av.as_ptr().cast(), 0, av.len() * 4);
     sys::ggml_backend_tensor_set(b, bv.as_ptr().cast(), 0, bv.len() * 4);
-    assert_eq!(sys::ggml_backend_graph_compute(backend, graph), sys::GGML_STATUS_SUCCESS);
+    assert_eq!(
+        sys::ggml_backend_graph_compute(backend, graph),
+        sys::GGML_STATUS_SUCCESS
+    );
     let mut out = vec![0.0f32; M * N];
     sys::ggml_backend_tensor_get(c, out.as_mut_ptr().cast(), 0, out.len() * 4);
     sys::ggml_backend_buffer_free(buffer);
@@ -59,7 +62,10 @@ unsafe fn matmul_on(backend: sys::ggml_backend_t) -> Vec<f32> {
 fn assert_close(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (g, w) in got.iter().zip(want) {
-        assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "got {got:?}, want {want:?}");
+        assert!(
+            (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+            "got {got:?}, want {want:?}"
+        );
     }
 }
 
@@ -75,18 +81,31 @@ fn matmul_on_cpu_backend() {
 
 #[test]
 fn matmul_through_rpc_server_on_loopback() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let endpoint = format!("127.0.0.1:{port}");
     let server_endpoint = CString::new(endpoint.clone()).unwrap();
     // The serve loop never returns; the thread ends with the test process.
     std::thread::spawn(move || unsafe {
         let mut cpu = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
-        sys::ggml_backend_rpc_start_server(server_endpoint.as_ptr(), std::ptr::null(), 1, 1, &mut cpu);
+        sys::ggml_backend_rpc_start_server(
+            server_endpoint.as_ptr(),
+            std::ptr::null(),
+            1,
+            1,
+            &mut cpu,
+        );
     });
     // ggml's client aborts on an unreachable server, so wait until it accepts connections.
     let deadline = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect(&endpoint).is_err() {
-        assert!(Instant::now() < deadline, "RPC server did not start on {endpoint}");
+        assert!(
+            Instant::now() < deadline,
+            "RPC server did not start on {endpoint}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     unsafe {

@@ -55,8 +55,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device_name = device.name();
     let (free_before, total) = device.device().memory();
     let started = Instant::now();
-    let host_only = if args.crash_layout { super::repro::CRASH_LAYOUT.iter().map(|s| s.to_string()).collect() } else { Vec::new() };
-    let mut model = args.model.load(device, cpu, &LoadOptions { policy: args.policy, host_only, ..Default::default() })?;
+    let host_only = if args.crash_layout {
+        super::repro::CRASH_LAYOUT
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut model = args.model.load(
+        device,
+        cpu,
+        &LoadOptions {
+            policy: args.policy,
+            host_only,
+            ..Default::default()
+        },
+    )?;
     let load_s = started.elapsed().as_secs_f64();
     let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
 
@@ -75,16 +90,35 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = model.last_report().map(|r| r.summary()).unwrap_or_default();
     let rss = peak_rss();
 
-    println!("model      {} ({})", args.model.describe(), model.config().name);
-    println!("device     {device_name}, {} threads, {}x{} -> {}x{}", args.device.threads, image.width, image.height, processed.width, processed.height);
+    println!(
+        "model      {} ({})",
+        args.model.describe(),
+        model.config().name
+    );
+    println!(
+        "device     {device_name}, {} threads, {}x{} -> {}x{}",
+        args.device.threads, image.width, image.height, processed.width, processed.height
+    );
     println!("load       {:.1} ms", load_s * 1e3);
-    println!("first      {:.1} ms (graph build, allocation, compute)", first_s * 1e3);
-    println!("per image  median {:.1} ms, p90 {:.1} ms, min {:.1} ms over {} runs", median * 1e3, p90 * 1e3, min * 1e3, args.runs);
+    println!(
+        "first      {:.1} ms (graph build, allocation, compute)",
+        first_s * 1e3
+    );
+    println!(
+        "per image  median {:.1} ms, p90 {:.1} ms, min {:.1} ms over {} runs",
+        median * 1e3,
+        p90 * 1e3,
+        min * 1e3,
+        args.runs
+    );
     if let Some(rss) = rss {
         println!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
     }
     if total > 0 && !model.device().is_cpu() {
-        println!("device mem {:.1} MiB used by this process (free before/after)", free_before.saturating_sub(free_after) as f64 / (1u64 << 20) as f64);
+        println!(
+            "device mem {:.1} MiB used by this process (free before/after)",
+            free_before.saturating_sub(free_after) as f64 / (1u64 << 20) as f64
+        );
     }
     println!("{report}");
     if let Some(path) = &args.json {
@@ -107,7 +141,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "policy": format!("{:?}", args.policy),
             "residency": report,
         });
-        write_atomically(path, |out| serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other))?;
+        write_atomically(path, |out| {
+            serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other)
+        })?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -45,9 +45,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn load(&self, device: Backend, cpu: Backend, options: &LoadOptions) -> anyhow::Result<Model> {
+    pub fn load(
+        &self,
+        device: Backend,
+        cpu: Backend,
+        options: &LoadOptions,
+    ) -> anyhow::Result<Model> {
         match &self.model {
-            Some(path) => Model::load(path, device, cpu, options).with_context(|| format!("loading model {}", path.display())),
+            Some(path) => Model::load(path, device, cpu, options)
+                .with_context(|| format!("loading model {}", path.display())),
             None => {
                 let file = convert::builtin_model_file()?;
                 Ok(Model::from_gguf(&file, device, cpu, options)?)

@@ -24,7 +24,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("converting {}", args.checkpoint.display()))?;
     println!("wrote {}", args.output.display());
     if !skipped.is_empty() {
-        println!("left out {} tensors single-image depth does not use (ray branch, camera encoder, ...)", skipped.len());
+        println!(
+            "left out {} tensors single-image depth does not use (ray branch, camera encoder, ...)",
+            skipped.len()
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -44,35 +44,66 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
     }
     // Before any computing: an output that cannot be written fails now, not after inference.
-    for (flag, path) in [("--pfm", &args.pfm), ("--png", &args.png), ("--pose", &args.pose), ("--sky", &args.sky)] {
+    for (flag, path) in [
+        ("--pfm", &args.pfm),
+        ("--png", &args.png),
+        ("--pose", &args.pose),
+        ("--sky", &args.sky),
+    ] {
         if let Some(path) = path {
             check_output_folder(flag, path)?;
         }
     }
     let image = load_input(args.input.as_ref())?;
     let (device, cpu) = args.device.backends()?;
-    let options = LoadOptions { policy: args.policy, log_decisions: true, ..Default::default() };
+    let options = LoadOptions {
+        policy: args.policy,
+        log_decisions: true,
+        ..Default::default()
+    };
     let mut model = args.model.load(device, cpu, &options)?;
     let has_sky = model.config().head.sky;
     if args.sky.is_some() && !has_sky {
-        bail!("--sky: {} has no sky head (only mono/metric models do)", model.config().name);
+        bail!(
+            "--sky: {} has no sky head (only mono/metric models do)",
+            model.config().name
+        );
     }
     if args.pose.is_some() && model.config().cam_dim.is_none() {
-        bail!("--pose: {} has no camera decoder (only DualDPT models do)", model.config().name);
+        bail!(
+            "--pose: {} has no camera decoder (only DualDPT models do)",
+            model.config().name
+        );
     }
-    let mut prediction = model.infer(&image, args.process_res).context("computing depth")?;
+    let mut prediction = model
+        .infer(&image, args.process_res)
+        .context("computing depth")?;
     let (w, h) = (prediction.width, prediction.height);
     if let Some(sky) = &prediction.sky {
         fill_sky(&mut prediction.depth, sky);
     }
-    let (lo, hi) = prediction.depth.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
-    println!("{}x{} -> {w}x{h} on {}: depth {lo:.4} .. {hi:.4}", image.width, image.height, model.device().name());
+    let (lo, hi) = prediction
+        .depth
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    println!(
+        "{}x{} -> {w}x{h} on {}: depth {lo:.4} .. {hi:.4}",
+        image.width,
+        image.height,
+        model.device().name()
+    );
     if let Some(path) = &args.pfm {
         write_pfm(path, &prediction.depth, w, h)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &args.png {
-        let colormap = if args.colormap == "gray" { Colormap::Gray } else { Colormap::Turbo };
+        let colormap = if args.colormap == "gray" {
+            Colormap::Gray
+        } else {
+            Colormap::Turbo
+        };
         write_png(path, &prediction.depth, w, h, colormap)?;
         println!("wrote {}", path.display());
     }
@@ -87,7 +118,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "intrinsics": pose.intrinsics,
             "extrinsics_world_to_camera": pose.extrinsics,
         });
-        write_atomically(path, |out| serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other))?;
+        write_atomically(path, |out| {
+            serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other)
+        })?;
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -95,9 +128,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// The folder an output file goes to must exist (the file itself is written atomically later).
 fn check_output_folder(flag: &str, path: &Path) -> anyhow::Result<()> {
-    let folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     if !folder.is_dir() {
-        bail!("{flag} {}: the folder {} does not exist", path.display(), folder.display());
+        bail!(
+            "{flag} {}: the folder {} does not exist",
+            path.display(),
+            folder.display()
+        );
     }
     Ok(())
 }

@@ -23,16 +23,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut model = args.model.load(device, cpu, &LoadOptions::default())?;
     let c = model.config().clone();
     println!("model        {}", args.model.describe());
-    println!("architecture depthanything3 ({}), GGUF v{}", c.name, file.version());
+    println!(
+        "architecture depthanything3 ({}), GGUF v{}",
+        c.name,
+        file.version()
+    );
     println!(
         "backbone     embed {} depth {} heads {} ffn {:?} {}  out layers {:?}",
-        c.vit.embed_dim, c.vit.depth, c.vit.num_heads, c.vit.ffn, c.vit.mlp_hidden, c.vit.out_layers
+        c.vit.embed_dim,
+        c.vit.depth,
+        c.vit.num_heads,
+        c.vit.ffn,
+        c.vit.mlp_hidden,
+        c.vit.out_layers
     );
     println!(
         "             alt/rope/qk-norm start {:?}/{:?}/{:?}, cat_token {}",
         c.vit.alt_start, c.vit.rope_start, c.vit.qknorm_start, c.vit.cat_token
     );
-    println!("head         {:?} features {} out_channels {:?} sky {}", c.head.kind, c.head.features, c.head.out_channels, c.head.sky);
+    println!(
+        "head         {:?} features {} out_channels {:?} sky {}",
+        c.head.kind, c.head.features, c.head.out_channels, c.head.sky
+    );
     let mut groups: BTreeMap<String, (usize, u64, BTreeMap<String, usize>)> = BTreeMap::new();
     for t in file.tensors() {
         let group = t.name.split('.').next().unwrap_or("?").to_owned();
@@ -42,14 +54,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         *entry.2.entry(t.dtype.to_string()).or_default() += 1;
     }
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
-    println!("parameters   {:.1} M in {} tensors", params as f64 / 1e6, file.tensors().len());
+    println!(
+        "parameters   {:.1} M in {} tensors",
+        params as f64 / 1e6,
+        file.tensors().len()
+    );
     let device = model.device().name();
     for (group, (count, bytes, types)) in &groups {
         let types: Vec<String> = types.iter().map(|(t, n)| format!("{n} {t}")).collect();
-        println!("  {group:<5} {count:>4} tensors {:>9.1} MiB  [{}]  on {device}", *bytes as f64 / (1u64 << 20) as f64, types.join(", "));
+        println!(
+            "  {group:<5} {count:>4} tensors {:>9.1} MiB  [{}]  on {device}",
+            *bytes as f64 / (1u64 << 20) as f64,
+            types.join(", ")
+        );
     }
     println!("  (vit.pos_embed is also read on the host for the per-resolution resample)");
-    println!("weights on device: {:.1} MiB", model.device_weight_bytes() as f64 / (1u64 << 20) as f64);
+    println!(
+        "weights on device: {:.1} MiB",
+        model.device_weight_bytes() as f64 / (1u64 << 20) as f64
+    );
     if !model.unused_tensors().is_empty() {
         println!("unused tensors: {}", model.unused_tensors().join(", "));
     }

@@ -15,7 +15,11 @@ mod repro;
 mod rpc_server;
 
 #[derive(Parser)]
-#[command(name = "da3", version, about = "Depth Anything 3 on ggml, with a residency-aware planner")]
+#[command(
+    name = "da3",
+    version,
+    about = "Depth Anything 3 on ggml, with a residency-aware planner"
+)]
 struct Cli {
     /// Without a subcommand: `repro` on the built-in model.
     #[command(subcommand)]
@@ -43,7 +47,11 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // No subcommand: the README's run command, `repro` with its defaults.
-    let command = cli.command.unwrap_or_else(|| Cli::parse_from(["da3", "repro"]).command.expect("repro parses"));
+    let command = cli.command.unwrap_or_else(|| {
+        Cli::parse_from(["da3", "repro"])
+            .command
+            .expect("repro parses")
+    });
     let result = match command {
         Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(args),

@@ -27,7 +27,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.host, args.port
         );
     }
-    let threads = if args.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { args.threads };
+    let threads = if args.threads == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        args.threads
+    };
     let endpoint = format!("{}:{}", args.host, args.port);
     eprintln!("rpc-server: serving {} on {endpoint}", Device::cpu().name());
     rpc::serve(&endpoint, Device::cpu(), threads)?;

@@ -20,8 +20,15 @@ pub struct BackboneConstants {
 }
 
 enum FfnWeights {
-    Mlp { fc1: Linear, fc2: Linear },
-    SwiGlu { w12: Linear, w3: Linear, hidden: usize },
+    Mlp {
+        fc1: Linear,
+        fc2: Linear,
+    },
+    SwiGlu {
+        w12: Linear,
+        w3: Linear,
+        hidden: usize,
+    },
 }
 
 struct Block {
@@ -93,7 +100,14 @@ impl Block {
     }
 
     /// `x + ls1 * attn(norm1(x))`, then `+ ls2 * ffn(norm2(x))`.
-    fn forward(&self, g: &Context, cfg: &VitConfig, x: &Tensor, pos: Option<(&Tensor, &Tensor)>, name: &str) -> Result<Tensor, Error> {
+    fn forward(
+        &self,
+        g: &Context,
+        cfg: &VitConfig,
+        x: &Tensor,
+        pos: Option<(&Tensor, &Tensor)>,
+        name: &str,
+    ) -> Result<Tensor, Error> {
         let h = self.norm1.forward(g, x)?;
         let attn = self.attention(g, cfg, &h, pos)?;
         let x = g.add(x, &g.mul(&attn, &self.ls1)?)?;
@@ -112,13 +126,28 @@ impl Block {
         Ok(g.add(&x, &g.mul(&f, &self.ls2)?)?.named(name))
     }
 
-    fn attention(&self, g: &Context, cfg: &VitConfig, h: &Tensor, pos: Option<(&Tensor, &Tensor)>) -> Result<Tensor, Error> {
-        let (e, heads, d) = (cfg.embed_dim as i64, cfg.num_heads as i64, cfg.head_dim() as i64);
+    fn attention(
+        &self,
+        g: &Context,
+        cfg: &VitConfig,
+        h: &Tensor,
+        pos: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Tensor, Error> {
+        let (e, heads, d) = (
+            cfg.embed_dim as i64,
+            cfg.num_heads as i64,
+            cfg.head_dim() as i64,
+        );
         let qkv = self.attn_qkv.forward(g, h)?; // [3E, T], rows ordered (q|k|v, head, dim)
         let t = qkv.ne()[1];
         let row = qkv.nb()[1];
         let split = |i: i64| -> Result<Tensor, Error> {
-            let v = g.view(&qkv, &[d, heads, t], &[d as usize * 4, row], (i * e) as usize * 4)?;
+            let v = g.view(
+                &qkv,
+                &[d, heads, t],
+                &[d as usize * 4, row],
+                (i * e) as usize * 4,
+            )?;
             Ok(g.cont(&v)?) // [D, H, T]
         };
         let (mut q, mut k, v) = (split(0)?, split(1)?, split(2)?);
@@ -145,14 +174,32 @@ impl Block {
 
 /// 2D RoPE: the first half of each head rotates by the row position, the second by the
 /// column, each with rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`.
-fn rope_2d(g: &Context, x: &Tensor, pos_y: &Tensor, pos_x: &Tensor, freq: f32) -> Result<Tensor, Error> {
+fn rope_2d(
+    g: &Context,
+    x: &Tensor,
+    pos_y: &Tensor,
+    pos_x: &Tensor,
+    freq: f32,
+) -> Result<Tensor, Error> {
     let [d, heads, t, _] = x.ne();
     let half = d / 2;
     let nb = x.nb();
     let y_half = g.view(x, &[half, heads, t], &[nb[1], nb[2]], 0)?;
     let x_half = g.view(x, &[half, heads, t], &[nb[1], nb[2]], half as usize * 4)?;
-    let y_rot = g.rope(&g.cont(&y_half)?, pos_y, half as usize, RopeMode::Neox, freq)?;
-    let x_rot = g.rope(&g.cont(&x_half)?, pos_x, half as usize, RopeMode::Neox, freq)?;
+    let y_rot = g.rope(
+        &g.cont(&y_half)?,
+        pos_y,
+        half as usize,
+        RopeMode::Neox,
+        freq,
+    )?;
+    let x_rot = g.rope(
+        &g.cont(&x_half)?,
+        pos_x,
+        half as usize,
+        RopeMode::Neox,
+        freq,
+    )?;
     Ok(g.concat(&y_rot, &x_rot, 0)?)
 }
 
@@ -160,13 +207,17 @@ impl Backbone {
     pub fn load(l: &mut Loader<'_>, cfg: &VitConfig) -> Result<Self, Error> {
         let (e, p) = (cfg.embed_dim, cfg.patch_size);
         let n_pos = cfg.pos_embed_grid * cfg.pos_embed_grid + 1;
-        let blocks = (0..cfg.depth).map(|i| Block::load(l, cfg, i)).collect::<Result<Vec<_>, _>>()?;
+        let blocks = (0..cfg.depth)
+            .map(|i| Block::load(l, cfg, i))
+            .collect::<Result<Vec<_>, _>>()?;
         // Shape checks for the tokens used on the host.
         l.shape_of("vit.pos_embed").and_then(|s| {
             if s.iter().product::<usize>() == n_pos * e {
                 Ok(())
             } else {
-                Err(Error::Weights(format!("tensor `vit.pos_embed` has shape {s:?}, expected [1, {n_pos}, {e}]")))
+                Err(Error::Weights(format!(
+                    "tensor `vit.pos_embed` has shape {s:?}, expected [1, {n_pos}, {e}]"
+                )))
             }
         })?;
         Ok(Backbone {
@@ -184,11 +235,23 @@ impl Backbone {
     }
 
     /// Builds the backbone on `image` ([W, H, 3, 1], normalised).
-    pub fn forward(&self, g: &Context, image: &Tensor, c: &BackboneConstants) -> Result<BackboneOutput, Error> {
+    pub fn forward(
+        &self,
+        g: &Context,
+        image: &Tensor,
+        c: &BackboneConstants,
+    ) -> Result<BackboneOutput, Error> {
         let cfg = &self.cfg;
         let (e, p) = (cfg.embed_dim as i64, cfg.patch_size as i32);
         // Patch embedding as one product: columns [3*p*p, gw, gh] x kernel -> [E, patches].
-        let columns = g.im2col(&self.patch_embed_w, image, (p, p), (0, 0), (1, 1), crate::ggml::DType::F32)?;
+        let columns = g.im2col(
+            &self.patch_embed_w,
+            image,
+            (p, p),
+            (0, 0),
+            (1, 1),
+            crate::ggml::DType::F32,
+        )?;
         let [k, gw, gh, _] = columns.ne();
         let columns = g.reshape(&columns, &[k, gw * gh])?;
         let kernel = g.reshape(&self.patch_embed_w, &[k, e])?;
@@ -210,7 +273,11 @@ impl Backbone {
                 x = g.concat(&cam0, &rest, 1)?;
             }
             let global = cfg.alt_start.is_some_and(|s| i >= s && i % 2 == 1);
-            let pos = if global { (&c.global_y, &c.global_x) } else { (&c.local_y, &c.local_x) };
+            let pos = if global {
+                (&c.global_y, &c.global_x)
+            } else {
+                (&c.local_y, &c.local_x)
+            };
             x = block.forward(g, cfg, &x, Some(pos), &format!("blk.{i}"))?;
             if !global {
                 local_x = x.clone();
@@ -218,15 +285,24 @@ impl Backbone {
             if cfg.out_layers.contains(&i) {
                 let normed = self.norm.forward(g, &x)?;
                 let (feature, raw) = if cfg.cat_token {
-                    (g.concat(&local_x, &normed, 0)?, Some(g.concat(&local_x, &x, 0)?))
+                    (
+                        g.concat(&local_x, &normed, 0)?,
+                        Some(g.concat(&local_x, &x, 0)?),
+                    )
                 } else {
                     (normed, None)
                 };
                 let c_dim = feature.ne()[0];
-                let patches = g.view(&feature, &[c_dim, t - 1], &[feature.nb()[1]], feature.nb()[1])?;
+                let patches = g.view(
+                    &feature,
+                    &[c_dim, t - 1],
+                    &[feature.nb()[1]],
+                    feature.nb()[1],
+                )?;
                 features.push(g.cont(&patches)?.named(&format!("feat{}", features.len())));
                 if let Some(raw) = raw {
-                    camera_token = Some(g.cont(&g.view(&raw, &[c_dim, 1], &[raw.nb()[1]], 0)?)?);
+                    camera_token =
+                        Some(g.cont(&g.view(&raw, &[c_dim, 1], &[raw.nb()[1]], 0)?)?);
                 }
             }
         }
@@ -234,10 +310,10 @@ impl Backbone {
             Some(t) => t,
             None => g.cont(&g.view(&x, &[e, 1], &[x.nb()[1]], 0)?)?,
         };
-        Ok(BackboneOutput { features, camera_token, tokens_in })
-    }
-
-    pub fn config(&self) -> &VitConfig {
-        &self.cfg
+        Ok(BackboneOutput {
+            features,
+            camera_token,
+            tokens_in,
+        })
     }
 }

@@ -92,13 +92,28 @@ const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 /// The preset names [`Config::preset`] knows.
-pub const PRESETS: &[&str] = &["da3-small", "da3-base", "da3-large", "da3-giant", "da3mono-large", "da3metric-large", "da3-tiny"];
+pub const PRESETS: &[&str] = &[
+    "da3-small",
+    "da3-base",
+    "da3-large",
+    "da3-giant",
+    "da3mono-large",
+    "da3metric-large",
+    "da3-tiny",
+];
 
 impl Config {
     /// The official variants (and `da3-tiny`, a small model of the same shape used for the
     /// built-in default and the committed test fixtures).
     pub fn preset(name: &str) -> Result<Config, Error> {
-        let dual = |name: &str, embed: usize, depth: usize, heads: usize, alt: usize, out: [usize; 4], features: usize, oc: [usize; 4]| Config {
+        let dual = |name: &str,
+                    embed: usize,
+                    depth: usize,
+                    heads: usize,
+                    alt: usize,
+                    out: [usize; 4],
+                    features: usize,
+                    oc: [usize; 4]| Config {
             name: name.to_owned(),
             vit: VitConfig {
                 embed_dim: embed,
@@ -119,28 +134,82 @@ impl Config {
                 qk_ln_eps: 1e-5,
                 final_ln_eps: 1e-5,
             },
-            head: HeadConfig { kind: HeadKind::DualDpt, features, out_channels: oc, output_dim: 2, pos_embed: true, norm: true, sky: false, ln_eps: 1e-5 },
+            head: HeadConfig {
+                kind: HeadKind::DualDpt,
+                features,
+                out_channels: oc,
+                output_dim: 2,
+                pos_embed: true,
+                norm: true,
+                sky: false,
+                ln_eps: 1e-5,
+            },
             cam_dim: Some(2 * embed),
             mean: IMAGENET_MEAN,
             std: IMAGENET_STD,
         };
         let mono = |name: &str| {
-            let mut c = dual(name, 1024, 24, 16, 0, [4, 11, 17, 23], 256, [256, 512, 1024, 1024]);
+            let mut c = dual(
+                name,
+                1024,
+                24,
+                16,
+                0,
+                [4, 11, 17, 23],
+                256,
+                [256, 512, 1024, 1024],
+            );
             c.vit.alt_start = None;
             c.vit.rope_start = None;
             c.vit.qknorm_start = None;
             c.vit.cat_token = false;
-            c.head = HeadConfig { kind: HeadKind::Dpt, features: 256, out_channels: [256, 512, 1024, 1024], output_dim: 1, pos_embed: false, norm: false, sky: true, ln_eps: 1e-5 };
+            c.head = HeadConfig {
+                kind: HeadKind::Dpt,
+                features: 256,
+                out_channels: [256, 512, 1024, 1024],
+                output_dim: 1,
+                pos_embed: false,
+                norm: false,
+                sky: true,
+                ln_eps: 1e-5,
+            };
             c.cam_dim = None;
             c
         };
         Ok(match name {
             "da3-tiny" => dual(name, 128, 4, 2, 2, [0, 1, 2, 3], 32, [16, 32, 64, 128]),
             "da3-small" => dual(name, 384, 12, 6, 4, [5, 7, 9, 11], 64, [48, 96, 192, 384]),
-            "da3-base" => dual(name, 768, 12, 12, 4, [5, 7, 9, 11], 128, [96, 192, 384, 768]),
-            "da3-large" => dual(name, 1024, 24, 16, 8, [11, 15, 19, 23], 256, [256, 512, 1024, 1024]),
+            "da3-base" => dual(
+                name,
+                768,
+                12,
+                12,
+                4,
+                [5, 7, 9, 11],
+                128,
+                [96, 192, 384, 768],
+            ),
+            "da3-large" => dual(
+                name,
+                1024,
+                24,
+                16,
+                8,
+                [11, 15, 19, 23],
+                256,
+                [256, 512, 1024, 1024],
+            ),
             "da3-giant" => {
-                let mut c = dual(name, 1536, 40, 24, 13, [19, 27, 33, 39], 256, [256, 512, 1024, 1024]);
+                let mut c = dual(
+                    name,
+                    1536,
+                    40,
+                    24,
+                    13,
+                    [19, 27, 33, 39],
+                    256,
+                    [256, 512, 1024, 1024],
+                );
                 c.vit.ffn = Ffn::SwiGlu;
                 // DINOv2's fused SwiGLU: hidden = round_up(int(4 * embed * 2 / 3), 8).
                 c.vit.mlp_hidden = (4 * 1536 * 2 / 3usize).div_ceil(8) * 8;
@@ -148,7 +217,10 @@ impl Config {
             }
             "da3mono-large" | "da3metric-large" => mono(name),
             other => {
-                return Err(Error::Config(format!("unknown preset `{other}`; known: {}", PRESETS.join(", "))));
+                return Err(Error::Config(format!(
+                    "unknown preset `{other}`; known: {}",
+                    PRESETS.join(", ")
+                )));
             }
         })
     }
@@ -159,23 +231,39 @@ impl Config {
     pub fn from_gguf(file: &GgufFile) -> Result<Config, Error> {
         let arch = match file.opt_str("general.architecture")? {
             Some(a) => a.to_owned(),
-            None => file.opt_str("depthanything3.arch")?.map(str::to_owned).unwrap_or_default(),
+            None => file
+                .opt_str("depthanything3.arch")?
+                .map(str::to_owned)
+                .unwrap_or_default(),
         };
         if arch != "depthanything3" {
-            let found = if arch.is_empty() { "no architecture key".to_owned() } else { format!("architecture `{arch}`") };
+            let found = if arch.is_empty() {
+                "no architecture key".to_owned()
+            } else {
+                format!("architecture `{arch}`")
+            };
             return Err(Error::Config(format!(
                 "not a Depth Anything 3 model: {found} (expected `depthanything3`; Depth Anything 2 files are not supported)"
             )));
         }
         let key = |k: &str| format!("depthanything3.{k}");
-        let checkpoint = file.opt_str(&key("checkpoint_name"))?.unwrap_or("").to_owned();
+        let checkpoint = file
+            .opt_str(&key("checkpoint_name"))?
+            .unwrap_or("")
+            .to_owned();
         let mut config = match Self::preset_for_checkpoint(&checkpoint) {
             Some(preset) => Self::preset(preset)?,
             None => Self::preset("da3-base")?,
         };
-        config.name = if checkpoint.is_empty() { config.name } else { checkpoint };
+        config.name = if checkpoint.is_empty() {
+            config.name
+        } else {
+            checkpoint
+        };
 
-        let usize_key = |k: &str| -> Result<Option<usize>, Error> { Ok(file.opt_u32(&key(k))?.map(|v| v as usize)) };
+        let usize_key = |k: &str| -> Result<Option<usize>, Error> {
+            Ok(file.opt_u32(&key(k))?.map(|v| v as usize))
+        };
         let start_key = |k: &str, current: Option<usize>| -> Result<Option<usize>, Error> {
             Ok(match file.opt_i32(&key(k))? {
                 Some(v) if v < 0 => None,
@@ -251,30 +339,47 @@ impl Config {
             ("small", "da3-small"),
             ("tiny", "da3-tiny"),
         ];
-        table.iter().find(|(k, _)| lower.contains(k)).map(|(_, p)| *p)
+        table
+            .iter()
+            .find(|(k, _)| lower.contains(k))
+            .map(|(_, p)| *p)
     }
 
     /// Internal consistency (independent of any weights).
     pub fn validate(&self) -> Result<(), Error> {
         let v = &self.vit;
         let bad = |why: String| Err(Error::Config(why));
-        if v.embed_dim == 0 || v.num_heads == 0 || v.embed_dim % v.num_heads != 0 {
-            return bad(format!("embed_dim {} is not a multiple of num_heads {}", v.embed_dim, v.num_heads));
+        if v.embed_dim == 0 || v.num_heads == 0 || !v.embed_dim.is_multiple_of(v.num_heads) {
+            return bad(format!(
+                "embed_dim {} is not a multiple of num_heads {}",
+                v.embed_dim, v.num_heads
+            ));
         }
-        if v.head_dim() % 4 != 0 {
-            return bad(format!("head_dim {} must be a multiple of 4 for 2D RoPE", v.head_dim()));
+        if !v.head_dim().is_multiple_of(4) {
+            return bad(format!(
+                "head_dim {} must be a multiple of 4 for 2D RoPE",
+                v.head_dim()
+            ));
         }
-        if v.out_layers.iter().any(|&l| l >= v.depth) || v.out_layers.windows(2).any(|w| w[0] >= w[1]) {
-            return bad(format!("out_layers {:?} must increase and lie below depth {}", v.out_layers, v.depth));
+        if v.out_layers.iter().any(|&l| l >= v.depth)
+            || v.out_layers.windows(2).any(|w| w[0] >= w[1])
+        {
+            return bad(format!(
+                "out_layers {:?} must increase and lie below depth {}",
+                v.out_layers, v.depth
+            ));
         }
         if v.patch_size == 0 || v.pos_embed_grid == 0 {
             return bad("patch_size and pos_embed_grid must be positive".into());
         }
-        if self.head.features % 2 != 0 || self.head.features == 0 {
+        if !self.head.features.is_multiple_of(2) || self.head.features == 0 {
             return bad(format!("head features {} must be even", self.head.features));
         }
         if self.head.kind == HeadKind::DualDpt && self.head.output_dim != 2 {
-            return bad(format!("a DualDPT head has 2 outputs, not {}", self.head.output_dim));
+            return bad(format!(
+                "a DualDPT head has 2 outputs, not {}",
+                self.head.output_dim
+            ));
         }
         Ok(())
     }
@@ -282,14 +387,20 @@ impl Config {
 
 fn four(values: &[i32], key: &str) -> Result<[usize; 4], Error> {
     match values {
-        [a, b, c, d] if values.iter().all(|&x| x >= 0) => Ok([*a as usize, *b as usize, *c as usize, *d as usize]),
-        _ => Err(Error::Config(format!("{key} must hold 4 non-negative values, found {values:?}"))),
+        [a, b, c, d] if values.iter().all(|&x| x >= 0) => {
+            Ok([*a as usize, *b as usize, *c as usize, *d as usize])
+        }
+        _ => Err(Error::Config(format!(
+            "{key} must hold 4 non-negative values, found {values:?}"
+        ))),
     }
 }
 
 fn three(values: &[f32], key: &str) -> Result<[f32; 3], Error> {
     match values {
         [a, b, c] => Ok([*a, *b, *c]),
-        _ => Err(Error::Config(format!("{key} must hold 3 values, found {values:?}"))),
+        _ => Err(Error::Config(format!(
+            "{key} must hold 3 values, found {values:?}"
+        ))),
     }
 }

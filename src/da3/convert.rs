@@ -3,7 +3,7 @@
 use super::config::{Config, HeadKind};
 use super::weights::Loader;
 use super::{Error, Head};
-use crate::ggml::gguf::{GgufWriter, Value};
+use crate::ggml::gguf::GgufWriter;
 use crate::ggml::DType;
 use std::path::Path;
 
@@ -50,11 +50,19 @@ pub fn gguf_name(key: &str) -> Option<String> {
         for k in 1..=4 {
             name = name.replace(&format!("refinenet{k}."), &format!("rn{k}."));
         }
-        name = name.replace("resConfUnit", "rc").replace(".conv1.", ".c1.").replace(".conv2.", ".c2.").replace(".out_conv.", ".out.");
+        name = name
+            .replace("resConfUnit", "rc")
+            .replace(".conv1.", ".c1.")
+            .replace(".conv2.", ".c2.")
+            .replace(".out_conv.", ".out.");
         return Some(format!("head.{name}"));
     }
     if let Some(rest) = key.strip_prefix("cam_dec.") {
-        let name = rest.replace("backbone.0.", "bb0.").replace("backbone.2.", "bb2.").replace("fc_qvec.", "fc_q.").replace("fc_fov.0.", "fc_fov.");
+        let name = rest
+            .replace("backbone.0.", "bb0.")
+            .replace("backbone.2.", "bb2.")
+            .replace("fc_qvec.", "fc_q.")
+            .replace("fc_fov.0.", "fc_fov.");
         return Some(format!("cam.{name}"));
     }
     None
@@ -101,11 +109,21 @@ pub fn official_name(gguf: &str) -> String {
         for k in 1..=4 {
             name = name.replace(&format!("rn{k}."), &format!("refinenet{k}."));
         }
-        name = name.replace(".rc", ".resConfUnit").replace(".c1.", ".conv1.").replace(".c2.", ".conv2.").replace(".out.", ".out_conv.");
+        name = name
+            .replace(".rc", ".resConfUnit")
+            .replace(".c1.", ".conv1.")
+            .replace(".c2.", ".conv2.")
+            .replace(".out.", ".out_conv.");
         return format!("head.{name}");
     }
     if let Some(rest) = gguf.strip_prefix("cam.") {
-        return format!("cam_dec.{}", rest.replace("bb0.", "backbone.0.").replace("bb2.", "backbone.2.").replace("fc_q.", "fc_qvec.").replace("fc_fov.", "fc_fov.0."));
+        return format!(
+            "cam_dec.{}",
+            rest.replace("bb0.", "backbone.0.")
+                .replace("bb2.", "backbone.2.")
+                .replace("fc_q.", "fc_qvec.")
+                .replace("fc_fov.", "fc_fov.0.")
+        );
     }
     gguf.to_owned()
 }
@@ -120,7 +138,14 @@ pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Er
     }
     let mut tensors = l.into_declared();
     let e = config.vit.embed_dim;
-    tensors.push(("vit.pos_embed".to_owned(), vec![1, config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1, e]));
+    tensors.push((
+        "vit.pos_embed".to_owned(),
+        vec![
+            1,
+            config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1,
+            e,
+        ],
+    ));
     Ok(tensors)
 }
 
@@ -138,7 +163,14 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     w.set(k("vit.num_heads"), v.num_heads as u32);
     w.set(k("vit.head_dim"), v.head_dim() as u32);
     w.set(k("vit.mlp_hidden"), v.mlp_hidden as u32);
-    w.set(k("vit.ffn_type"), if v.ffn == super::Ffn::SwiGlu { "swiglu" } else { "mlp" });
+    w.set(
+        k("vit.ffn_type"),
+        if v.ffn == super::Ffn::SwiGlu {
+            "swiglu"
+        } else {
+            "mlp"
+        },
+    );
     w.set(k("vit.num_register_tokens"), 0u32);
     w.set(k("vit.alt_start"), start(v.alt_start));
     w.set(k("vit.rope_start"), start(v.rope_start));
@@ -150,14 +182,23 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     w.set(k("vit.interpolate_offset"), v.interpolate_offset);
     w.set(k("vit.interpolate_antialias"), false);
     w.set(k("vit.pos_embed_grid"), v.pos_embed_grid as u32);
-    w.set(k("vit.out_layers"), v.out_layers.iter().map(|&x| x as i32).collect::<Vec<i32>>());
+    w.set(
+        k("vit.out_layers"),
+        v.out_layers.iter().map(|&x| x as i32).collect::<Vec<i32>>(),
+    );
     w.set(k("img.mean"), config.mean.to_vec());
     w.set(k("img.std"), config.std.to_vec());
     w.set(k("img.resize_mode"), "upper_bound_resize");
     w.set(k("img.resize_target"), 504u32);
     let h = &config.head;
     w.set(k("head.features"), h.features as u32);
-    w.set(k("head.out_channels"), h.out_channels.iter().map(|&x| x as i32).collect::<Vec<i32>>());
+    w.set(
+        k("head.out_channels"),
+        h.out_channels
+            .iter()
+            .map(|&x| x as i32)
+            .collect::<Vec<i32>>(),
+    );
     w.set(k("head.output_dim"), h.output_dim as u32);
     w.set(k("head.pos_embed"), h.pos_embed);
     w.set(k("head.norm_type"), if h.norm { "layer" } else { "idt" });
@@ -175,7 +216,7 @@ pub enum WeightType {
     F32,
     F16,
     Q8_0,
-    Q4_K,
+    Q4K,
 }
 
 impl std::str::FromStr for WeightType {
@@ -185,8 +226,10 @@ impl std::str::FromStr for WeightType {
             "f32" => Ok(WeightType::F32),
             "f16" => Ok(WeightType::F16),
             "q8_0" => Ok(WeightType::Q8_0),
-            "q4_k" => Ok(WeightType::Q4_K),
-            other => Err(format!("unknown weight type `{other}` (f32, f16, q8_0, q4_k)")),
+            "q4_k" => Ok(WeightType::Q4K),
+            other => Err(format!(
+                "unknown weight type `{other}` (f32, f16, q8_0, q4_k)"
+            )),
         }
     }
 }
@@ -194,31 +237,44 @@ impl std::str::FromStr for WeightType {
 impl WeightType {
     /// The storage type of a matrix weight whose rows hold `ne0` values.
     fn for_row(self, ne0: u64) -> DType {
-        let fits = |t: DType| ne0 % t.block_size() as u64 == 0;
+        let fits = |t: DType| ne0.is_multiple_of(t.block_size() as u64);
         match self {
             WeightType::F32 => DType::F32,
             WeightType::F16 => DType::F16,
-            WeightType::Q4_K if fits(DType::Q4_K) => DType::Q4_K,
-            WeightType::Q8_0 | WeightType::Q4_K if fits(DType::Q8_0) => DType::Q8_0,
+            WeightType::Q4K if fits(DType::Q4_K) => DType::Q4_K,
+            WeightType::Q8_0 | WeightType::Q4K if fits(DType::Q8_0) => DType::Q8_0,
             _ => DType::F16,
         }
     }
 }
 
 /// A GGUF file for `config` whose weights come from `values(official_key, shape)`.
-pub fn write_gguf(path: &Path, config: &Config, weight_type: WeightType, values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>) -> Result<(), Error> {
+pub fn write_gguf(
+    path: &Path,
+    config: &Config,
+    weight_type: WeightType,
+    values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>,
+) -> Result<(), Error> {
     build_gguf(config, weight_type, values)?.write_to(path)?;
     Ok(())
 }
 
 /// The GGUF contents for `config`, in memory.
-pub fn build_gguf(config: &Config, weight_type: WeightType, mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>) -> Result<GgufWriter<'static>, Error> {
+pub fn build_gguf(
+    config: &Config,
+    weight_type: WeightType,
+    mut values: impl FnMut(&str, &[usize]) -> Result<Vec<f32>, Error>,
+) -> Result<GgufWriter<'static>, Error> {
     let mut w = GgufWriter::new();
     write_metadata(&mut w, config);
     for (name, shape) in expected_tensors(config)? {
         let data = values(&official_name(&name), &shape)?;
         let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        let dtype = if is_matmul_weight(&name) { weight_type.for_row(ne[0]) } else { DType::F32 };
+        let dtype = if is_matmul_weight(&name) {
+            weight_type.for_row(ne[0])
+        } else {
+            DType::F32
+        };
         let bytes = match dtype {
             DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
             other => crate::ggml::quantize(other, &data, ne[0] as usize)?,
@@ -230,13 +286,24 @@ pub fn build_gguf(config: &Config, weight_type: WeightType, mut values: impl FnM
 
 /// The tensors depth-anything.cpp stores quantised: block linears and the camera decoder.
 pub fn is_matmul_weight(name: &str) -> bool {
-    let block = ["attn_qkv", "attn_proj", "mlp_fc1", "mlp_fc2", "mlp_w12", "mlp_w3"].iter().any(|k| name.contains(k));
+    let block = [
+        "attn_qkv",
+        "attn_proj",
+        "mlp_fc1",
+        "mlp_fc2",
+        "mlp_w12",
+        "mlp_w3",
+    ]
+    .iter()
+    .any(|k| name.contains(k));
     (block && name.starts_with("vit.blk.") || name.starts_with("cam.")) && name.ends_with(".weight")
 }
 
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).
 pub fn write_synthetic(path: &Path, config: &Config, weight_type: WeightType) -> Result<(), Error> {
-    write_gguf(path, config, weight_type, |key, shape| Ok(super::synthetic::weight_values(key, shape)))
+    write_gguf(path, config, weight_type, |key, shape| {
+        Ok(super::synthetic::weight_values(key, shape))
+    })
 }
 
 /// The built-in default model: `da3-tiny` with synthetic weights, built in memory (no file,
@@ -244,26 +311,43 @@ pub fn write_synthetic(path: &Path, config: &Config, weight_type: WeightType) ->
 pub fn builtin_model_file() -> Result<crate::ggml::gguf::GgufFile, Error> {
     let config = Config::preset("da3-tiny")?;
     let mut bytes = Vec::new();
-    build_gguf(&config, WeightType::F32, |key, shape| Ok(super::synthetic::weight_values(key, shape)))?.write_to_writer(&mut bytes)?;
+    build_gguf(&config, WeightType::F32, |key, shape| {
+        Ok(super::synthetic::weight_values(key, shape))
+    })?
+    .write_to_writer(&mut bytes)?;
     Ok(crate::ggml::gguf::GgufFile::from_bytes(bytes)?)
 }
 
 /// Converts an official checkpoint directory (`config.json` naming a preset as
 /// `{"model_name": "da3-small"}`, `model.safetensors` with `model.`-prefixed keys).
-pub fn convert_checkpoint(dir: &Path, out: &Path, weight_type: WeightType) -> Result<Vec<String>, Error> {
-    let err = |path: &Path, reason: String| Error::Checkpoint { path: path.to_path_buf(), reason };
+pub fn convert_checkpoint(
+    dir: &Path,
+    out: &Path,
+    weight_type: WeightType,
+) -> Result<Vec<String>, Error> {
+    let err = |path: &Path, reason: String| Error::Checkpoint {
+        path: path.to_path_buf(),
+        reason,
+    };
     let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| err(&config_path, e.to_string()))?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| err(&config_path, format!("not JSON: {e}")))?;
-    let model_name = json.get("model_name").and_then(|v| v.as_str()).ok_or_else(|| err(&config_path, "no \"model_name\" string".into()))?;
+    let text =
+        std::fs::read_to_string(&config_path).map_err(|e| err(&config_path, e.to_string()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| err(&config_path, format!("not JSON: {e}")))?;
+    let model_name = json
+        .get("model_name")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| err(&config_path, "no \"model_name\" string".into()))?;
     let config = Config::preset(model_name).map_err(|e| err(&config_path, e.to_string()))?;
 
     let st_path = dir.join("model.safetensors");
     let file = std::fs::File::open(&st_path).map_err(|e| err(&st_path, e.to_string()))?;
     // SAFETY-free read: the checkpoint is read into memory (checkpoints of the presets fit).
     let mut bytes = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes).map_err(|e| err(&st_path, e.to_string()))?;
-    let tensors = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| err(&st_path, format!("not a safetensors file: {e}")))?;
+    std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes)
+        .map_err(|e| err(&st_path, e.to_string()))?;
+    let tensors = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| err(&st_path, format!("not a safetensors file: {e}")))?;
     let mut by_gguf = std::collections::HashMap::new();
     let mut skipped = Vec::new();
     for (key, view) in tensors.tensors() {
@@ -277,16 +361,41 @@ pub fn convert_checkpoint(dir: &Path, out: &Path, weight_type: WeightType) -> Re
     }
     write_gguf(out, &config, weight_type, |official, shape| {
         let name = gguf_name(official).expect("official names of kept tensors map back");
-        let view = by_gguf.get(&name).ok_or_else(|| err(&st_path, format!("tensor `model.{official}` is missing")))?;
+        let view = by_gguf
+            .get(&name)
+            .ok_or_else(|| err(&st_path, format!("tensor `model.{official}` is missing")))?;
         if view.shape() != shape {
-            return Err(err(&st_path, format!("tensor `model.{official}` has shape {:?}, {} expects {shape:?}", view.shape(), config.name)));
+            return Err(err(
+                &st_path,
+                format!(
+                    "tensor `model.{official}` has shape {:?}, {} expects {shape:?}",
+                    view.shape(),
+                    config.name
+                ),
+            ));
         }
         let data = view.data();
         Ok(match view.dtype() {
-            safetensors::Dtype::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            safetensors::Dtype::F16 => data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            safetensors::Dtype::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-            other => return Err(err(&st_path, format!("tensor `model.{official}` has type {other:?}; expected f32, f16 or bf16"))),
+            safetensors::Dtype::F32 => data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            safetensors::Dtype::F16 => data
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            safetensors::Dtype::BF16 => data
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(err(
+                    &st_path,
+                    format!(
+                        "tensor `model.{official}` has type {other:?}; expected f32, f16 or bf16"
+                    ),
+                ))
+            }
         })
     })?;
     skipped.sort();

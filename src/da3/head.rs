@@ -21,7 +21,10 @@ struct Rcu {
 
 impl Rcu {
     fn load(l: &mut Loader<'_>, prefix: &str, f: usize) -> Result<Self, Error> {
-        Ok(Rcu { c1: Conv::load(l, &format!("{prefix}.c1"), f, f, 3, 1, 1, true)?, c2: Conv::load(l, &format!("{prefix}.c2"), f, f, 3, 1, 1, true)? })
+        Ok(Rcu {
+            c1: Conv::load(l, &format!("{prefix}.c1"), f, f, 3, 1, 1, true)?,
+            c2: Conv::load(l, &format!("{prefix}.c2"), f, f, 3, 1, 1, true)?,
+        })
     }
     fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
         let y = self.c1.forward(g, &g.relu(x)?)?;
@@ -41,13 +44,23 @@ impl Fusion {
     fn load(l: &mut Loader<'_>, k: usize, f: usize) -> Result<Self, Error> {
         let p = format!("head.scratch.rn{k}");
         Ok(Fusion {
-            rc1: if k == 4 { None } else { Some(Rcu::load(l, &format!("{p}.rc1"), f)?) },
+            rc1: if k == 4 {
+                None
+            } else {
+                Some(Rcu::load(l, &format!("{p}.rc1"), f)?)
+            },
             rc2: Rcu::load(l, &format!("{p}.rc2"), f)?,
             out: Conv::load(l, &format!("{p}.out"), f, f, 1, 1, 0, true)?,
         })
     }
     /// `size`: the (W, H) to resize to; None doubles.
-    fn forward(&self, g: &Context, top: &Tensor, lateral: Option<&Tensor>, size: Option<(i64, i64)>) -> Result<Tensor, Error> {
+    fn forward(
+        &self,
+        g: &Context,
+        top: &Tensor,
+        lateral: Option<&Tensor>,
+        size: Option<(i64, i64)>,
+    ) -> Result<Tensor, Error> {
         let mut y = top.clone();
         if let (Some(rc1), Some(lateral)) = (&self.rc1, lateral) {
             y = g.add(&y, &rc1.forward(g, lateral)?)?;
@@ -55,7 +68,13 @@ impl Fusion {
         let y = self.rc2.forward(g, &y)?;
         let [w, h, c, n] = y.ne();
         let (tw, th) = size.unwrap_or((2 * w, 2 * h));
-        let y = g.interpolate(&y, [tw, th, c, n], Interpolation::Bilinear { align_corners: true })?;
+        let y = g.interpolate(
+            &y,
+            [tw, th, c, n],
+            Interpolation::Bilinear {
+                align_corners: true,
+            },
+        )?;
         self.out.forward(g, &y)
     }
 }
@@ -90,18 +109,42 @@ pub struct HeadOutput {
 impl Head {
     pub fn load(l: &mut Loader<'_>, cfg: &HeadConfig, dim_in: usize) -> Result<Self, Error> {
         let (f, oc) = (cfg.features, cfg.out_channels);
-        let norm = if cfg.norm { Some(Norm::load(l, "head.norm", dim_in, cfg.ln_eps)?) } else { None };
-        let proj = (0..4).map(|s| Conv::load(l, &format!("head.proj.{s}"), dim_in, oc[s], 1, 1, 0, true)).collect::<Result<Vec<_>, _>>()?;
+        let norm = if cfg.norm {
+            Some(Norm::load(l, "head.norm", dim_in, cfg.ln_eps)?)
+        } else {
+            None
+        };
+        let proj = (0..4)
+            .map(|s| Conv::load(l, &format!("head.proj.{s}"), dim_in, oc[s], 1, 1, 0, true))
+            .collect::<Result<Vec<_>, _>>()?;
         let resize = vec![
             Resize::Up(ConvTranspose::load(l, "head.resize.0", oc[0], oc[0], 4)?),
             Resize::Up(ConvTranspose::load(l, "head.resize.1", oc[1], oc[1], 2)?),
             Resize::Identity,
             Resize::Down(Conv::load(l, "head.resize.3", oc[3], oc[3], 3, 2, 1, true)?),
         ];
-        let layer_rn = (0..4).map(|s| Conv::load(l, &format!("head.scratch.layer{}_rn", s + 1), oc[s], f, 3, 1, 1, false)).collect::<Result<Vec<_>, _>>()?;
-        let fusion = (1..=4).map(|k| Fusion::load(l, k, f)).collect::<Result<Vec<_>, _>>()?;
+        let layer_rn = (0..4)
+            .map(|s| {
+                Conv::load(
+                    l,
+                    &format!("head.scratch.layer{}_rn", s + 1),
+                    oc[s],
+                    f,
+                    3,
+                    1,
+                    1,
+                    false,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let fusion = (1..=4)
+            .map(|k| Fusion::load(l, k, f))
+            .collect::<Result<Vec<_>, _>>()?;
         let sky = if cfg.sky {
-            Some((Conv::load(l, "head.scratch.sky_out2a", f / 2, 32, 3, 1, 1, true)?, Conv::load(l, "head.scratch.sky_out2b", 32, 1, 1, 1, 0, true)?))
+            Some((
+                Conv::load(l, "head.scratch.sky_out2a", f / 2, 32, 3, 1, 1, true)?,
+                Conv::load(l, "head.scratch.sky_out2b", 32, 1, 1, 1, 0, true)?,
+            ))
         } else {
             None
         };
@@ -120,7 +163,14 @@ impl Head {
     }
 
     /// `features`: four [C, gw*gh] patch-token features; returns maps at (`width`, `height`).
-    pub fn forward(&self, g: &Context, features: &[Tensor], grid: (i64, i64), size: (i64, i64), c: &HeadConstants) -> Result<HeadOutput, Error> {
+    pub fn forward(
+        &self,
+        g: &Context,
+        features: &[Tensor],
+        grid: (i64, i64),
+        size: (i64, i64),
+        c: &HeadConstants,
+    ) -> Result<HeadOutput, Error> {
         let (gw, gh) = grid;
         let mut rn = Vec::with_capacity(4);
         for (s, feature) in features.iter().enumerate() {
@@ -139,20 +189,34 @@ impl Head {
                 Resize::Identity => y,
                 Resize::Down(down) => down.forward(g, &y)?,
             };
-            rn.push(self.layer_rn[s].forward(g, &y)?.named(&format!("layer{}_rn", s + 1)));
+            rn.push(
+                self.layer_rn[s]
+                    .forward(g, &y)?
+                    .named(&format!("layer{}_rn", s + 1)),
+            );
         }
         let size_of = |t: &Tensor| (t.ne()[0], t.ne()[1]);
         let out = self.fusion[3].forward(g, &rn[3], None, Some(size_of(&rn[2])))?;
         let out = self.fusion[2].forward(g, &out, Some(&rn[2]), Some(size_of(&rn[1])))?;
         let out = self.fusion[1].forward(g, &out, Some(&rn[1]), Some(size_of(&rn[0])))?;
-        let out = self.fusion[0].forward(g, &out, Some(&rn[0]), None)?.named("fused");
+        let out = self.fusion[0]
+            .forward(g, &out, Some(&rn[0]), None)?
+            .named("fused");
         let out = self.out1.forward(g, &out)?;
         let [_, _, ch, n] = out.ne();
-        let mut out = g.interpolate(&out, [size.0, size.1, ch, n], Interpolation::Bilinear { align_corners: true })?;
+        let mut out = g.interpolate(
+            &out,
+            [size.0, size.1, ch, n],
+            Interpolation::Bilinear {
+                align_corners: true,
+            },
+        )?;
         if let (true, Some(uv)) = (self.cfg.pos_embed, &c.output_uv) {
             out = g.add(&out, uv)?;
         }
-        let logits = self.out2b.forward(g, &g.relu(&self.out2a.forward(g, &out)?)?)?;
+        let logits = self
+            .out2b
+            .forward(g, &g.relu(&self.out2a.forward(g, &out)?)?)?;
         let (w, h) = size;
         let channel = |i: i64| -> Result<Tensor, Error> {
             let nb = logits.nb();
@@ -173,11 +237,11 @@ impl Head {
             }
             None => None,
         };
-        Ok(HeadOutput { depth, confidence, sky })
-    }
-
-    pub fn config(&self) -> &HeadConfig {
-        &self.cfg
+        Ok(HeadOutput {
+            depth,
+            confidence,
+            sky,
+        })
     }
 }
 
@@ -194,7 +258,9 @@ pub struct CameraDecoder {
 impl CameraDecoder {
     /// The width comes from the weights: files write `cam.dim_in` as 1536 for every variant.
     pub fn load(l: &mut Loader<'_>) -> Result<Option<Self>, Error> {
-        let Ok(shape) = l.shape_of("cam.bb0.weight") else { return Ok(None) };
+        let Ok(shape) = l.shape_of("cam.bb0.weight") else {
+            return Ok(None);
+        };
         let d = shape[shape.len() - 1];
         Ok(Some(CameraDecoder {
             bb0: Linear::load(l, "cam.bb0", d, d)?,
@@ -211,7 +277,8 @@ impl CameraDecoder {
         let t = self.fc_t.forward(g, &h)?;
         let q = self.fc_q.forward(g, &h)?;
         let fov = g.relu(&self.fc_fov.forward(g, &h)?)?;
-        Ok(g.concat(&g.concat(&t, &q, 0)?, &fov, 0)?.named("pose_encoding"))
+        Ok(g.concat(&g.concat(&t, &q, 0)?, &fov, 0)?
+            .named("pose_encoding"))
     }
     pub fn dim(&self) -> usize {
         self.bb0.weight.ne()[0] as usize

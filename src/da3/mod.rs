@@ -48,7 +48,7 @@ pub enum Error {
     #[error(transparent)]
     Gguf(#[from] crate::ggml::gguf::GgufError),
     #[error(transparent)]
-    Ggml(#[from] crate::ggml::Error),
+    Ggml(Box<crate::ggml::Error>),
     #[error(transparent)]
     Residency(#[from] crate::residency::Error),
     /// A checkpoint that cannot be converted.
@@ -56,5 +56,15 @@ pub enum Error {
     Checkpoint { path: PathBuf, reason: String },
     /// An output file that could not be written (nothing is left half-written).
     #[error("cannot write {path}: {source}")]
-    Output { path: PathBuf, #[source] source: std::io::Error },
+    Output {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<crate::ggml::Error> for Error {
+    fn from(e: crate::ggml::Error) -> Self {
+        Error::Ggml(Box::new(e))
+    }
 }

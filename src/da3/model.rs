@@ -8,7 +8,7 @@ use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::gguf::GgufFile;
-use crate::ggml::{Backend, BufferUsage, Context, DType, Graph, Tensor, TensorView};
+use crate::ggml::{Backend, BufferUsage, Context, DType, Graph, Tensor};
 use crate::residency::{Executor, Policy, Report};
 use std::collections::HashMap;
 use std::path::Path;
@@ -58,21 +58,39 @@ struct Session {
 
 impl Model {
     /// Loads a GGUF file onto `device`; `cpu` is the fallback the scheduler may need.
-    pub fn load(path: &Path, device: Backend, cpu: Backend, options: &LoadOptions) -> Result<Model, Error> {
+    pub fn load(
+        path: &Path,
+        device: Backend,
+        cpu: Backend,
+        options: &LoadOptions,
+    ) -> Result<Model, Error> {
         let file = GgufFile::open(path)?;
         Self::from_gguf(&file, device, cpu, options)
     }
 
-    pub fn from_gguf(file: &GgufFile, device: Backend, cpu: Backend, options: &LoadOptions) -> Result<Model, Error> {
+    pub fn from_gguf(
+        file: &GgufFile,
+        device: Backend,
+        cpu: Backend,
+        options: &LoadOptions,
+    ) -> Result<Model, Error> {
         let config = Config::from_gguf(file)?;
         let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
         let mut loader = Loader::new(file, &host_only)?;
         let backbone = Backbone::load(&mut loader, &config.vit)?;
         let head = Head::load(&mut loader, &config.head, config.vit.feature_dim())?;
-        let camera = if config.head.kind == HeadKind::DualDpt { CameraDecoder::load(&mut loader)? } else { None };
+        let camera = if config.head.kind == HeadKind::DualDpt {
+            CameraDecoder::load(&mut loader)?
+        } else {
+            None
+        };
         if let Some(cam) = &camera {
             if cam.dim() != config.vit.feature_dim() {
-                return Err(Error::Weights(format!("camera decoder width {} does not match the feature width {}", cam.dim(), config.vit.feature_dim())));
+                return Err(Error::Weights(format!(
+                    "camera decoder width {} does not match the feature width {}",
+                    cam.dim(),
+                    config.vit.feature_dim()
+                )));
             }
         }
         let pos_embed = loader.host_f32("vit.pos_embed")?;
@@ -81,7 +99,18 @@ impl Model {
         if !options.log_decisions {
             executor = executor.quiet();
         }
-        Ok(Model { config, backbone, head, camera, pos_embed, weights, executor, sessions: HashMap::new(), probes: options.probes, last_report: None })
+        Ok(Model {
+            config,
+            backbone,
+            head,
+            camera,
+            pos_embed,
+            weights,
+            executor,
+            sessions: HashMap::new(),
+            probes: options.probes,
+            last_report: None,
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -165,8 +194,10 @@ impl Model {
     fn build_session(&self, width: usize, height: usize) -> Result<Session, Error> {
         let v = &self.config.vit;
         let p = v.patch_size;
-        if width % p != 0 || height % p != 0 || width < p || height < p {
-            return Err(Error::Input(format!("processed size {width}x{height} is not a positive multiple of the patch size {p}")));
+        if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
+            return Err(Error::Input(format!(
+                "processed size {width}x{height} is not a positive multiple of the patch size {p}"
+            )));
         }
         let (gw, gh) = (width / p, height / p);
         let tokens = gw * gh + 1;
@@ -174,10 +205,22 @@ impl Model {
         // Constants of this resolution, on the device next to the weights.
         let constants = Context::metadata_with_graph(16, 1)?;
         let e = v.embed_dim as i64;
-        let pos = constants.new_tensor(DType::F32, &[e, tokens as i64])?.named("pos_embed.resampled");
-        let positions: Vec<Tensor> = (0..4).map(|i| constants.new_tensor(DType::I32, &[tokens as i64]).map(|t| t.named(&format!("rope.pos{i}")))).collect::<Result<_, _>>()?;
+        let pos = constants
+            .new_tensor(DType::F32, &[e, tokens as i64])?
+            .named("pos_embed.resampled");
+        let positions: Vec<Tensor> = (0..4)
+            .map(|i| {
+                constants
+                    .new_tensor(DType::I32, &[tokens as i64])
+                    .map(|t| t.named(&format!("rope.pos{i}")))
+            })
+            .collect::<Result<_, _>>()?;
         // The UV embeddings exist only for heads that add them.
-        let uv_channels: Vec<usize> = if self.config.head.pos_embed { self.config.head.out_channels.to_vec() } else { Vec::new() };
+        let uv_channels: Vec<usize> = if self.config.head.pos_embed {
+            self.config.head.out_channels.to_vec()
+        } else {
+            Vec::new()
+        };
         let stage_uv: Vec<Tensor> = uv_channels
             .iter()
             .map(|&c| constants.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
@@ -204,7 +247,9 @@ impl Model {
 
         // The graph.
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
-        let image = ctx.new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?.named("image");
+        let image = ctx
+            .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
+            .named("image");
         image.mark_input();
         let bconst = BackboneConstants {
             pos_embed: pos,
@@ -214,8 +259,17 @@ impl Model {
             global_x: positions[3].clone(),
         };
         let features = self.backbone.forward(&ctx, &image, &bconst)?;
-        let hconst = HeadConstants { stage_uv, output_uv };
-        let out = self.head.forward(&ctx, &features.features, (gw as i64, gh as i64), (width as i64, height as i64), &hconst)?;
+        let hconst = HeadConstants {
+            stage_uv,
+            output_uv,
+        };
+        let out = self.head.forward(
+            &ctx,
+            &features.features,
+            (gw as i64, gh as i64),
+            (width as i64, height as i64),
+            &hconst,
+        )?;
         let pose = match &self.camera {
             Some(cam) => Some(cam.forward(&ctx, &features.camera_token)?),
             None => None,
@@ -237,7 +291,17 @@ impl Model {
             t.mark_output();
             graph.expand(t)?;
         }
-        Ok(Session { graph, image, depth: out.depth, confidence: out.confidence, sky: out.sky, pose, probes, _ctx: ctx, _constants: constants })
+        Ok(Session {
+            graph,
+            image,
+            depth: out.depth,
+            confidence: out.confidence,
+            sky: out.sky,
+            pose,
+            probes,
+            _ctx: ctx,
+            _constants: constants,
+        })
     }
 
     /// `vit.pos_embed` resampled to the patch grid, returned as [embed, tokens] (token-major
@@ -247,7 +311,15 @@ impl Model {
         let e = v.embed_dim;
         let grid = v.pos_embed_grid;
         let (cls, patches) = self.pos_embed.split_at(e);
-        let resampled = preprocess::resample_pos_embed(patches, e, grid, grid, gh, gw, v.interpolate_offset as f64)?;
+        let resampled = preprocess::resample_pos_embed(
+            patches,
+            e,
+            grid,
+            grid,
+            gh,
+            gw,
+            v.interpolate_offset as f64,
+        )?;
         let mut out = Vec::with_capacity(e * (gh * gw + 1));
         out.extend_from_slice(cls);
         out.extend_from_slice(&resampled);
@@ -260,7 +332,12 @@ const GRAPH_NODES: usize = 8192;
 const GRAPH_TENSORS: usize = 3 * GRAPH_NODES;
 
 fn scaled_uv(w: usize, h: usize, channels: usize, aspect: f64) -> Result<Vec<f32>, Error> {
-    Ok(preprocess::uv_embedding_with_aspect(w, h, channels, aspect)?.into_iter().map(|v| v * 0.1).collect())
+    Ok(
+        preprocess::uv_embedding_with_aspect(w, h, channels, aspect)?
+            .into_iter()
+            .map(|v| v * 0.1)
+            .collect(),
+    )
 }
 
 /// RoPE positions: local (row+1, col+1) per patch, global (1, 1) for every patch; token 0 at

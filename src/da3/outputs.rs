@@ -23,9 +23,21 @@ impl Pose {
         let [i, j, k, r] = q;
         let two_s = 2.0 / (i * i + j * j + k * k + r * r);
         let rot = [
-            [1.0 - two_s * (j * j + k * k), two_s * (i * j - k * r), two_s * (i * k + j * r)],
-            [two_s * (i * j + k * r), 1.0 - two_s * (i * i + k * k), two_s * (j * k - i * r)],
-            [two_s * (i * k - j * r), two_s * (j * k + i * r), 1.0 - two_s * (i * i + j * j)],
+            [
+                1.0 - two_s * (j * j + k * k),
+                two_s * (i * j - k * r),
+                two_s * (i * k + j * r),
+            ],
+            [
+                two_s * (i * j + k * r),
+                1.0 - two_s * (i * i + k * k),
+                two_s * (j * k - i * r),
+            ],
+            [
+                two_s * (i * k - j * r),
+                two_s * (j * k + i * r),
+                1.0 - two_s * (i * i + j * j),
+            ],
         ];
         let mut extrinsics = [[0.0f32; 4]; 3];
         for a in 0..3 {
@@ -37,7 +49,10 @@ impl Pose {
         let (w, h) = (width as f32, height as f32);
         let fy = (h / 2.0) / (fov_h / 2.0).tan().max(1e-6);
         let fx = (w / 2.0) / (fov_w / 2.0).tan().max(1e-6);
-        Pose { intrinsics: [[fx, 0.0, w / 2.0], [0.0, fy, h / 2.0], [0.0, 0.0, 1.0]], extrinsics }
+        Pose {
+            intrinsics: [[fx, 0.0, w / 2.0], [0.0, fy, h / 2.0], [0.0, 0.0, 1.0]],
+            extrinsics,
+        }
     }
 }
 
@@ -56,7 +71,10 @@ pub struct Prediction {
 
 impl Prediction {
     pub fn probe(&self, name: &str) -> Option<&[f32]> {
-        self.probes.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_slice())
+        self.probes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
     }
 }
 
@@ -65,7 +83,12 @@ impl Prediction {
 /// are more; this uses all of them, the value the sampling estimates). Unchanged when either
 /// class has 10 pixels or fewer.
 pub fn fill_sky(depth: &mut [f32], sky: &[f32]) {
-    let non_sky: Vec<f32> = depth.iter().zip(sky).filter(|(_, &s)| s < 0.3).map(|(&d, _)| d).collect();
+    let non_sky: Vec<f32> = depth
+        .iter()
+        .zip(sky)
+        .filter(|(_, &s)| s < 0.3)
+        .map(|(&d, _)| d)
+        .collect();
     let sky_count = depth.len() - non_sky.len();
     if non_sky.len() <= 10 || sky_count <= 10 {
         return;
@@ -89,11 +112,29 @@ pub fn quantile(mut values: Vec<f32>, q: f64) -> f32 {
 
 /// Writes `bytes` to `path` through a temporary file in the same folder, so that a failure
 /// never leaves a half-written file behind.
-pub fn write_atomically(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<(), Error> {
-    let io = |source| Error::Output { path: path.to_path_buf(), source };
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let file_name = path.file_name().ok_or_else(|| io(std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file path")))?;
-    let tmp = dir.join(format!(".{}.tmp{}", file_name.to_string_lossy(), std::process::id()));
+pub fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), Error> {
+    let io = |source| Error::Output {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file_name = path.file_name().ok_or_else(|| {
+        io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a file path",
+        ))
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
     let result = (|| {
         let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         write(&mut file)?;
@@ -128,10 +169,27 @@ pub enum Colormap {
 }
 
 /// An 8-bit PNG of `values` scaled to their range, near (small depth) bright.
-pub fn write_png(path: &Path, values: &[f32], width: usize, height: usize, colormap: Colormap) -> Result<(), Error> {
-    let (lo, hi) = values.iter().filter(|v| v.is_finite()).fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+pub fn write_png(
+    path: &Path,
+    values: &[f32],
+    width: usize,
+    height: usize,
+    colormap: Colormap,
+) -> Result<(), Error> {
+    let (lo, hi) = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
     let span = if hi > lo { hi - lo } else { 1.0 };
-    let level = |v: f32| if v.is_finite() { 1.0 - ((v - lo) / span).clamp(0.0, 1.0) } else { 0.0 };
+    let level = |v: f32| {
+        if v.is_finite() {
+            1.0 - ((v - lo) / span).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
     let mut rgb = Vec::with_capacity(width * height * 3);
     for &v in values {
         let x = level(v);
@@ -142,8 +200,16 @@ pub fn write_png(path: &Path, values: &[f32], width: usize, height: usize, color
     }
     let mut encoded = Vec::new();
     image::codecs::png::PngEncoder::new(&mut encoded)
-        .write_image(&rgb, width as u32, height as u32, image::ExtendedColorType::Rgb8)
-        .map_err(|e| Error::Output { path: path.to_path_buf(), source: std::io::Error::other(e) })?;
+        .write_image(
+            &rgb,
+            width as u32,
+            height as u32,
+            image::ExtendedColorType::Rgb8,
+        )
+        .map_err(|e| Error::Output {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
     write_atomically(path, |w| w.write_all(&encoded))
 }
 
@@ -152,8 +218,14 @@ use image::ImageEncoder;
 /// Google's Turbo colormap, polynomial approximation (Mikhailov 2019).
 fn turbo(x: f32) -> [u8; 3] {
     let x = x.clamp(0.0, 1.0) as f64;
-    let r = 0.13572138 + x * (4.61539260 + x * (-42.66032258 + x * (132.13108234 + x * (-152.94239396 + x * 59.28637943))));
-    let g = 0.09140261 + x * (2.19418839 + x * (4.84296658 + x * (-14.18503333 + x * (4.27729857 + x * 2.82956604))));
-    let b = 0.10667330 + x * (12.64194608 + x * (-60.58204836 + x * (110.36276771 + x * (-89.90310912 + x * 27.34824973))));
+    let r = 0.13572138
+        + x * (4.61539260
+            + x * (-42.66032258 + x * (132.13108234 + x * (-152.94239396 + x * 59.28637943))));
+    let g = 0.09140261
+        + x * (2.19418839
+            + x * (4.84296658 + x * (-14.18503333 + x * (4.27729857 + x * 2.82956604))));
+    let b = 0.10667330
+        + x * (12.64194608
+            + x * (-60.58204836 + x * (110.36276771 + x * (-89.90310912 + x * 27.34824973))));
     [r, g, b].map(|c| (c.clamp(0.0, 1.0) * 255.0).round() as u8)
 }

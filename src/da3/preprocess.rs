@@ -1044,7 +1044,7 @@ pub fn uv_embedding_with_aspect(
     if width == 0 || height == 0 {
         return Err(PreprocessError::EmptyImage { width, height });
     }
-    if channels == 0 || channels % 4 != 0 {
+    if channels == 0 || !channels.is_multiple_of(4) {
         return Err(PreprocessError::UvChannels { channels });
     }
     if !(aspect_ratio.is_finite() && aspect_ratio > 0.0) {
@@ -1092,7 +1092,7 @@ pub fn uv_embedding_with_aspect(
             }
         } else {
             for &p in &v {
-                out.extend(std::iter::repeat(f(p * w)).take(width));
+                out.extend(std::iter::repeat_n(f(p * w), width));
             }
         }
     }

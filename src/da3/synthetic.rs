@@ -4,7 +4,9 @@
 
 /// FNV-1a, 64 bit.
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -32,7 +34,15 @@ pub fn rule(key: &str, shape: &[usize]) -> (f64, f64) {
     if key.ends_with(".bias") {
         return (0.0, 0.1);
     }
-    let token = ["cls_token", "camera_token", "pos_embed", "mask_token", "register_tokens"].iter().any(|s| key.ends_with(s));
+    let token = [
+        "cls_token",
+        "camera_token",
+        "pos_embed",
+        "mask_token",
+        "register_tokens",
+    ]
+    .iter()
+    .any(|s| key.ends_with(s));
     if shape.len() < 2 || token {
         return (0.0, 0.5);
     }
@@ -46,7 +56,9 @@ pub fn weight_values(key: &str, shape: &[usize]) -> Vec<f32> {
     let (center, scale) = rule(key, shape);
     let h = fnv1a64(key.as_bytes());
     let n: usize = shape.iter().product();
-    (0..n as u64).map(|i| (center + scale * uniform_pm1(h, i)) as f32).collect()
+    (0..n as u64)
+        .map(|i| (center + scale * uniform_pm1(h, i)) as f32)
+        .collect()
 }
 
 /// The synthetic test image: interleaved RGB, rows top to bottom.
@@ -63,5 +75,9 @@ pub fn image(width: usize, height: usize) -> super::preprocess::RgbImage8 {
             }
         }
     }
-    super::preprocess::RgbImage8 { width, height, data }
+    super::preprocess::RgbImage8 {
+        width,
+        height,
+        data,
+    }
 }

@@ -26,7 +26,10 @@ struct Pending {
 enum Source<'f> {
     File(&'f GgufFile),
     /// No file: only record what the architecture declares (for writing files).
-    Recording { config: Config, declared: Vec<(String, Vec<usize>)> },
+    Recording {
+        config: Box<Config>,
+        declared: Vec<(String, Vec<usize>)>,
+    },
 }
 
 /// Declares the tensors a model needs, then moves their data onto a device.
@@ -65,17 +68,32 @@ impl<'f> Loader<'f> {
         let host_ctx = if host_names.is_empty() {
             None
         } else {
-            let bytes: u64 = file.tensors().iter().filter(|t| host_names.contains(&t.name)).map(|t| t.n_elements() * 4 + 1024).sum();
+            let bytes: u64 = file
+                .tensors()
+                .iter()
+                .filter(|t| host_names.contains(&t.name))
+                .map(|t| t.n_elements() * 4 + 1024)
+                .sum();
             Some(Context::host(bytes as usize + 4096)?)
         };
-        Ok(Loader { source: Source::File(file), device_ctx, host_ctx, host_names, used: HashSet::new(), pending: Vec::new() })
+        Ok(Loader {
+            source: Source::File(file),
+            device_ctx,
+            host_ctx,
+            host_names,
+            used: HashSet::new(),
+            pending: Vec::new(),
+        })
     }
 
     /// A loader that reads nothing and records the tensors (name, PyTorch shape) that the
     /// architecture of `config` declares: the layout a file for it must have.
     pub fn recording(config: &Config) -> Result<Self, Error> {
         Ok(Loader {
-            source: Source::Recording { config: config.clone(), declared: Vec::new() },
+            source: Source::Recording {
+                config: Box::new(config.clone()),
+                declared: Vec::new(),
+            },
             device_ctx: Context::metadata_with_graph(1 << 14, 1)?,
             host_ctx: None,
             host_names: HashSet::new(),
@@ -88,7 +106,16 @@ impl<'f> Loader<'f> {
     pub fn into_declared(self) -> Vec<(String, Vec<usize>)> {
         match self.source {
             Source::Recording { declared, .. } => declared,
-            Source::File(_) => self.pending.into_iter().map(|p| (p.name, p.tensor.ne().iter().rev().map(|&d| d as usize).collect())).collect(),
+            Source::File(_) => self
+                .pending
+                .into_iter()
+                .map(|p| {
+                    (
+                        p.name,
+                        p.tensor.ne().iter().rev().map(|&d| d as usize).collect(),
+                    )
+                })
+                .collect(),
         }
     }
 
@@ -100,8 +127,11 @@ impl<'f> Loader<'f> {
     }
 
     fn info(&self, name: &str) -> Result<&'f TensorInfo, Error> {
-        let file = self.file().ok_or_else(|| Error::Weights(format!("tensor `{name}`: a recording loader has no file")))?;
-        file.tensor(name).ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing from the file")))
+        let file = self.file().ok_or_else(|| {
+            Error::Weights(format!("tensor `{name}`: a recording loader has no file"))
+        })?;
+        file.tensor(name)
+            .ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing from the file")))
     }
 
     /// Declares tensor `name` with PyTorch shape `shape` (outermost first, as the official code
@@ -116,7 +146,9 @@ impl<'f> Loader<'f> {
         let expected: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         if pad4(&expected) != pad4(info.shape()) {
             let got: Vec<u64> = info.shape().iter().rev().copied().collect();
-            return Err(Error::Weights(format!("tensor `{name}` has shape {got:?}, the architecture expects {shape:?}")));
+            return Err(Error::Weights(format!(
+                "tensor `{name}` has shape {got:?}, the architecture expects {shape:?}"
+            )));
         }
         if !self.used.insert(name.to_owned()) {
             return Err(Error::Weights(format!("tensor `{name}` declared twice")));
@@ -126,28 +158,25 @@ impl<'f> Loader<'f> {
             (Role::F32, DType::F16 | DType::BF16) => (DType::F32, true),
             (Role::Matmul, dtype) if dtype_supported_for_matmul(dtype) => (dtype, false),
             (_, dtype) => {
-                return Err(Error::Weights(format!("tensor `{name}` is stored as {dtype}, which this model cannot use for it")));
+                return Err(Error::Weights(format!(
+                    "tensor `{name}` is stored as {dtype}, which this model cannot use for it"
+                )));
             }
         };
         let ne: Vec<i64> = expected.iter().map(|&d| d as i64).collect();
         let host = self.host_names.contains(name);
-        let ctx = if host { self.host_ctx.as_ref().expect("created with host names") } else { &self.device_ctx };
-        let tensor = ctx.new_tensor(dtype, &ne)?.named(name);
-        self.pending.push(Pending { tensor: tensor.clone(), name: name.to_owned(), convert });
-        Ok(tensor)
-    }
-
-    /// Declares a tensor that may be absent.
-    pub fn optional(&mut self, name: &str, shape: &[usize], role: Role) -> Result<Option<Tensor>, Error> {
-        let present = match &self.source {
-            Source::File(f) => f.tensor(name).is_some(),
-            Source::Recording { .. } => true,
-        };
-        if present {
-            self.tensor(name, shape, role).map(Some)
+        let ctx = if host {
+            self.host_ctx.as_ref().expect("created with host names")
         } else {
-            Ok(None)
-        }
+            &self.device_ctx
+        };
+        let tensor = ctx.new_tensor(dtype, &ne)?.named(name);
+        self.pending.push(Pending {
+            tensor: tensor.clone(),
+            name: name.to_owned(),
+            convert,
+        });
+        Ok(tensor)
     }
 
     /// The PyTorch shape of a file tensor (for deriving sizes the metadata gets wrong).
@@ -155,12 +184,27 @@ impl<'f> Loader<'f> {
         if let Source::Recording { config, .. } = &self.source {
             let e = config.vit.embed_dim;
             return match name {
-                "vit.pos_embed" => Ok(vec![1, config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1, e]),
-                "cam.bb0.weight" => config.cam_dim.map(|d| vec![d, d]).ok_or_else(|| Error::Weights("no camera decoder".into())),
-                other => Err(Error::Weights(format!("a recording loader cannot tell the shape of `{other}`"))),
+                "vit.pos_embed" => Ok(vec![
+                    1,
+                    config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1,
+                    e,
+                ]),
+                "cam.bb0.weight" => config
+                    .cam_dim
+                    .map(|d| vec![d, d])
+                    .ok_or_else(|| Error::Weights("no camera decoder".into())),
+                other => Err(Error::Weights(format!(
+                    "a recording loader cannot tell the shape of `{other}`"
+                ))),
             };
         }
-        Ok(self.info(name)?.shape().iter().rev().map(|&d| d as usize).collect())
+        Ok(self
+            .info(name)?
+            .shape()
+            .iter()
+            .rev()
+            .map(|&d| d as usize)
+            .collect())
     }
 
     /// Reads a tensor as f32 on the host (for host-side preprocessing such as the
@@ -175,59 +219,104 @@ impl<'f> Loader<'f> {
     /// Allocates the declared tensors on `backend` and copies their data there.
     pub fn finish(self, backend: &Backend) -> Result<LoadedWeights, Error> {
         let Some(file) = self.file() else {
-            return Err(Error::Weights("a recording loader has no data to load".into()));
+            return Err(Error::Weights(
+                "a recording loader has no data to load".into(),
+            ));
         };
         let device_bytes = self.device_ctx.allocate_on(backend, BufferUsage::Weights)?;
         for p in &self.pending {
             let info = file.tensor(&p.name).expect("checked when declared");
             let data = file.tensor_data(info)?;
-            let ctx = if self.host_names.contains(&p.name) { self.host_ctx.as_ref().expect("host ctx") } else { &self.device_ctx };
+            let ctx = if self.host_names.contains(&p.name) {
+                self.host_ctx.as_ref().expect("host ctx")
+            } else {
+                &self.device_ctx
+            };
             if p.convert {
                 ctx.write(&p.tensor, &to_f32(&p.name, info.dtype, data)?)?;
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
             }
         }
-        let mut unused: Vec<String> = file.tensors().iter().map(|t| t.name.clone()).filter(|n| !self.used.contains(n)).collect();
+        let mut unused: Vec<String> = file
+            .tensors()
+            .iter()
+            .map(|t| t.name.clone())
+            .filter(|n| !self.used.contains(n))
+            .collect();
         unused.sort();
-        Ok(LoadedWeights { device_ctx: self.device_ctx, host_ctx: self.host_ctx, device_bytes, unused })
+        Ok(LoadedWeights {
+            device_ctx: self.device_ctx,
+            host_ctx: self.host_ctx,
+            device_bytes,
+            unused,
+        })
     }
 }
 
 fn dtype_supported_for_matmul(dtype: DType) -> bool {
-    matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K)
+    matches!(
+        dtype,
+        DType::F32
+            | DType::F16
+            | DType::BF16
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q2_K
+            | DType::Q3_K
+            | DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+    )
 }
 
 /// Converts little-endian f32/f16/bf16 bytes to f32 values.
 pub fn to_f32(name: &str, dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, Error> {
     Ok(match dtype {
-        DType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-        DType::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        DType::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        other => return Err(Error::Weights(format!("tensor `{name}` is stored as {other}; expected f32, f16 or bf16"))),
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` is stored as {other}; expected f32, f16 or bf16"
+            )))
+        }
     })
 }
 
-/// `y = x W^T + b` with W stored as PyTorch (out, in).
+/// `y = x W^T + b` with W stored as PyTorch (out, in). Every linear layer of DA3 has a bias.
 pub struct Linear {
     pub weight: Tensor,
-    pub bias: Option<Tensor>,
+    pub bias: Tensor,
 }
 
 impl Linear {
-    pub fn load(l: &mut Loader<'_>, prefix: &str, n_in: usize, n_out: usize) -> Result<Self, Error> {
+    pub fn load(
+        l: &mut Loader<'_>,
+        prefix: &str,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<Self, Error> {
         Ok(Linear {
             weight: l.tensor(&format!("{prefix}.weight"), &[n_out, n_in], Role::Matmul)?,
-            bias: l.optional(&format!("{prefix}.bias"), &[n_out], Role::F32)?,
+            bias: l.tensor(&format!("{prefix}.bias"), &[n_out], Role::F32)?,
         })
     }
     /// `x`: [n_in, T] -> [n_out, T].
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        let y = g.mul_mat(&self.weight, x)?;
-        Ok(match &self.bias {
-            Some(b) => g.add(&y, b)?,
-            None => y,
-        })
+        Ok(g.add(&g.mul_mat(&self.weight, x)?, &self.bias)?)
     }
 }
 
@@ -261,14 +350,42 @@ pub struct Conv {
 
 impl Conv {
     #[allow(clippy::too_many_arguments)]
-    pub fn load(l: &mut Loader<'_>, prefix: &str, n_in: usize, n_out: usize, kernel: usize, stride: i32, padding: i32, bias: bool) -> Result<Self, Error> {
-        let weight = l.tensor(&format!("{prefix}.weight"), &[n_out, n_in, kernel, kernel], Role::F32)?;
-        let bias = if bias { Some(l.tensor(&format!("{prefix}.bias"), &[n_out], Role::F32)?) } else { None };
-        Ok(Conv { weight, bias, stride, padding })
+    pub fn load(
+        l: &mut Loader<'_>,
+        prefix: &str,
+        n_in: usize,
+        n_out: usize,
+        kernel: usize,
+        stride: i32,
+        padding: i32,
+        bias: bool,
+    ) -> Result<Self, Error> {
+        let weight = l.tensor(
+            &format!("{prefix}.weight"),
+            &[n_out, n_in, kernel, kernel],
+            Role::F32,
+        )?;
+        let bias = if bias {
+            Some(l.tensor(&format!("{prefix}.bias"), &[n_out], Role::F32)?)
+        } else {
+            None
+        };
+        Ok(Conv {
+            weight,
+            bias,
+            stride,
+            padding,
+        })
     }
     /// `x`: a map [W, H, C_in, 1] -> [W', H', C_out, 1].
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        let y = g.conv_2d(&self.weight, x, (self.stride, self.stride), (self.padding, self.padding), (1, 1))?;
+        let y = g.conv_2d(
+            &self.weight,
+            x,
+            (self.stride, self.stride),
+            (self.padding, self.padding),
+            (1, 1),
+        )?;
         add_channel_bias(g, &y, self.bias.as_ref())
     }
 }
@@ -281,9 +398,19 @@ pub struct ConvTranspose {
 }
 
 impl ConvTranspose {
-    pub fn load(l: &mut Loader<'_>, prefix: &str, n_in: usize, n_out: usize, kernel: usize) -> Result<Self, Error> {
+    pub fn load(
+        l: &mut Loader<'_>,
+        prefix: &str,
+        n_in: usize,
+        n_out: usize,
+        kernel: usize,
+    ) -> Result<Self, Error> {
         Ok(ConvTranspose {
-            weight: l.tensor(&format!("{prefix}.weight"), &[n_in, n_out, kernel, kernel], Role::F32)?,
+            weight: l.tensor(
+                &format!("{prefix}.weight"),
+                &[n_in, n_out, kernel, kernel],
+                Role::F32,
+            )?,
             bias: l.tensor(&format!("{prefix}.bias"), &[n_out], Role::F32)?,
             stride: kernel as i32,
         })

@@ -20,7 +20,9 @@ impl Gallocr {
     pub fn new(buffer_type: BufferType) -> Result<Gallocr> {
         // SAFETY: registry buffer type; NULL on failure.
         let raw = unsafe { sys::ggml_gallocr_new(buffer_type.as_ptr()) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: format!("a graph allocator for {}", buffer_type.name()) })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation {
+            what: format!("a graph allocator for {}", buffer_type.name()),
+        })?;
         Ok(Gallocr { raw, buffer_type })
     }
     /// An allocator for `backend`'s own memory.
@@ -36,7 +38,10 @@ impl Gallocr {
         if unsafe { sys::ggml_gallocr_reserve(self.raw.as_ptr(), graph.as_ptr()) } {
             Ok(())
         } else {
-            Err(Error::Allocation { backend: self.buffer_type.name(), reason: "reserve failed".into() })
+            Err(Error::Allocation {
+                backend: self.buffer_type.name(),
+                reason: "reserve failed".into(),
+            })
         }
     }
     /// Bytes held by the allocator's buffer.
@@ -60,10 +65,18 @@ impl Gallocr {
         // SAFETY: live allocator and graph; returns false (no abort) when a buffer cannot be
         // allocated.
         if unsafe { sys::ggml_gallocr_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
-            Ok(Allocation { graph, buffer_type: self.buffer_type, placed: Placed(placed), _allocator: std::marker::PhantomData })
+            Ok(Allocation {
+                graph,
+                buffer_type: self.buffer_type,
+                _placed: Placed(placed),
+                _allocator: std::marker::PhantomData,
+            })
         } else {
             Placed(placed).release();
-            Err(Error::Allocation { backend: self.buffer_type.name(), reason: "ggml_gallocr_alloc_graph failed".into() })
+            Err(Error::Allocation {
+                backend: self.buffer_type.name(),
+                reason: "ggml_gallocr_alloc_graph failed".into(),
+            })
         }
     }
 }
@@ -79,7 +92,7 @@ impl Drop for Gallocr {
 pub struct Allocation<'a> {
     graph: &'a Graph,
     buffer_type: BufferType,
-    placed: Placed,
+    _placed: Placed,
     _allocator: std::marker::PhantomData<&'a mut Gallocr>,
 }
 
@@ -111,7 +124,9 @@ pub(crate) fn check_member(graph: &Graph, tensor: &Tensor) -> Result<()> {
     if graph.contains(tensor) {
         Ok(())
     } else {
-        Err(Error::NotAllocated { operand: tensor.describe() })
+        Err(Error::NotAllocated {
+            operand: tensor.describe(),
+        })
     }
 }
 
@@ -135,7 +150,11 @@ impl Allocation<'_> {
         if !backend.supports_buffer_type(self.buffer_type) {
             return Err(Error::InvalidArgument {
                 op: "compute",
-                reason: format!("{} cannot read the allocator's {} memory", backend.name(), self.buffer_type.name()),
+                reason: format!(
+                    "{} cannot read the allocator's {} memory",
+                    backend.name(),
+                    self.buffer_type.name()
+                ),
             });
         }
         compute_on(backend, self.graph)
@@ -158,13 +177,25 @@ impl Allocation<'_> {
         // SAFETY: pure function of compile-time sizes.
         let per_graph = unsafe { sys::ggml_graph_overhead_custom(1, false) };
         // SAFETY: ggml allocates its own pool; freed below.
-        let scratch = unsafe { sys::ggml_init(sys::ggml_init_params { mem_size: per_graph * n + 1024, mem_buffer: std::ptr::null_mut(), no_alloc: true }) };
-        let scratch = NonNull::new(scratch).ok_or_else(|| Error::Creation { what: "a profiling context".into() })?;
+        let scratch = unsafe {
+            sys::ggml_init(sys::ggml_init_params {
+                mem_size: per_graph * n + 1024,
+                mem_buffer: std::ptr::null_mut(),
+                no_alloc: true,
+            })
+        };
+        let scratch = NonNull::new(scratch).ok_or_else(|| Error::Creation {
+            what: "a profiling context".into(),
+        })?;
         let mut times = Vec::with_capacity(n);
         let mut result = Ok(());
         for node in self.graph.nodes() {
             if !backend.supports_op(&node) {
-                result = Err(Error::UnsupportedOp { backend: backend.name(), op: node.op_name().into(), node: node.name() });
+                result = Err(Error::UnsupportedOp {
+                    backend: backend.name(),
+                    op: node.op_name().into(),
+                    node: node.name(),
+                });
                 break;
             }
             // SAFETY: the pool holds n one-node graphs; the node belongs to this allocated
@@ -174,11 +205,18 @@ impl Allocation<'_> {
                 sys::ggml_graph_add_node(single, node.raw().as_ptr());
                 let started = std::time::Instant::now();
                 let status = sys::ggml_backend_graph_compute(backend.as_ptr(), single);
-                times.push(NodeTime { name: node.name(), op: node.op_name(), seconds: started.elapsed().as_secs_f64() });
+                times.push(NodeTime {
+                    name: node.name(),
+                    op: node.op_name(),
+                    seconds: started.elapsed().as_secs_f64(),
+                });
                 status
             };
             if status != sys::GGML_STATUS_SUCCESS {
-                result = Err(Error::Compute { backend: backend.name(), status });
+                result = Err(Error::Compute {
+                    backend: backend.name(),
+                    status,
+                });
                 break;
             }
         }
@@ -190,13 +228,20 @@ impl Allocation<'_> {
 
 pub(crate) fn compute_on(backend: &Backend, graph: &Graph) -> Result<()> {
     if let Some(node) = graph.nodes().find(|n| !backend.supports_op(n)) {
-        return Err(Error::UnsupportedOp { backend: backend.name(), op: node.op_name().into(), node: node.name() });
+        return Err(Error::UnsupportedOp {
+            backend: backend.name(),
+            op: node.op_name().into(),
+            node: node.name(),
+        });
     }
     // SAFETY: live backend and allocated graph whose ops the backend supports.
     let status = unsafe { sys::ggml_backend_graph_compute(backend.as_ptr(), graph.as_ptr()) };
     if status == sys::GGML_STATUS_SUCCESS {
         Ok(())
     } else {
-        Err(Error::Compute { backend: backend.name(), status })
+        Err(Error::Compute {
+            backend: backend.name(),
+            status,
+        })
     }
 }

@@ -54,21 +54,30 @@ impl Device {
     pub fn all() -> Vec<Device> {
         // SAFETY: registry queries; indices below the count are valid.
         let count = unsafe { sys::ggml_backend_dev_count() };
-        (0..count).filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_dev_get(i) })).map(|raw| Device { raw }).collect()
+        (0..count)
+            .filter_map(|i| NonNull::new(unsafe { sys::ggml_backend_dev_get(i) }))
+            .map(|raw| Device { raw })
+            .collect()
     }
     /// The device named `name` (case-insensitive: "CPU", "CUDA0", "MTL0", "RPC0[...]").
     pub fn by_name(name: &str) -> Result<Device> {
-        Self::all().into_iter().find(|d| d.name().eq_ignore_ascii_case(name)).ok_or_else(|| Error::DeviceNotFound {
-            wanted: format!("named `{name}`"),
-            available: Self::available_names(),
-        })
+        Self::all()
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| Error::DeviceNotFound {
+                wanted: format!("named `{name}`"),
+                available: Self::available_names(),
+            })
     }
     /// The first device of a kind.
     pub fn by_kind(kind: DeviceKind) -> Result<Device> {
-        Self::all().into_iter().find(|d| d.kind() == kind).ok_or_else(|| Error::DeviceNotFound {
-            wanted: format!("of kind {kind:?}"),
-            available: Self::available_names(),
-        })
+        Self::all()
+            .into_iter()
+            .find(|d| d.kind() == kind)
+            .ok_or_else(|| Error::DeviceNotFound {
+                wanted: format!("of kind {kind:?}"),
+                available: Self::available_names(),
+            })
     }
     /// The CPU device.
     pub fn cpu() -> Device {
@@ -76,13 +85,21 @@ impl Device {
     }
     /// A GPU (discrete first, then integrated, then accelerators), else the CPU.
     pub fn best() -> Device {
-        [DeviceKind::Gpu, DeviceKind::IntegratedGpu, DeviceKind::Accelerator]
-            .into_iter()
-            .find_map(|k| Self::by_kind(k).ok())
-            .unwrap_or_else(Self::cpu)
+        [
+            DeviceKind::Gpu,
+            DeviceKind::IntegratedGpu,
+            DeviceKind::Accelerator,
+        ]
+        .into_iter()
+        .find_map(|k| Self::by_kind(k).ok())
+        .unwrap_or_else(Self::cpu)
     }
     fn available_names() -> String {
-        Self::all().iter().map(Device::name).collect::<Vec<_>>().join(", ")
+        Self::all()
+            .iter()
+            .map(Device::name)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
     pub fn name(&self) -> String {
         // SAFETY: live registry device.
@@ -124,10 +141,12 @@ impl Device {
     pub fn buffer_type(&self) -> Result<BufferType> {
         // SAFETY: live registry device.
         let raw = unsafe { sys::ggml_backend_dev_buffer_type(self.as_ptr()) };
-        NonNull::new(raw).map(BufferType::from_raw).ok_or_else(|| Error::BackendInit {
-            name: self.name(),
-            reason: "the device has no buffer type".into(),
-        })
+        NonNull::new(raw)
+            .map(BufferType::from_raw)
+            .ok_or_else(|| Error::BackendInit {
+                name: self.name(),
+                reason: "the device has no buffer type".into(),
+            })
     }
     /// Whether this device's kernels can read memory of `buffer_type`.
     pub fn supports_buffer_type(&self, buffer_type: BufferType) -> bool {
@@ -159,8 +178,13 @@ impl Backend {
     pub fn new(device: Device) -> Result<Backend> {
         // SAFETY: live registry device; NULL on failure.
         let raw = unsafe { sys::ggml_backend_dev_init(device.as_ptr(), std::ptr::null()) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::BackendInit { name: device.name(), reason: "ggml_backend_dev_init returned NULL".into() })?;
-        Ok(Backend { inner: Rc::new(BackendInner { raw, device }) })
+        let raw = NonNull::new(raw).ok_or_else(|| Error::BackendInit {
+            name: device.name(),
+            reason: "ggml_backend_dev_init returned NULL".into(),
+        })?;
+        Ok(Backend {
+            inner: Rc::new(BackendInner { raw, device }),
+        })
     }
     /// The CPU backend with `threads` threads (0: all cores).
     pub fn cpu(threads: usize) -> Result<Backend> {
@@ -190,7 +214,11 @@ impl Backend {
     }
     /// Sets the thread count of a CPU backend (0: all cores); no effect on other backends.
     pub fn set_threads(&self, threads: usize) {
-        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let threads = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
         if self.is_cpu() {
             // SAFETY: a live CPU backend (checked), which is what this call requires.
             unsafe { sys::ggml_backend_cpu_set_n_threads(self.as_ptr(), threads as i32) };
@@ -238,5 +266,8 @@ pub fn ggml_version() -> String {
 }
 
 pub(crate) fn cstring(what: &str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::InvalidArgument { op: "ffi", reason: format!("{what} contains a NUL byte") })
+    CString::new(s).map_err(|_| Error::InvalidArgument {
+        op: "ffi",
+        reason: format!("{what} contains a NUL byte"),
+    })
 }

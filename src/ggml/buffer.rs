@@ -51,7 +51,11 @@ impl BufferType {
     /// "CPU", "CUDA0", "MTL0", "RPC0[127.0.0.1:50052]", ...
     pub fn name(&self) -> String {
         // SAFETY: registry-owned buffer type; the name is a static or type-owned C string.
-        unsafe { CStr::from_ptr(sys::ggml_backend_buft_name(self.as_ptr())).to_string_lossy().into_owned() }
+        unsafe {
+            CStr::from_ptr(sys::ggml_backend_buft_name(self.as_ptr()))
+                .to_string_lossy()
+                .into_owned()
+        }
     }
     /// Whether the CPU can read this memory directly.
     pub fn is_host(&self) -> bool {
@@ -62,7 +66,9 @@ impl BufferType {
     pub fn cpu() -> Self {
         // SAFETY: returns a static buffer type.
         let raw = unsafe { sys::ggml_backend_cpu_buffer_type() };
-        BufferType { raw: NonNull::new(raw).expect("the CPU buffer type is static") }
+        BufferType {
+            raw: NonNull::new(raw).expect("the CPU buffer type is static"),
+        }
     }
 }
 
@@ -99,7 +105,10 @@ pub struct BufferRef<'a> {
 
 impl BufferRef<'_> {
     pub(crate) fn new(raw: NonNull<sys::ggml_backend_buffer>) -> Self {
-        BufferRef { raw, _borrow: PhantomData }
+        BufferRef {
+            raw,
+            _borrow: PhantomData,
+        }
     }
     pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend_buffer {
         self.raw.as_ptr()
@@ -143,14 +152,24 @@ impl Context {
                 reason: "a host context already holds its tensors' data".to_owned(),
             });
         }
-        let pending: usize = self.tensors().iter().filter(|t| !t.has_data() && t.view_source().is_none()).map(|t| t.nbytes()).sum();
+        let pending: usize = self
+            .tensors()
+            .iter()
+            .filter(|t| !t.has_data() && t.view_source().is_none())
+            .map(|t| t.nbytes())
+            .sum();
         if pending == 0 {
             return Ok(0);
         }
         // SAFETY: live metadata-only context and registry buffer type; ggml allocates every
         // tensor without data and returns NULL on failure.
-        let raw = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buffer_type.as_ptr()) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc { buffer_type: buffer_type.name(), bytes: pending })?;
+        let raw = unsafe {
+            sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buffer_type.as_ptr())
+        };
+        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc {
+            buffer_type: buffer_type.name(),
+            bytes: pending,
+        })?;
         // SAFETY: the buffer we just got.
         unsafe { sys::ggml_backend_buffer_set_usage(raw.as_ptr(), usage.raw()) };
         let size = BufferRef::new(raw).size();
@@ -171,11 +190,19 @@ impl Context {
         }
         // SAFETY: live host context; its pool is ggml-allocated with 64-byte alignment,
         // satisfying the CPU buffer's 32-byte alignment assertion.
-        let (base, size) = unsafe { (sys::ggml_get_mem_buffer(self.raw()), sys::ggml_get_mem_size(self.raw())) };
+        let (base, size) = unsafe {
+            (
+                sys::ggml_get_mem_buffer(self.raw()),
+                sys::ggml_get_mem_size(self.raw()),
+            )
+        };
         // SAFETY: (base, size) is the live pool; the wrapper owns nothing and is freed with
         // the context (attached below), never after the pool.
         let raw = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(base, size) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc { buffer_type: "CPU (host pool)".into(), bytes: size })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc {
+            buffer_type: "CPU (host pool)".into(),
+            bytes: size,
+        })?;
         // SAFETY: the buffer we just got.
         unsafe { sys::ggml_backend_buffer_set_usage(raw.as_ptr(), usage.raw()) };
         let mut wrapped = 0;
@@ -198,22 +225,34 @@ impl Context {
 
 fn check_transfer<T: Element>(tensor: &Tensor, len: usize) -> Result<()> {
     if !tensor.has_data() {
-        return Err(Error::NotAllocated { operand: tensor.describe() });
+        return Err(Error::NotAllocated {
+            operand: tensor.describe(),
+        });
     }
     if tensor.dtype() != T::DTYPE {
         return Err(Error::DataMismatch {
             operand: tensor.describe(),
-            reason: format!("host data is {}, the tensor is {}", T::DTYPE, tensor.dtype()),
+            reason: format!(
+                "host data is {}, the tensor is {}",
+                T::DTYPE,
+                tensor.dtype()
+            ),
         });
     }
     if len as i64 != tensor.nelements() {
         return Err(Error::DataMismatch {
             operand: tensor.describe(),
-            reason: format!("host data has {len} values, the tensor {}", tensor.nelements()),
+            reason: format!(
+                "host data has {len} values, the tensor {}",
+                tensor.nelements()
+            ),
         });
     }
     if !tensor.is_contiguous() {
-        return Err(Error::NotContiguous { op: "tensor data transfer", operand: tensor.describe() });
+        return Err(Error::NotContiguous {
+            op: "tensor data transfer",
+            operand: tensor.describe(),
+        });
     }
     Ok(())
 }
@@ -229,12 +268,18 @@ pub(crate) fn write_tensor<T: Element>(tensor: &Tensor, data: &[T]) -> Result<()
 
 pub(crate) fn write_tensor_bytes(tensor: &Tensor, bytes: &[u8]) -> Result<()> {
     if !tensor.has_data() {
-        return Err(Error::NotAllocated { operand: tensor.describe() });
+        return Err(Error::NotAllocated {
+            operand: tensor.describe(),
+        });
     }
     if bytes.len() != tensor.nbytes() || !tensor.is_contiguous() {
         return Err(Error::DataMismatch {
             operand: tensor.describe(),
-            reason: format!("{} bytes given for {} contiguous bytes", bytes.len(), tensor.nbytes()),
+            reason: format!(
+                "{} bytes given for {} contiguous bytes",
+                bytes.len(),
+                tensor.nbytes()
+            ),
         });
     }
     // SAFETY: sizes checked; `bytes` valid.
@@ -251,7 +296,11 @@ pub(crate) fn read_tensor<T: Element>(tensor: &Tensor) -> Result<Vec<T>> {
         if tensor.buffer().is_some() {
             sys::ggml_backend_tensor_get(tensor.as_ptr(), out.as_mut_ptr().cast(), 0, bytes);
         } else {
-            std::ptr::copy_nonoverlapping((*tensor.as_ptr()).data.cast::<u8>(), out.as_mut_ptr().cast::<u8>(), bytes);
+            std::ptr::copy_nonoverlapping(
+                (*tensor.as_ptr()).data.cast::<u8>(),
+                out.as_mut_ptr().cast::<u8>(),
+                bytes,
+            );
         }
     }
     Ok(out)
@@ -264,7 +313,11 @@ unsafe fn raw_set(tensor: &Tensor, src: *const std::ffi::c_void, bytes: usize) {
         sys::ggml_backend_tensor_set(tensor.as_ptr(), src, 0, bytes);
     } else {
         // A host-context tensor without a buffer: plain memory in the context's pool.
-        std::ptr::copy_nonoverlapping(src.cast::<u8>(), (*tensor.as_ptr()).data.cast::<u8>(), bytes);
+        std::ptr::copy_nonoverlapping(
+            src.cast::<u8>(),
+            (*tensor.as_ptr()).data.cast::<u8>(),
+            bytes,
+        );
     }
 }
 
@@ -272,14 +325,24 @@ impl Context {
     /// Copies `sources` (tensors with data: host memory or any backend's buffer) into new
     /// tensors of this metadata-only context, allocated in one `buffer_type` buffer. Returns
     /// the copies in order, named `<name>@<buffer type>`.
-    pub fn upload_copies(&self, sources: &[super::tensor::TensorRef<'_>], buffer_type: BufferType, usage: BufferUsage) -> Result<Vec<Tensor>> {
+    pub fn upload_copies(
+        &self,
+        sources: &[super::tensor::TensorRef<'_>],
+        buffer_type: BufferType,
+        usage: BufferUsage,
+    ) -> Result<Vec<Tensor>> {
         let mut copies = Vec::with_capacity(sources.len());
         for src in sources {
             if !src.has_data() {
-                return Err(Error::NotAllocated { operand: src.describe() });
+                return Err(Error::NotAllocated {
+                    operand: src.describe(),
+                });
             }
             if !src.is_contiguous() {
-                return Err(Error::NotContiguous { op: "upload_copies", operand: src.describe() });
+                return Err(Error::NotContiguous {
+                    op: "upload_copies",
+                    operand: src.describe(),
+                });
             }
             let copy = self.new_tensor(src.dtype(), src.shape().dims())?;
             copy.set_name(&format!("{}@{}", src.name(), buffer_type.name()));

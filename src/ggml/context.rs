@@ -46,17 +46,27 @@ impl ContextInner {
     /// Bytes of pool left, as ggml computes it for the next object.
     fn available(&self) -> (usize, usize) {
         // SAFETY: live context.
-        let (used, size) = unsafe { (sys::ggml_used_mem(self.raw()), sys::ggml_get_mem_size(self.raw())) };
+        let (used, size) = unsafe {
+            (
+                sys::ggml_used_mem(self.raw()),
+                sys::ggml_get_mem_size(self.raw()),
+            )
+        };
         (size.saturating_sub(used), size)
     }
     /// Fails instead of letting ggml abort when an object of `size` bytes does not fit.
     pub(crate) fn reserve(&self, size: usize) -> Result<()> {
         // SAFETY: ggml_tensor_overhead is a pure function of compile-time sizes.
-        let object_header = unsafe { sys::ggml_tensor_overhead() } - std::mem::size_of::<sys::ggml_tensor>();
+        let object_header =
+            unsafe { sys::ggml_tensor_overhead() } - std::mem::size_of::<sys::ggml_tensor>();
         let needed = size.div_ceil(MEM_ALIGN) * MEM_ALIGN + object_header;
         let (available, capacity) = self.available();
         if needed > available {
-            return Err(Error::ContextFull { needed, available, capacity });
+            return Err(Error::ContextFull {
+                needed,
+                available,
+                capacity,
+            });
         }
         Ok(())
     }
@@ -91,10 +101,16 @@ pub struct Context {
 
 impl Context {
     fn init(mem_size: usize, no_alloc: bool) -> Result<Self> {
-        let params = sys::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc };
+        let params = sys::ggml_init_params {
+            mem_size,
+            mem_buffer: std::ptr::null_mut(),
+            no_alloc,
+        };
         // SAFETY: ggml allocates (and later frees) its own pool of `mem_size` bytes.
         let raw = unsafe { sys::ggml_init(params) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: format!("a context of {mem_size} bytes") })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation {
+            what: format!("a context of {mem_size} bytes"),
+        })?;
         Ok(Context {
             inner: Rc::new(ContextInner {
                 raw,
@@ -118,7 +134,8 @@ impl Context {
     pub fn metadata_with_graph(max_tensors: usize, graph_size: usize) -> Result<Self> {
         // SAFETY: pure functions of compile-time sizes.
         let size = unsafe {
-            max_tensors * sys::ggml_tensor_overhead() + sys::ggml_graph_overhead_custom(graph_size, false)
+            max_tensors * sys::ggml_tensor_overhead()
+                + sys::ggml_graph_overhead_custom(graph_size, false)
         };
         Self::init(size, true)
     }
@@ -144,11 +161,18 @@ impl Context {
     /// Bytes used and total in the pool.
     pub fn memory(&self) -> (usize, usize) {
         // SAFETY: live context.
-        unsafe { (sys::ggml_used_mem(self.raw()), sys::ggml_get_mem_size(self.raw())) }
+        unsafe {
+            (
+                sys::ggml_used_mem(self.raw()),
+                sys::ggml_get_mem_size(self.raw()),
+            )
+        }
     }
 
     pub(crate) fn wrap(&self, raw: *mut sys::ggml_tensor, what: &str) -> Result<Tensor> {
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: what.to_owned() })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation {
+            what: what.to_owned(),
+        })?;
         Ok(Tensor::from_raw(raw, self.inner.clone()))
     }
 
@@ -160,9 +184,16 @@ impl Context {
     /// A new tensor with `ne` in ggml order (innermost first), 1 to 4 dims, each at least 1.
     pub fn new_tensor(&self, dtype: DType, ne: &[i64]) -> Result<Tensor> {
         let op = "new_tensor";
-        let invalid = |reason: String| Error::InvalidShape { op, ne: ne.to_vec(), reason };
+        let invalid = |reason: String| Error::InvalidShape {
+            op,
+            ne: ne.to_vec(),
+            reason,
+        };
         if ne.is_empty() || ne.len() > 4 {
-            return Err(invalid(format!("{} dims; ggml tensors have 1 to 4", ne.len())));
+            return Err(invalid(format!(
+                "{} dims; ggml tensors have 1 to 4",
+                ne.len()
+            )));
         }
         if let Some(d) = ne.iter().find(|&&d| d < 1) {
             return Err(invalid(format!("dimension {d} is not positive")));
@@ -178,15 +209,22 @@ impl Context {
                 ne4[0]
             )));
         }
-        let count_fits = ne4.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).is_some_and(|n| n <= i64::MAX as u64);
-        let data_size = dtype.nbytes(ne4).filter(|&n| n <= isize::MAX as u64 && count_fits);
+        let count_fits = ne4
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .is_some_and(|n| n <= i64::MAX as u64);
+        let data_size = dtype
+            .nbytes(ne4)
+            .filter(|&n| n <= isize::MAX as u64 && count_fits);
         let data_size = data_size.ok_or_else(|| invalid("size overflows".to_owned()))? as usize;
         let data = if self.inner.no_alloc { 0 } else { data_size };
-        self.inner.reserve(std::mem::size_of::<sys::ggml_tensor>() + data)?;
+        self.inner
+            .reserve(std::mem::size_of::<sys::ggml_tensor>() + data)?;
         let ne64: Vec<i64> = ne.to_vec();
         // SAFETY: type id valid (from DType), 1..=4 positive dims whose product and byte size
         // fit, and the pool has room for the object (checked above): no GGML_ASSERT can fire.
-        let raw = unsafe { sys::ggml_new_tensor(self.raw(), dtype.id(), ne.len() as i32, ne64.as_ptr()) };
+        let raw =
+            unsafe { sys::ggml_new_tensor(self.raw(), dtype.id(), ne.len() as i32, ne64.as_ptr()) };
         self.wrap(raw, "a tensor")
     }
 
@@ -240,7 +278,9 @@ impl Context {
         if owned {
             Ok(())
         } else {
-            Err(Error::NotAllocated { operand: tensor.describe() })
+            Err(Error::NotAllocated {
+                operand: tensor.describe(),
+            })
         }
     }
 }

@@ -27,17 +27,23 @@ impl Context {
     /// A graph for up to `capacity` nodes (and as many leafs) in this context's pool.
     pub fn new_graph(&self, capacity: usize) -> Result<Graph> {
         if capacity == 0 {
-            return Err(Error::InvalidArgument { op: "new_graph", reason: "capacity 0".into() });
+            return Err(Error::InvalidArgument {
+                op: "new_graph",
+                reason: "capacity 0".into(),
+            });
         }
         // The graph object without ggml's object header (which `reserve` adds back); added
         // before subtracting, as a small graph's overhead is less than a tensor's.
         // SAFETY: pure function of its arguments.
-        let bytes = unsafe { sys::ggml_graph_overhead_custom(capacity, false) } + std::mem::size_of::<sys::ggml_tensor>()
+        let bytes = unsafe { sys::ggml_graph_overhead_custom(capacity, false) }
+            + std::mem::size_of::<sys::ggml_tensor>()
             - unsafe { sys::ggml_tensor_overhead() };
         self.inner().reserve(bytes)?;
         // SAFETY: live context with room for the graph object (checked above).
         let raw = unsafe { sys::ggml_new_graph_custom(self.raw(), capacity, false) };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: format!("a graph of {capacity} nodes") })?;
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation {
+            what: format!("a graph of {capacity} nodes"),
+        })?;
         Ok(Graph {
             raw,
             capacity,
@@ -59,13 +65,22 @@ impl Graph {
         if tensor.is_leaf_op() && !self.contains(tensor) {
             return Err(Error::InvalidArgument {
                 op: "graph expand",
-                reason: format!("`{}` is computed by no op; expand the graph from an op's result", tensor.name()),
+                reason: format!(
+                    "`{}` is computed by no op; expand the graph from an op's result",
+                    tensor.name()
+                ),
             });
         }
         let (new, nodes, new_leafs) = self.unvisited(tensor);
-        let (total_nodes, total_leafs) = (self.n_nodes.get() + nodes, self.n_leafs() + new_leafs.len());
+        let (total_nodes, total_leafs) =
+            (self.n_nodes.get() + nodes, self.n_leafs() + new_leafs.len());
         if total_nodes > self.capacity || total_leafs > self.capacity {
-            return Err(Error::GraphFull { tensor: tensor.name(), nodes: total_nodes, leafs: total_leafs, capacity: self.capacity });
+            return Err(Error::GraphFull {
+                tensor: tensor.name(),
+                nodes: total_nodes,
+                leafs: total_leafs,
+                capacity: self.capacity,
+            });
         }
         // SAFETY: live graph and tensor; the graph can hold every new node and leaf and its
         // hash set is sized for 2x capacity (checked above), so no GGML_ASSERT fires.
@@ -129,19 +144,34 @@ impl Graph {
     }
     /// Leafs: tensors no op of the graph computes (weights, inputs, constants).
     pub fn leafs(&self) -> Vec<TensorRef<'_>> {
-        self.leafs.borrow().iter().map(|&l| TensorRef::new(l)).collect()
+        self.leafs
+            .borrow()
+            .iter()
+            .map(|&l| TensorRef::new(l))
+            .collect()
     }
     /// A node or leaf by name.
     pub fn get(&self, name: &str) -> Option<TensorRef<'_>> {
         let c_name = std::ffi::CString::new(name).ok()?;
         // SAFETY: live graph, NUL-terminated name.
-        NonNull::new(unsafe { sys::ggml_graph_get_tensor(self.as_ptr(), c_name.as_ptr()) }).map(TensorRef::new)
+        NonNull::new(unsafe { sys::ggml_graph_get_tensor(self.as_ptr(), c_name.as_ptr()) })
+            .map(TensorRef::new)
     }
 
     /// Tensors of the graph without memory (an allocator will place them).
     pub(crate) fn unallocated_tensors(&self) -> Vec<NonNull<sys::ggml_tensor>> {
-        let mut out: Vec<_> = self.nodes().filter(|t| !t.has_data()).map(|t| t.raw()).collect();
-        out.extend(self.leafs.borrow().iter().copied().filter(|t| !TensorRef::new(*t).has_data()));
+        let mut out: Vec<_> = self
+            .nodes()
+            .filter(|t| !t.has_data())
+            .map(|t| t.raw())
+            .collect();
+        out.extend(
+            self.leafs
+                .borrow()
+                .iter()
+                .copied()
+                .filter(|t| !TensorRef::new(*t).has_data()),
+        );
         out
     }
 
@@ -167,7 +197,12 @@ impl Graph {
         let mut wrapped = 0;
         for ctx in self.reachable_contexts() {
             let ctx = Context::from_inner(ctx);
-            if !ctx.is_metadata_only() && ctx.tensors().iter().any(|t| t.buffer().is_none() && t.has_data()) {
+            if !ctx.is_metadata_only()
+                && ctx
+                    .tensors()
+                    .iter()
+                    .any(|t| t.buffer().is_none() && t.has_data())
+            {
                 wrapped += ctx.wrap_host_memory(usage)?;
             }
         }
@@ -176,25 +211,48 @@ impl Graph {
 
     /// Makes `node` read `replacement` instead of its source in `slot` (same type and shape),
     /// and keeps the replacement's context alive with the graph.
-    pub fn replace_source(&self, node: &TensorRef<'_>, slot: usize, replacement: &Tensor) -> Result<()> {
+    pub fn replace_source(
+        &self,
+        node: &TensorRef<'_>,
+        slot: usize,
+        replacement: &Tensor,
+    ) -> Result<()> {
         let op = "replace_source";
         if !self.contains(node) || slot >= sys::GGML_MAX_SRC as usize {
-            return Err(Error::InvalidArgument { op, reason: format!("`{}` slot {slot} is not a source of this graph", node.name()) });
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!(
+                    "`{}` slot {slot} is not a source of this graph",
+                    node.name()
+                ),
+            });
         }
         // SAFETY: a live node of this graph (checked); reading its source array.
         let current = unsafe { (*node.raw().as_ptr()).src[slot] };
         let Some(current) = NonNull::new(current).map(TensorRef::new) else {
-            return Err(Error::InvalidArgument { op, reason: format!("`{}` has no source {slot}", node.name()) });
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!("`{}` has no source {slot}", node.name()),
+            });
         };
-        if current.dtype() != replacement.dtype() || current.ne() != replacement.ne() || !replacement.is_contiguous() {
+        if current.dtype() != replacement.dtype()
+            || current.ne() != replacement.ne()
+            || !replacement.is_contiguous()
+        {
             return Err(Error::ShapeMismatch {
                 op,
-                reason: "the replacement must be a contiguous tensor of the same type and shape".into(),
+                reason: "the replacement must be a contiguous tensor of the same type and shape"
+                    .into(),
                 operands: vec![current.describe(), replacement.describe()],
             });
         }
         if !self.contains(replacement) && self.n_leafs() + 1 > self.capacity {
-            return Err(Error::GraphFull { tensor: replacement.name(), nodes: self.n_nodes(), leafs: self.n_leafs() + 1, capacity: self.capacity });
+            return Err(Error::GraphFull {
+                tensor: replacement.name(),
+                nodes: self.n_nodes(),
+                leafs: self.n_leafs() + 1,
+                capacity: self.capacity,
+            });
         }
         // SAFETY: same type and shape (checked); the replacement stays alive with the graph
         // (its context is recorded below) and its memory is owned by that context.
@@ -212,14 +270,23 @@ impl Graph {
     /// Every node's source pointers, to undo the scheduler's rewiring (see [`SourceSnapshot`]).
     pub(crate) fn snapshot_sources(&self) -> SourceSnapshot {
         // SAFETY: live nodes of this graph; copying their source arrays.
-        SourceSnapshot(self.nodes().map(|n| (n.raw(), unsafe { (*n.raw().as_ptr()).src })).collect())
+        SourceSnapshot(
+            self.nodes()
+                .map(|n| (n.raw(), unsafe { (*n.raw().as_ptr()).src }))
+                .collect(),
+        )
     }
 }
 
 /// ggml's scheduler points graph nodes at its own copies of split inputs (`node->src[j] =
 /// copy`) and frees those copies at its next split, so a graph kept for reuse would hold
 /// dangling sources. The snapshot puts the original sources back when the allocation ends.
-pub(crate) struct SourceSnapshot(Vec<(NonNull<sys::ggml_tensor>, [*mut sys::ggml_tensor; sys::GGML_MAX_SRC as usize])>);
+pub(crate) struct SourceSnapshot(
+    Vec<(
+        NonNull<sys::ggml_tensor>,
+        [*mut sys::ggml_tensor; sys::GGML_MAX_SRC as usize],
+    )>,
+);
 
 impl Drop for SourceSnapshot {
     fn drop(&mut self) {

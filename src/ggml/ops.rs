@@ -13,9 +13,13 @@ use ggml_sys as sys;
 pub enum Interpolation {
     Nearest,
     /// Bilinear; `align_corners` as in PyTorch.
-    Bilinear { align_corners: bool },
+    Bilinear {
+        align_corners: bool,
+    },
     /// Bicubic (a = -0.75); `align_corners` as in PyTorch.
-    Bicubic { align_corners: bool },
+    Bicubic {
+        align_corners: bool,
+    },
 }
 
 /// Pooling kind for [`Context::pool_2d`].
@@ -39,14 +43,21 @@ fn describe(tensors: &[&Tensor]) -> Vec<Operand> {
 }
 
 fn mismatch(op: &'static str, reason: impl Into<String>, tensors: &[&Tensor]) -> Error {
-    Error::ShapeMismatch { op, reason: reason.into(), operands: describe(tensors) }
+    Error::ShapeMismatch {
+        op,
+        reason: reason.into(),
+        operands: describe(tensors),
+    }
 }
 
 fn require_contiguous(op: &'static str, t: &Tensor) -> Result<()> {
     if t.is_contiguous() {
         Ok(())
     } else {
-        Err(Error::NotContiguous { op, operand: t.describe() })
+        Err(Error::NotContiguous {
+            op,
+            operand: t.describe(),
+        })
     }
 }
 
@@ -54,8 +65,16 @@ fn require_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> 
     if allowed.contains(&t.dtype()) {
         return Ok(());
     }
-    let expected = allowed.iter().map(ToString::to_string).collect::<Vec<_>>().join(" or ");
-    Err(Error::DType { op, operand: t.describe(), got: t.dtype().to_string(), expected })
+    let expected = allowed
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ");
+    Err(Error::DType {
+        op,
+        operand: t.describe(),
+        expected,
+    })
 }
 
 /// `b` can be broadcast into `a` (ggml_can_repeat).
@@ -86,7 +105,8 @@ impl Context {
             let ne = ne.map(|d| d.max(0) as u64);
             dtype.nbytes(ne).unwrap_or(u64::MAX) as usize
         };
-        self.inner().reserve(std::mem::size_of::<sys::ggml_tensor>().saturating_add(data))
+        self.inner()
+            .reserve(std::mem::size_of::<sys::ggml_tensor>().saturating_add(data))
     }
 
     fn reserve_like(&self, t: &Tensor) -> Result<()> {
@@ -94,7 +114,8 @@ impl Context {
     }
 
     fn reserve_view(&self) -> Result<()> {
-        self.inner().reserve(std::mem::size_of::<sys::ggml_tensor>())
+        self.inner()
+            .reserve(std::mem::size_of::<sys::ggml_tensor>())
     }
 
     // --- matrix products --------------------------------------------------------------------
@@ -104,16 +125,27 @@ impl Context {
     pub fn mul_mat(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (an, bn) = (a.ne(), b.ne());
         if an[0] != bn[0] {
-            return Err(mismatch("mul_mat", "ne[0] (the reduced dimension) differs", &[a, b]));
+            return Err(mismatch(
+                "mul_mat",
+                "ne[0] (the reduced dimension) differs",
+                &[a, b],
+            ));
         }
         if bn[2] % an[2] != 0 || bn[3] % an[3] != 0 {
-            return Err(mismatch("mul_mat", "a's batch dims do not divide b's", &[a, b]));
+            return Err(mismatch(
+                "mul_mat",
+                "a's batch dims do not divide b's",
+                &[a, b],
+            ));
         }
         // ggml_mul_mat asserts `a` is not transposed; the CPU kernel also asserts nb[0] is the
         // element size of both operands (rows contiguous), which strided views break.
         for t in [a, b] {
             if t.is_transposed() || t.nb()[0] != t.dtype().type_size() {
-                return Err(Error::NotContiguous { op: "mul_mat", operand: t.describe() });
+                return Err(Error::NotContiguous {
+                    op: "mul_mat",
+                    operand: t.describe(),
+                });
             }
         }
         self.reserve_result(DType::F32, [an[1], bn[1], bn[2], bn[3]])?;
@@ -129,26 +161,53 @@ impl Context {
         op: &'static str,
         a: &Tensor,
         b: &Tensor,
-        f: unsafe extern "C" fn(*mut sys::ggml_context, *mut sys::ggml_tensor, *mut sys::ggml_tensor) -> *mut sys::ggml_tensor,
+        f: unsafe extern "C" fn(
+            *mut sys::ggml_context,
+            *mut sys::ggml_tensor,
+            *mut sys::ggml_tensor,
+        ) -> *mut sys::ggml_tensor,
     ) -> Result<Tensor> {
         if !can_repeat(b, a) {
-            return Err(mismatch(op, "b cannot be broadcast to a (each a.ne[i] must be a multiple of b.ne[i])", &[a, b]));
+            return Err(mismatch(
+                op,
+                "b cannot be broadcast to a (each a.ne[i] must be a multiple of b.ne[i])",
+                &[a, b],
+            ));
         }
         // The CPU kernels (binary-ops.cpp) assert contiguous rows of `a` and abort on type pairs
         // other than these (the result has a's type); add also takes quantized `a` + f32 `b`
         // of the same shape.
         if a.nb()[0] != a.dtype().type_size() {
-            return Err(Error::NotContiguous { op, operand: a.describe() });
+            return Err(Error::NotContiguous {
+                op,
+                operand: a.describe(),
+            });
         }
         let (ta, tb) = (a.dtype(), b.dtype());
         let float_a = matches!(ta, DType::F32 | DType::F16 | DType::BF16);
-        let quantized_add = op == "add" && ta.is_quantized() && tb == DType::F32 && a.ne() == b.ne() && b.nb()[0] == tb.type_size();
+        let quantized_add = op == "add"
+            && ta.is_quantized()
+            && tb == DType::F32
+            && a.ne() == b.ne()
+            && b.nb()[0] == tb.type_size();
         if !float_a && !quantized_add {
-            return Err(Error::DType { op, operand: a.describe(), got: ta.to_string(), expected: "f32, f16 or bf16".into() });
+            return Err(Error::DType {
+                op,
+                operand: a.describe(),
+                expected: "f32, f16 or bf16".into(),
+            });
         }
         if float_a && tb != ta && tb != DType::F32 {
-            let expected = if ta == DType::F32 { "f32".to_owned() } else { format!("{ta} or f32") };
-            return Err(Error::DType { op, operand: b.describe(), got: tb.to_string(), expected });
+            let expected = if ta == DType::F32 {
+                "f32".to_owned()
+            } else {
+                format!("{ta} or f32")
+            };
+            return Err(Error::DType {
+                op,
+                operand: b.describe(),
+                expected,
+            });
         }
         self.reserve_like(a)?;
         // SAFETY: ggml_can_repeat(b, a) holds; live tensors and context.
@@ -191,11 +250,18 @@ impl Context {
         &self,
         op: &'static str,
         a: &Tensor,
-        f: unsafe extern "C" fn(*mut sys::ggml_context, *mut sys::ggml_tensor) -> *mut sys::ggml_tensor,
+        f: unsafe extern "C" fn(
+            *mut sys::ggml_context,
+            *mut sys::ggml_tensor,
+        ) -> *mut sys::ggml_tensor,
     ) -> Result<Tensor> {
-        let rows_contiguous = a.ne()[0] == a.dtype().block_size() as i64 || a.nb()[0] == a.dtype().type_size();
+        let rows_contiguous =
+            a.ne()[0] == a.dtype().block_size() as i64 || a.nb()[0] == a.dtype().type_size();
         if !rows_contiguous {
-            return Err(Error::NotContiguous { op, operand: a.describe() });
+            return Err(Error::NotContiguous {
+                op,
+                operand: a.describe(),
+            });
         }
         self.reserve_like(a)?;
         // SAFETY: rows contiguous (ggml_unary_impl's assertion); live tensors.
@@ -243,10 +309,20 @@ impl Context {
         self.result(raw, "rms_norm", &[a])
     }
     /// LayerNorm over ne[0]: `norm(a) * weight + bias`, weight and bias of shape [ne0].
-    pub fn layer_norm(&self, a: &Tensor, weight: &Tensor, bias: &Tensor, eps: f32) -> Result<Tensor> {
+    pub fn layer_norm(
+        &self,
+        a: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    ) -> Result<Tensor> {
         for p in [weight, bias] {
             if p.ne()[0] != a.ne()[0] || p.nelements() != p.ne()[0] {
-                return Err(mismatch("layer_norm", "weight and bias must be vectors of a's ne[0]", &[a, weight, bias]));
+                return Err(mismatch(
+                    "layer_norm",
+                    "weight and bias must be vectors of a's ne[0]",
+                    &[a, weight, bias],
+                ));
             }
         }
         let n = self.norm(a, eps)?;
@@ -255,7 +331,13 @@ impl Context {
     }
 
     /// Softmax over ne[0] of `a * scale + mask` (mask optional, f32 or f16, broadcast).
-    pub fn soft_max_ext(&self, a: &Tensor, mask: Option<&Tensor>, scale: f32, max_bias: f32) -> Result<Tensor> {
+    pub fn soft_max_ext(
+        &self,
+        a: &Tensor,
+        mask: Option<&Tensor>,
+        scale: f32,
+        max_bias: f32,
+    ) -> Result<Tensor> {
         require_contiguous("soft_max_ext", a)?;
         if let Some(m) = mask {
             require_dtype("soft_max_ext", m, &[DType::F16, DType::F32])?;
@@ -265,12 +347,16 @@ impl Context {
                 return Err(mismatch("soft_max_ext", "mask does not cover a", &[a, m]));
             }
         } else if max_bias > 0.0 {
-            return Err(Error::InvalidArgument { op: "soft_max_ext", reason: "max_bias > 0 needs a mask".into() });
+            return Err(Error::InvalidArgument {
+                op: "soft_max_ext",
+                reason: "max_bias > 0 needs a mask".into(),
+            });
         }
         self.reserve_like(a)?;
         let mask_ptr = mask.map_or(std::ptr::null_mut(), Tensor::as_ptr);
         // SAFETY: checks above mirror ggml_soft_max_impl's assertions.
-        let raw = unsafe { sys::ggml_soft_max_ext(self.raw(), a.as_ptr(), mask_ptr, scale, max_bias) };
+        let raw =
+            unsafe { sys::ggml_soft_max_ext(self.raw(), a.as_ptr(), mask_ptr, scale, max_bias) };
         let mut operands = vec![a];
         operands.extend(mask);
         self.result(raw, "soft_max_ext", &operands)
@@ -282,29 +368,63 @@ impl Context {
 
     /// Fused attention: `q [D, Tq, H, B]`, `k [D, Tk, Hk, B]`, `v [Dv, Tk, Hk, B]` (heads of
     /// k/v broadcast over q's), result `[Dv, H, Tq, B]`. Mask (f16) optional.
-    pub fn flash_attn_ext(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>, scale: f32) -> Result<Tensor> {
+    pub fn flash_attn_ext(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Option<&Tensor>,
+        scale: f32,
+    ) -> Result<Tensor> {
         let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
         if kn[0] != qn[0] || qn[2] % kn[2] != 0 || qn[3] % kn[3] != 0 {
-            return Err(mismatch("flash_attn_ext", "k must match q's head size and divide its heads", &[q, k]));
+            return Err(mismatch(
+                "flash_attn_ext",
+                "k must match q's head size and divide its heads",
+                &[q, k],
+            ));
         }
         if qn[3] != kn[3] || qn[3] != vn[3] {
-            return Err(mismatch("flash_attn_ext", "q, k and v batch sizes (ne[3]) differ", &[q, k, v]));
+            return Err(mismatch(
+                "flash_attn_ext",
+                "q, k and v batch sizes (ne[3]) differ",
+                &[q, k, v],
+            ));
         }
         if vn[1] != kn[1] || vn[2] != kn[2] {
-            return Err(mismatch("flash_attn_ext", "v must have k's length and heads", &[k, v]));
+            return Err(mismatch(
+                "flash_attn_ext",
+                "v must have k's length and heads",
+                &[k, v],
+            ));
         }
         if let Some(m) = mask {
             require_dtype("flash_attn_ext", m, &[DType::F16])?;
             require_contiguous("flash_attn_ext", m)?;
             let mn = m.ne();
             if qn[2] % mn[2] != 0 || qn[3] % mn[3] != 0 || mn[0] != kn[1] || mn[1] < qn[1] {
-                return Err(mismatch("flash_attn_ext", "mask does not cover q x k", &[q, k, m]));
+                return Err(mismatch(
+                    "flash_attn_ext",
+                    "mask does not cover q x k",
+                    &[q, k, m],
+                ));
             }
         }
         self.reserve_result(DType::F32, [vn[0], qn[2], qn[1], qn[3]])?;
         let mask_ptr = mask.map_or(std::ptr::null_mut(), Tensor::as_ptr);
         // SAFETY: checks above mirror ggml_flash_attn_ext's assertions.
-        let raw = unsafe { sys::ggml_flash_attn_ext(self.raw(), q.as_ptr(), k.as_ptr(), v.as_ptr(), mask_ptr, scale, 0.0, 0.0) };
+        let raw = unsafe {
+            sys::ggml_flash_attn_ext(
+                self.raw(),
+                q.as_ptr(),
+                k.as_ptr(),
+                v.as_ptr(),
+                mask_ptr,
+                scale,
+                0.0,
+                0.0,
+            )
+        };
         let mut operands = vec![q, k, v];
         operands.extend(mask);
         let out = self.result(raw, "flash_attn_ext", &operands)?;
@@ -315,13 +435,30 @@ impl Context {
 
     /// Rotary embedding of the first `n_dims` values of each row of `a [D, H, T, B]` by the
     /// positions `pos` (i32, length T), frequencies `freq_base^(-2i/n_dims)`.
-    pub fn rope(&self, a: &Tensor, pos: &Tensor, n_dims: usize, mode: RopeMode, freq_base: f32) -> Result<Tensor> {
+    pub fn rope(
+        &self,
+        a: &Tensor,
+        pos: &Tensor,
+        n_dims: usize,
+        mode: RopeMode,
+        freq_base: f32,
+    ) -> Result<Tensor> {
         require_dtype("rope", pos, &[DType::I32])?;
         if pos.nelements() != pos.ne()[0] || pos.ne()[0] != a.ne()[2] {
-            return Err(mismatch("rope", "positions must be a vector of a.ne[2] values", &[a, pos]));
+            return Err(mismatch(
+                "rope",
+                "positions must be a vector of a.ne[2] values",
+                &[a, pos],
+            ));
         }
-        if n_dims == 0 || n_dims % 2 != 0 || n_dims as i64 > a.ne()[0] {
-            return Err(Error::InvalidArgument { op: "rope", reason: format!("n_dims {n_dims} must be even and at most ne[0] = {}", a.ne()[0]) });
+        if n_dims == 0 || !n_dims.is_multiple_of(2) || n_dims as i64 > a.ne()[0] {
+            return Err(Error::InvalidArgument {
+                op: "rope",
+                reason: format!(
+                    "n_dims {n_dims} must be even and at most ne[0] = {}",
+                    a.ne()[0]
+                ),
+            });
         }
         self.reserve_like(a)?;
         let mode = match mode {
@@ -331,7 +468,21 @@ impl Context {
         // SAFETY: checks above mirror ggml_rope_impl's assertions (mode bit 0 clear, I32
         // vector positions of length ne[2]); no frequency-factor tensor.
         let raw = unsafe {
-            sys::ggml_rope_ext(self.raw(), a.as_ptr(), pos.as_ptr(), std::ptr::null_mut(), n_dims as i32, mode, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+            sys::ggml_rope_ext(
+                self.raw(),
+                a.as_ptr(),
+                pos.as_ptr(),
+                std::ptr::null_mut(),
+                n_dims as i32,
+                mode,
+                0,
+                freq_base,
+                1.0,
+                0.0,
+                1.0,
+                0.0,
+                0.0,
+            )
         };
         self.result(raw, "rope", &[a, pos])
     }
@@ -342,17 +493,30 @@ impl Context {
     pub fn reshape(&self, a: &Tensor, ne: &[i64]) -> Result<Tensor> {
         require_contiguous("reshape", a)?;
         if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&d| d < 1) {
-            return Err(Error::InvalidShape { op: "reshape", ne: ne.to_vec(), reason: "1 to 4 positive dims".into() });
+            return Err(Error::InvalidShape {
+                op: "reshape",
+                ne: ne.to_vec(),
+                reason: "1 to 4 positive dims".into(),
+            });
         }
         if ne.iter().product::<i64>() != a.nelements() {
             return Err(Error::InvalidShape {
                 op: "reshape",
                 ne: ne.to_vec(),
-                reason: format!("{} elements cannot hold {}'s {}", ne.iter().product::<i64>(), a.name(), a.nelements()),
+                reason: format!(
+                    "{} elements cannot hold {}'s {}",
+                    ne.iter().product::<i64>(),
+                    a.name(),
+                    a.nelements()
+                ),
             });
         }
         if ne[0] % a.dtype().block_size() as i64 != 0 {
-            return Err(Error::InvalidShape { op: "reshape", ne: ne.to_vec(), reason: "ne[0] not a multiple of the block size".into() });
+            return Err(Error::InvalidShape {
+                op: "reshape",
+                ne: ne.to_vec(),
+                reason: "ne[0] not a multiple of the block size".into(),
+            });
         }
         self.reserve_view()?;
         let mut n = [1i64; 4];
@@ -374,11 +538,19 @@ impl Context {
     pub fn view(&self, a: &Tensor, ne: &[i64], nb: &[usize], offset: usize) -> Result<Tensor> {
         let op = "view";
         if ne.is_empty() || ne.len() > 4 || ne.iter().any(|&d| d < 1) || nb.len() + 1 != ne.len() {
-            return Err(Error::InvalidShape { op, ne: ne.to_vec(), reason: "1 to 4 positive dims and one stride per dim after the first".into() });
+            return Err(Error::InvalidShape {
+                op,
+                ne: ne.to_vec(),
+                reason: "1 to 4 positive dims and one stride per dim after the first".into(),
+            });
         }
         let dtype = a.dtype();
         if ne[0] % dtype.block_size() as i64 != 0 {
-            return Err(Error::InvalidShape { op, ne: ne.to_vec(), reason: "ne[0] not a multiple of the block size".into() });
+            return Err(Error::InvalidShape {
+                op,
+                ne: ne.to_vec(),
+                reason: "ne[0] not a multiple of the block size".into(),
+            });
         }
         let row = dtype.row_size(ne[0] as u64).unwrap_or(u64::MAX) as usize;
         // The bytes the view touches, and ggml's own (contiguous-size) bound.
@@ -386,17 +558,34 @@ impl Context {
         for (d, stride) in ne[1..].iter().zip(nb) {
             extent = extent.saturating_add((*d as usize - 1).saturating_mul(*stride));
         }
-        let contiguous = ne[1..].iter().fold(row, |acc, &d| acc.saturating_mul(d as usize));
+        let contiguous = ne[1..]
+            .iter()
+            .fold(row, |acc, &d| acc.saturating_mul(d as usize));
         // SAFETY: live tensor; plain field reads.
         let (root_bytes, base_offset) = unsafe {
             let t = &*a.as_ptr();
-            let root = if t.view_src.is_null() { a.as_ptr() } else { t.view_src };
+            let root = if t.view_src.is_null() {
+                a.as_ptr()
+            } else {
+                t.view_src
+            };
             (sys::ggml_nbytes(root), t.view_offs)
         };
-        let fits_a = offset.checked_add(extent).is_some_and(|end| end <= a.nbytes());
-        let fits_root = base_offset.saturating_add(offset).saturating_add(contiguous) <= root_bytes;
+        let fits_a = offset
+            .checked_add(extent)
+            .is_some_and(|end| end <= a.nbytes());
+        let fits_root = base_offset
+            .saturating_add(offset)
+            .saturating_add(contiguous)
+            <= root_bytes;
         if !fits_a || !fits_root {
-            return Err(Error::ViewOutOfBounds { op, operand: a.describe(), offset, bytes: extent.max(contiguous), available: a.nbytes() });
+            return Err(Error::ViewOutOfBounds {
+                op,
+                operand: a.describe(),
+                offset,
+                bytes: extent.max(contiguous),
+                available: a.nbytes(),
+            });
         }
         self.reserve_view()?;
         let mut n = [1i64; 4];
@@ -408,8 +597,21 @@ impl Context {
             match ne.len() {
                 1 => sys::ggml_view_1d(self.raw(), a.as_ptr(), n[0], offset),
                 2 => sys::ggml_view_2d(self.raw(), a.as_ptr(), n[0], n[1], s[0], offset),
-                3 => sys::ggml_view_3d(self.raw(), a.as_ptr(), n[0], n[1], n[2], s[0], s[1], offset),
-                _ => sys::ggml_view_4d(self.raw(), a.as_ptr(), n[0], n[1], n[2], n[3], s[0], s[1], s[2], offset),
+                3 => {
+                    sys::ggml_view_3d(self.raw(), a.as_ptr(), n[0], n[1], n[2], s[0], s[1], offset)
+                }
+                _ => sys::ggml_view_4d(
+                    self.raw(),
+                    a.as_ptr(),
+                    n[0],
+                    n[1],
+                    n[2],
+                    n[3],
+                    s[0],
+                    s[1],
+                    s[2],
+                    offset,
+                ),
             }
         };
         self.result(raw, op, &[a])
@@ -420,12 +622,24 @@ impl Context {
         let mut seen = [false; 4];
         for &ax in &axes {
             if ax >= 4 || std::mem::replace(&mut seen[ax], true) {
-                return Err(Error::InvalidArgument { op: "permute", reason: format!("axes {axes:?} are not a permutation of 0..4") });
+                return Err(Error::InvalidArgument {
+                    op: "permute",
+                    reason: format!("axes {axes:?} are not a permutation of 0..4"),
+                });
             }
         }
         self.reserve_view()?;
         // SAFETY: distinct axes in 0..4 (ggml_permute's assertions).
-        let raw = unsafe { sys::ggml_permute(self.raw(), a.as_ptr(), axes[0] as i32, axes[1] as i32, axes[2] as i32, axes[3] as i32) };
+        let raw = unsafe {
+            sys::ggml_permute(
+                self.raw(),
+                a.as_ptr(),
+                axes[0] as i32,
+                axes[1] as i32,
+                axes[2] as i32,
+                axes[3] as i32,
+            )
+        };
         self.result(raw, "permute", &[a])
     }
     /// Swaps dims 0 and 1 (a view).
@@ -445,14 +659,25 @@ impl Context {
     /// Joins along `dim`; other dims and the types must match.
     pub fn concat(&self, a: &Tensor, b: &Tensor, dim: usize) -> Result<Tensor> {
         if dim >= 4 {
-            return Err(Error::InvalidArgument { op: "concat", reason: format!("dim {dim} outside 0..4") });
+            return Err(Error::InvalidArgument {
+                op: "concat",
+                reason: format!("dim {dim} outside 0..4"),
+            });
         }
         if a.dtype() != b.dtype() {
-            return Err(Error::DType { op: "concat", operand: b.describe(), got: b.dtype().to_string(), expected: a.dtype().to_string() });
+            return Err(Error::DType {
+                op: "concat",
+                operand: b.describe(),
+                expected: a.dtype().to_string(),
+            });
         }
         let (an, bn) = (a.ne(), b.ne());
         if (0..4).any(|d| d != dim && an[d] != bn[d]) {
-            return Err(mismatch("concat", format!("dims other than {dim} differ"), &[a, b]));
+            return Err(mismatch(
+                "concat",
+                format!("dims other than {dim} differ"),
+                &[a, b],
+            ));
         }
         let mut ne = an;
         ne[dim] += bn[dim];
@@ -466,9 +691,17 @@ impl Context {
         require_dtype("get_rows", rows, &[DType::I32])?;
         let (an, rn) = (a.ne(), rows.ne());
         if an[2] != rn[1] || an[3] != rn[2] || rn[3] != 1 {
-            return Err(mismatch("get_rows", "index batch dims must match a's dims 2 and 3", &[a, rows]));
+            return Err(mismatch(
+                "get_rows",
+                "index batch dims must match a's dims 2 and 3",
+                &[a, rows],
+            ));
         }
-        let out = if a.dtype() == DType::I32 { DType::I32 } else { DType::F32 };
+        let out = if a.dtype() == DType::I32 {
+            DType::I32
+        } else {
+            DType::F32
+        };
         self.reserve_result(out, [an[0], rn[0], rn[1], rn[2]])?;
         // SAFETY: checks above mirror ggml_get_rows's assertions.
         let raw = unsafe { sys::ggml_get_rows(self.raw(), a.as_ptr(), rows.as_ptr()) };
@@ -477,7 +710,10 @@ impl Context {
     /// Zero padding after the end of each dim.
     pub fn pad(&self, a: &Tensor, pad: [i32; 4]) -> Result<Tensor> {
         if pad.iter().any(|&p| p < 0) {
-            return Err(Error::InvalidArgument { op: "pad", reason: format!("negative padding {pad:?}") });
+            return Err(Error::InvalidArgument {
+                op: "pad",
+                reason: format!("negative padding {pad:?}"),
+            });
         }
         let ne = a.ne();
         self.reserve_result(a.dtype(), [0, 1, 2, 3].map(|i| ne[i] + pad[i] as i64))?;
@@ -491,7 +727,14 @@ impl Context {
     /// 2D convolution in f32: `kernel [KW, KH, IC, OC]` over `input [W, H, IC, N]` ->
     /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this).
     #[allow(clippy::too_many_arguments)]
-    pub fn conv_2d(&self, kernel: &Tensor, input: &Tensor, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Result<Tensor> {
+    pub fn conv_2d(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        stride: (i32, i32),
+        padding: (i32, i32),
+        dilation: (i32, i32),
+    ) -> Result<Tensor> {
         let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
         let (kn, cn) = (kernel.ne(), columns.ne());
         let columns_2d = self.reshape(&columns, &[cn[0], cn[1] * cn[2] * cn[3]])?;
@@ -508,57 +751,130 @@ impl Context {
     }
 
     /// Unfolds image patches into columns: `[IC*KH*KW, OW, OH, N]`.
-    pub fn im2col(&self, kernel: &Tensor, input: &Tensor, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32), dtype: DType) -> Result<Tensor> {
+    pub fn im2col(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        stride: (i32, i32),
+        padding: (i32, i32),
+        dilation: (i32, i32),
+        dtype: DType,
+    ) -> Result<Tensor> {
         let (kn, inp) = (kernel.ne(), input.ne());
         if kn[2] != inp[2] {
-            return Err(mismatch("conv_2d", "kernel input channels (ne[2]) differ from the input's (ne[2])", &[kernel, input]));
+            return Err(mismatch(
+                "conv_2d",
+                "kernel input channels (ne[2]) differ from the input's (ne[2])",
+                &[kernel, input],
+            ));
         }
-        if stride.0 < 1 || stride.1 < 1 || dilation.0 < 1 || dilation.1 < 1 || padding.0 < 0 || padding.1 < 0 {
-            return Err(Error::InvalidArgument { op: "conv_2d", reason: format!("stride {stride:?}, padding {padding:?}, dilation {dilation:?}") });
+        if stride.0 < 1
+            || stride.1 < 1
+            || dilation.0 < 1
+            || dilation.1 < 1
+            || padding.0 < 0
+            || padding.1 < 0
+        {
+            return Err(Error::InvalidArgument {
+                op: "conv_2d",
+                reason: format!("stride {stride:?}, padding {padding:?}, dilation {dilation:?}"),
+            });
         }
         let ow = conv_out(inp[0], kn[0], stride.0, padding.0, dilation.0);
         let oh = conv_out(inp[1], kn[1], stride.1, padding.1, dilation.1);
         if ow < 1 || oh < 1 {
-            return Err(mismatch("conv_2d", "the input is smaller than the kernel", &[kernel, input]));
+            return Err(mismatch(
+                "conv_2d",
+                "the input is smaller than the kernel",
+                &[kernel, input],
+            ));
         }
         require_dtype("im2col", kernel, &[DType::F32, DType::F16, DType::BF16])?;
         self.reserve_result(dtype, [kn[0] * kn[1] * kn[2], ow, oh, inp[3]])?;
         // SAFETY: channel match and positive output size (ggml_im2col's assertions).
         let raw = unsafe {
-            sys::ggml_im2col(self.raw(), kernel.as_ptr(), input.as_ptr(), stride.0, stride.1, padding.0, padding.1, dilation.0, dilation.1, true, dtype.id())
+            sys::ggml_im2col(
+                self.raw(),
+                kernel.as_ptr(),
+                input.as_ptr(),
+                stride.0,
+                stride.1,
+                padding.0,
+                padding.1,
+                dilation.0,
+                dilation.1,
+                true,
+                dtype.id(),
+            )
         };
         self.result(raw, "im2col", &[kernel, input])
     }
 
     /// Transposed convolution, no padding: `kernel [KW, KH, OC, IC]` (PyTorch ConvTranspose
     /// weights (IC, OC, KH, KW)) over `input [W, H, IC, N]` -> `[(W-1)*s+KW, (H-1)*s+KH, OC, N]`.
-    pub fn conv_transpose_2d(&self, kernel: &Tensor, input: &Tensor, stride: i32) -> Result<Tensor> {
+    pub fn conv_transpose_2d(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        stride: i32,
+    ) -> Result<Tensor> {
         let (kn, inp) = (kernel.ne(), input.ne());
         if kn[3] != inp[2] {
-            return Err(mismatch("conv_transpose_2d", "kernel ne[3] (input channels) differs from the input's ne[2]", &[kernel, input]));
+            return Err(mismatch(
+                "conv_transpose_2d",
+                "kernel ne[3] (input channels) differs from the input's ne[2]",
+                &[kernel, input],
+            ));
         }
         if stride < 1 {
-            return Err(Error::InvalidArgument { op: "conv_transpose_2d", reason: format!("stride {stride}") });
+            return Err(Error::InvalidArgument {
+                op: "conv_transpose_2d",
+                reason: format!("stride {stride}"),
+            });
         }
         require_dtype("conv_transpose_2d", kernel, &[DType::F32, DType::F16])?;
         let out = |i: i64, k: i64| (i - 1) * stride as i64 + k;
-        self.reserve_result(DType::F32, [out(inp[0], kn[0]), out(inp[1], kn[1]), kn[2], inp[3]])?;
+        self.reserve_result(
+            DType::F32,
+            [out(inp[0], kn[0]), out(inp[1], kn[1]), kn[2], inp[3]],
+        )?;
         // SAFETY: channel match (ggml_conv_transpose_2d_p0's assertion).
-        let raw = unsafe { sys::ggml_conv_transpose_2d_p0(self.raw(), kernel.as_ptr(), input.as_ptr(), stride) };
+        let raw = unsafe {
+            sys::ggml_conv_transpose_2d_p0(self.raw(), kernel.as_ptr(), input.as_ptr(), stride)
+        };
         self.result(raw, "conv_transpose_2d", &[kernel, input])
     }
 
     /// 2D pooling over dims 0 and 1.
-    pub fn pool_2d(&self, a: &Tensor, pool: Pool, kernel: (i32, i32), stride: (i32, i32), padding: (f32, f32)) -> Result<Tensor> {
+    pub fn pool_2d(
+        &self,
+        a: &Tensor,
+        pool: Pool,
+        kernel: (i32, i32),
+        stride: (i32, i32),
+        padding: (f32, f32),
+    ) -> Result<Tensor> {
         if kernel.0 < 1 || kernel.1 < 1 || stride.0 < 1 || stride.1 < 1 {
-            return Err(Error::InvalidArgument { op: "pool_2d", reason: format!("kernel {kernel:?}, stride {stride:?}") });
+            return Err(Error::InvalidArgument {
+                op: "pool_2d",
+                reason: format!("kernel {kernel:?}, stride {stride:?}"),
+            });
         }
         let ne = a.ne();
         // ggml's formula: the `+ 1` is in float and the sum truncated (0.5 -> 0, not 1).
-        let out = |i: i64, k: i32, s: i32, p: f32| ((i as f32 + 2.0 * p - k as f32) / s as f32 + 1.0) as i64;
-        let (ow, oh) = (out(ne[0], kernel.0, stride.0, padding.0), out(ne[1], kernel.1, stride.1, padding.1));
+        let out = |i: i64, k: i32, s: i32, p: f32| {
+            ((i as f32 + 2.0 * p - k as f32) / s as f32 + 1.0) as i64
+        };
+        let (ow, oh) = (
+            out(ne[0], kernel.0, stride.0, padding.0),
+            out(ne[1], kernel.1, stride.1, padding.1),
+        );
         if ow < 1 || oh < 1 {
-            return Err(mismatch("pool_2d", "the input is smaller than the kernel", &[a]));
+            return Err(mismatch(
+                "pool_2d",
+                "the input is smaller than the kernel",
+                &[a],
+            ));
         }
         self.reserve_result(DType::F32, [ow, oh, ne[2], ne[3]])?;
         let op = match pool {
@@ -566,7 +882,19 @@ impl Context {
             Pool::Avg => sys::GGML_OP_POOL_AVG,
         };
         // SAFETY: positive output size (ggml_pool_2d's assertions).
-        let raw = unsafe { sys::ggml_pool_2d(self.raw(), a.as_ptr(), op, kernel.0, kernel.1, stride.0, stride.1, padding.0, padding.1) };
+        let raw = unsafe {
+            sys::ggml_pool_2d(
+                self.raw(),
+                a.as_ptr(),
+                op,
+                kernel.0,
+                kernel.1,
+                stride.0,
+                stride.1,
+                padding.0,
+                padding.1,
+            )
+        };
         self.result(raw, "pool_2d", &[a])
     }
 
@@ -574,17 +902,27 @@ impl Context {
     pub fn interpolate(&self, a: &Tensor, ne: [i64; 4], mode: Interpolation) -> Result<Tensor> {
         require_dtype("interpolate", a, &[DType::F32])?;
         if ne.iter().any(|&d| d < 1) {
-            return Err(Error::InvalidShape { op: "interpolate", ne: ne.to_vec(), reason: "every dim must be positive".into() });
+            return Err(Error::InvalidShape {
+                op: "interpolate",
+                ne: ne.to_vec(),
+                reason: "every dim must be positive".into(),
+            });
         }
-        let flag = sys::GGML_SCALE_FLAG_ALIGN_CORNERS as u32;
+        let flag = sys::GGML_SCALE_FLAG_ALIGN_CORNERS;
         let mode = match mode {
-            Interpolation::Nearest => sys::GGML_SCALE_MODE_NEAREST as u32,
-            Interpolation::Bilinear { align_corners } => sys::GGML_SCALE_MODE_BILINEAR as u32 | if align_corners { flag } else { 0 },
-            Interpolation::Bicubic { align_corners } => sys::GGML_SCALE_MODE_BICUBIC as u32 | if align_corners { flag } else { 0 },
+            Interpolation::Nearest => sys::GGML_SCALE_MODE_NEAREST,
+            Interpolation::Bilinear { align_corners } => {
+                sys::GGML_SCALE_MODE_BILINEAR | if align_corners { flag } else { 0 }
+            }
+            Interpolation::Bicubic { align_corners } => {
+                sys::GGML_SCALE_MODE_BICUBIC | if align_corners { flag } else { 0 }
+            }
         };
         self.reserve_result(DType::F32, ne)?;
         // SAFETY: f32 input and a valid mode without antialias (ggml_interpolate's assertions).
-        let raw = unsafe { sys::ggml_interpolate(self.raw(), a.as_ptr(), ne[0], ne[1], ne[2], ne[3], mode) };
+        let raw = unsafe {
+            sys::ggml_interpolate(self.raw(), a.as_ptr(), ne[0], ne[1], ne[2], ne[3], mode)
+        };
         self.result(raw, "interpolate", &[a])
     }
 }

@@ -13,12 +13,20 @@ use std::time::Duration;
 
 /// Resolves `host:port`.
 fn resolve(endpoint: &str) -> Result<SocketAddr> {
-    let unreachable = |source| Error::RpcUnreachable { endpoint: endpoint.to_owned(), source };
+    let unreachable = |source| Error::RpcUnreachable {
+        endpoint: endpoint.to_owned(),
+        source,
+    };
     endpoint
         .to_socket_addrs()
         .map_err(unreachable)?
         .next()
-        .ok_or_else(|| unreachable(std::io::Error::new(std::io::ErrorKind::NotFound, "the name resolves to no address")))
+        .ok_or_else(|| {
+            unreachable(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the name resolves to no address",
+            ))
+        })
 }
 
 /// Checks that something accepts TCP connections at `endpoint` within `timeout`.
@@ -26,7 +34,10 @@ pub fn probe(endpoint: &str, timeout: Duration) -> Result<()> {
     let addr = resolve(endpoint)?;
     TcpStream::connect_timeout(&addr, timeout)
         .map(drop)
-        .map_err(|source| Error::RpcUnreachable { endpoint: endpoint.to_owned(), source })
+        .map_err(|source| Error::RpcUnreachable {
+            endpoint: endpoint.to_owned(),
+            source,
+        })
 }
 
 impl Device {
@@ -44,10 +55,12 @@ impl Device {
         })?;
         // SAFETY: the registry has at least one device (add_server returns NULL otherwise).
         let dev = unsafe { sys::ggml_backend_reg_dev_get(reg.as_ptr(), 0) };
-        NonNull::new(dev).map(Device::from_raw).ok_or_else(|| Error::BackendInit {
-            name: format!("RPC[{endpoint}]"),
-            reason: "the server's registry has no device 0".into(),
-        })
+        NonNull::new(dev)
+            .map(Device::from_raw)
+            .ok_or_else(|| Error::BackendInit {
+                name: format!("RPC[{endpoint}]"),
+                reason: "the server's registry has no device 0".into(),
+            })
     }
 }
 
@@ -56,18 +69,29 @@ impl Device {
 pub fn serve(endpoint: &str, device: Device, threads: usize) -> Result<()> {
     let addr = resolve(endpoint)?;
     // ggml only prints when it cannot bind; find out first so the caller gets an error.
-    TcpListener::bind(addr).map(drop).map_err(|source| Error::BackendInit {
-        name: format!("RPC server on {endpoint}"),
-        reason: format!("cannot listen: {source}"),
-    })?;
+    TcpListener::bind(addr)
+        .map(drop)
+        .map_err(|source| Error::BackendInit {
+            name: format!("RPC server on {endpoint}"),
+            reason: format!("cannot listen: {source}"),
+        })?;
     let c_endpoint = cstring("RPC endpoint", endpoint)?;
     let mut devices = [device.as_ptr()];
     // SAFETY: valid endpoint string and one registry device; the call serves until the
     // process ends (or returns early on a socket error).
     unsafe {
-        sys::ggml_backend_rpc_start_server(c_endpoint.as_ptr(), std::ptr::null(), threads.max(1), 1, devices.as_mut_ptr())
+        sys::ggml_backend_rpc_start_server(
+            c_endpoint.as_ptr(),
+            std::ptr::null(),
+            threads.max(1),
+            1,
+            devices.as_mut_ptr(),
+        )
     };
-    Err(Error::BackendInit { name: format!("RPC server on {endpoint}"), reason: "the serve loop stopped".into() })
+    Err(Error::BackendInit {
+        name: format!("RPC server on {endpoint}"),
+        reason: "the serve loop stopped".into(),
+    })
 }
 
 /// Waits until `endpoint` accepts connections (a server just started elsewhere).

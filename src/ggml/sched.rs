@@ -25,9 +25,15 @@ impl Sched {
     /// nodes + leafs of the graphs it will take; `op_offload` lets it move ops on weights
     /// held in host memory to a GPU.
     pub fn new(backends: &[Backend], graph_size: usize, op_offload: bool) -> Result<Sched> {
-        let invalid = |reason: String| Error::InvalidArgument { op: "sched", reason };
+        let invalid = |reason: String| Error::InvalidArgument {
+            op: "sched",
+            reason,
+        };
         if backends.is_empty() || backends.len() > MAX_BACKENDS {
-            return Err(invalid(format!("{} backends; 1 to {MAX_BACKENDS} allowed", backends.len())));
+            return Err(invalid(format!(
+                "{} backends; 1 to {MAX_BACKENDS} allowed",
+                backends.len()
+            )));
         }
         if !backends.last().is_some_and(Backend::is_cpu) {
             return Err(invalid("the last backend must be the CPU".into()));
@@ -35,10 +41,23 @@ impl Sched {
         let mut raw_backends: Vec<_> = backends.iter().map(Backend::as_ptr).collect();
         // SAFETY: 1..=16 live backends with the CPU last; NULL buffer types mean defaults.
         let raw = unsafe {
-            sys::ggml_backend_sched_new(raw_backends.as_mut_ptr(), std::ptr::null_mut(), backends.len() as i32, graph_size, false, op_offload)
+            sys::ggml_backend_sched_new(
+                raw_backends.as_mut_ptr(),
+                std::ptr::null_mut(),
+                backends.len() as i32,
+                graph_size,
+                false,
+                op_offload,
+            )
         };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation { what: "a scheduler".into() })?;
-        Ok(Sched { raw, backends: backends.to_vec(), graph_size })
+        let raw = NonNull::new(raw).ok_or_else(|| Error::Creation {
+            what: "a scheduler".into(),
+        })?;
+        Ok(Sched {
+            raw,
+            backends: backends.to_vec(),
+            graph_size,
+        })
     }
 
     pub fn backends(&self) -> &[Backend] {
@@ -48,7 +67,12 @@ impl Sched {
     fn check_size(&self, graph: &Graph) -> Result<()> {
         let needed = graph.n_nodes() + graph.n_leafs();
         if needed > self.graph_size {
-            return Err(Error::GraphFull { tensor: "scheduler graph".into(), nodes: graph.n_nodes(), leafs: graph.n_leafs(), capacity: self.graph_size });
+            return Err(Error::GraphFull {
+                tensor: "scheduler graph".into(),
+                nodes: graph.n_nodes(),
+                leafs: graph.n_leafs(),
+                capacity: self.graph_size,
+            });
         }
         Ok(())
     }
@@ -60,31 +84,55 @@ impl Sched {
         if unsafe { sys::ggml_backend_sched_reserve(self.raw.as_ptr(), graph.as_ptr()) } {
             Ok(())
         } else {
-            Err(Error::Allocation { backend: "sched".into(), reason: "reserve failed".into() })
+            Err(Error::Allocation {
+                backend: "sched".into(),
+                reason: "reserve failed".into(),
+            })
         }
     }
 
     /// Resets, pins `pins` (tensor, index into [`Sched::backends`]) and allocates `graph`.
-    pub fn alloc<'a>(&'a mut self, graph: &'a Graph, pins: &[(&Tensor, usize)]) -> Result<SchedAllocation<'a>> {
+    pub fn alloc<'a>(
+        &'a mut self,
+        graph: &'a Graph,
+        pins: &[(&Tensor, usize)],
+    ) -> Result<SchedAllocation<'a>> {
         self.check_size(graph)?;
         // SAFETY: live scheduler.
         unsafe { sys::ggml_backend_sched_reset(self.raw.as_ptr()) };
         for (tensor, index) in pins {
-            let backend = self.backends.get(*index).ok_or_else(|| Error::InvalidArgument {
-                op: "sched pin",
-                reason: format!("backend index {index} of {}", self.backends.len()),
-            })?;
+            let backend = self
+                .backends
+                .get(*index)
+                .ok_or_else(|| Error::InvalidArgument {
+                    op: "sched pin",
+                    reason: format!("backend index {index} of {}", self.backends.len()),
+                })?;
             check_member(graph, tensor)?;
             // SAFETY: live scheduler, one of its backends, a tensor of the graph.
-            unsafe { sys::ggml_backend_sched_set_tensor_backend(self.raw.as_ptr(), tensor.as_ptr(), backend.as_ptr()) };
+            unsafe {
+                sys::ggml_backend_sched_set_tensor_backend(
+                    self.raw.as_ptr(),
+                    tensor.as_ptr(),
+                    backend.as_ptr(),
+                )
+            };
         }
         let placed = Placed(graph.unallocated_tensors());
         let sources = graph.snapshot_sources();
         // SAFETY: live scheduler and graph within its size.
         if !unsafe { sys::ggml_backend_sched_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
-            return Err(Error::Allocation { backend: "sched".into(), reason: "ggml_backend_sched_alloc_graph failed".into() });
+            return Err(Error::Allocation {
+                backend: "sched".into(),
+                reason: "ggml_backend_sched_alloc_graph failed".into(),
+            });
         }
-        Ok(SchedAllocation { sched: self, graph, _sources: sources, _placed: placed })
+        Ok(SchedAllocation {
+            sched: self,
+            graph,
+            _sources: sources,
+            _placed: placed,
+        })
     }
 }
 
@@ -124,16 +172,26 @@ impl SchedAllocation<'_> {
     /// Index into the scheduler's backends of the backend that runs `node`.
     pub fn backend_index_of(&self, node: &impl TensorView) -> Option<usize> {
         // SAFETY: live scheduler and tensor; NULL when unassigned.
-        let backend = unsafe { sys::ggml_backend_sched_get_tensor_backend(self.sched.raw.as_ptr(), node.raw().as_ptr()) };
-        self.sched.backends.iter().position(|b| b.as_ptr() == backend)
+        let backend = unsafe {
+            sys::ggml_backend_sched_get_tensor_backend(self.sched.raw.as_ptr(), node.raw().as_ptr())
+        };
+        self.sched
+            .backends
+            .iter()
+            .position(|b| b.as_ptr() == backend)
     }
     pub fn compute(&self) -> Result<()> {
         // SAFETY: live scheduler with this graph allocated.
-        let status = unsafe { sys::ggml_backend_sched_graph_compute(self.sched.raw.as_ptr(), self.graph.as_ptr()) };
+        let status = unsafe {
+            sys::ggml_backend_sched_graph_compute(self.sched.raw.as_ptr(), self.graph.as_ptr())
+        };
         if status == sys::GGML_STATUS_SUCCESS {
             Ok(())
         } else {
-            Err(Error::Compute { backend: "sched".into(), status })
+            Err(Error::Compute {
+                backend: "sched".into(),
+                status,
+            })
         }
     }
 }

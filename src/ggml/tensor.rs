@@ -59,7 +59,10 @@ pub trait TensorView {
         // SAFETY: live tensor, see `name`.
         let t = unsafe { &*self.raw().as_ptr() };
         let n_dims = unsafe { sys::ggml_n_dims(self.raw().as_ptr()) } as usize;
-        Shape { ne: t.ne, n_dims: n_dims.max(1) }
+        Shape {
+            ne: t.ne,
+            n_dims: n_dims.max(1),
+        }
     }
     fn ne(&self) -> [i64; 4] {
         self.shape().ne
@@ -138,7 +141,10 @@ pub trait TensorView {
     fn sources(&self) -> Vec<TensorRef<'_>> {
         // SAFETY: live tensor; its sources are kept alive with it (see Context keep-alive).
         let srcs = unsafe { (*self.raw().as_ptr()).src };
-        srcs.iter().filter_map(|s| NonNull::new(*s)).map(TensorRef::new).collect()
+        srcs.iter()
+            .filter_map(|s| NonNull::new(*s))
+            .map(TensorRef::new)
+            .collect()
     }
     /// Identity of the underlying ggml tensor (for maps and sets).
     fn id(&self) -> usize {
@@ -146,7 +152,11 @@ pub trait TensorView {
     }
     /// The description error messages use.
     fn describe(&self) -> Operand {
-        Operand { name: self.name(), dtype: self.dtype().to_string(), shape: self.shape() }
+        Operand {
+            name: self.name(),
+            dtype: self.dtype(),
+            shape: self.shape(),
+        }
     }
 }
 
@@ -227,18 +237,27 @@ pub struct TensorRef<'a> {
 
 impl<'a> TensorRef<'a> {
     pub(crate) fn new(raw: NonNull<sys::ggml_tensor>) -> Self {
-        TensorRef { raw, _borrow: PhantomData }
+        TensorRef {
+            raw,
+            _borrow: PhantomData,
+        }
     }
     /// The op's operands with their source slots (ggml's `src[slot]`), valid as long as this
     /// reference.
     pub fn sources_with_slots(&self) -> Vec<(usize, TensorRef<'a>)> {
         // SAFETY: live tensor; its sources are kept alive with it (see Context keep-alive).
         let srcs = unsafe { (*self.raw.as_ptr()).src };
-        srcs.iter().enumerate().filter_map(|(i, s)| NonNull::new(*s).map(|s| (i, TensorRef::new(s)))).collect()
+        srcs.iter()
+            .enumerate()
+            .filter_map(|(i, s)| NonNull::new(*s).map(|s| (i, TensorRef::new(s))))
+            .collect()
     }
     /// The op's operands, valid as long as this reference.
     pub fn sources(&self) -> Vec<TensorRef<'a>> {
-        self.sources_with_slots().into_iter().map(|(_, s)| s).collect()
+        self.sources_with_slots()
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect()
     }
     /// The tensor this one is a view of, valid as long as this reference.
     pub fn view_source(&self) -> Option<TensorRef<'a>> {

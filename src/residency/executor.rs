@@ -3,7 +3,10 @@
 use super::pass::{self, Issue, PassResult};
 use super::report::{Decision, Report};
 use super::{Error, Policy, Strategy};
-use crate::ggml::{Allocation, Backend, BufferUsage, Context, Element, Gallocr, Graph, Sched, SchedAllocation, Tensor, TensorRef, TensorView};
+use crate::ggml::{
+    Allocation, Backend, BufferUsage, Context, Element, Gallocr, Graph, Sched, SchedAllocation,
+    Tensor, TensorRef, TensorView,
+};
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
@@ -31,7 +34,18 @@ impl Executor {
     /// backend when the device is the CPU).
     pub fn new(device: Backend, cpu: Backend, policy: Policy) -> Result<Executor, Error> {
         let gallocr = Gallocr::for_backend(&device)?;
-        Ok(Executor { device, cpu, policy, gallocr, sched: None, sched_size: 0, plans: HashMap::new(), logged: HashSet::new(), mirrors: HashMap::new(), log: true })
+        Ok(Executor {
+            device,
+            cpu,
+            policy,
+            gallocr,
+            sched: None,
+            sched_size: 0,
+            plans: HashMap::new(),
+            logged: HashSet::new(),
+            mirrors: HashMap::new(),
+            log: true,
+        })
     }
     /// Stops the one-line decision log on stderr.
     pub fn quiet(mut self) -> Self {
@@ -53,7 +67,12 @@ impl Executor {
         }
         let pass = pass::check(graph, &self.device);
         let decision = self.decide(graph, &pass)?;
-        let report = Report { device: self.device.name(), policy: self.policy, pass, decision };
+        let report = Report {
+            device: self.device.name(),
+            policy: self.policy,
+            pass,
+            decision,
+        };
         if report.decision == Decision::Refused {
             return Err(Error::Refused(Box::new(report)));
         }
@@ -61,7 +80,8 @@ impl Executor {
         // operands live), never under the unprepared one: a graph rebuilt at the same
         // addresses hashes like the unprepared original and must be prepared again (the
         // mirror cache makes that cheap). `key` would hand it the plan without the preparation.
-        self.plans.insert(fingerprint(graph, &self.device), report.clone());
+        self.plans
+            .insert(fingerprint(graph, &self.device), report.clone());
         Ok(report)
     }
 
@@ -73,7 +93,11 @@ impl Executor {
             Strategy::MirrorAll { then_sched } => {
                 let uploaded = self.mirror(graph, |_| true)?;
                 if then_sched {
-                    Decision::Sched { wrapped: 0, mirrored: uploaded, splits: None }
+                    Decision::Sched {
+                        wrapped: 0,
+                        mirrored: uploaded,
+                        splits: None,
+                    }
                 } else {
                     Decision::Mirror { uploaded }
                 }
@@ -81,9 +105,21 @@ impl Executor {
             Strategy::Route => {
                 // Memory that neither the device nor the CPU can read cannot be scheduled:
                 // copy it once. Host memory is wrapped and left to the scheduler.
-                let mirrored = self.mirror(graph, |issue| matches!(issue, Issue::ForeignBuffer { host_readable: false, .. }))?;
+                let mirrored = self.mirror(graph, |issue| {
+                    matches!(
+                        issue,
+                        Issue::ForeignBuffer {
+                            host_readable: false,
+                            ..
+                        }
+                    )
+                })?;
                 let wrapped = graph.wrap_host_memory(BufferUsage::Any)?;
-                Decision::Sched { wrapped, mirrored, splits: None }
+                Decision::Sched {
+                    wrapped,
+                    mirrored,
+                    splits: None,
+                }
             }
         })
     }
@@ -96,8 +132,18 @@ impl Executor {
             for (slot, src) in node.sources_with_slots() {
                 let residency = pass::classify(&src, &self.device);
                 let issue = match residency {
-                    pass::Residency::NoBuffer if !pass::Target::reads_host_pointers(&self.device) => Issue::NoBuffer,
-                    pass::Residency::ForeignBuffer { buffer_type, host_readable } => Issue::ForeignBuffer { buffer_type, host_readable },
+                    pass::Residency::NoBuffer
+                        if !pass::Target::reads_host_pointers(&self.device) =>
+                    {
+                        Issue::NoBuffer
+                    }
+                    pass::Residency::ForeignBuffer {
+                        buffer_type,
+                        host_readable,
+                    } => Issue::ForeignBuffer {
+                        buffer_type,
+                        host_readable,
+                    },
                     _ => continue,
                 };
                 if select(&issue) {
@@ -107,11 +153,19 @@ impl Executor {
         }
         let fresh: Vec<TensorRef<'_>> = {
             let mut seen = HashSet::new();
-            targets.iter().map(|(_, _, src)| *src).filter(|s| !self.mirrors.contains_key(&mirror_key(s)) && seen.insert(s.id())).collect()
+            targets
+                .iter()
+                .map(|(_, _, src)| *src)
+                .filter(|s| !self.mirrors.contains_key(&mirror_key(s)) && seen.insert(s.id()))
+                .collect()
         };
         if !fresh.is_empty() {
             let ctx = Context::metadata_with_graph(fresh.len(), 1)?;
-            let copies = ctx.upload_copies(&fresh, self.device.default_buffer_type(), BufferUsage::Weights)?;
+            let copies = ctx.upload_copies(
+                &fresh,
+                self.device.default_buffer_type(),
+                BufferUsage::Weights,
+            )?;
             for (src, copy) in fresh.iter().zip(copies) {
                 self.mirrors.insert(mirror_key(src), copy);
             }
@@ -134,13 +188,23 @@ impl Executor {
         let inner = match report.decision {
             Decision::Gallocr | Decision::Mirror { .. } | Decision::Unchecked => {
                 let allocation = self.gallocr.alloc(graph)?;
-                RunInner::Gallocr { allocation, backend: &self.device }
+                RunInner::Gallocr {
+                    allocation,
+                    backend: &self.device,
+                }
             }
             Decision::Sched { .. } => {
                 let needed = graph.n_nodes() + graph.n_leafs();
-                let size_ok = self.sched.as_ref().is_some_and(|_| self.sched_size >= needed);
+                let size_ok = self
+                    .sched
+                    .as_ref()
+                    .is_some_and(|_| self.sched_size >= needed);
                 if !size_ok {
-                    let backends: Vec<Backend> = if self.device.is_cpu() { vec![self.cpu.clone()] } else { vec![self.device.clone(), self.cpu.clone()] };
+                    let backends: Vec<Backend> = if self.device.is_cpu() {
+                        vec![self.cpu.clone()]
+                    } else {
+                        vec![self.device.clone(), self.cpu.clone()]
+                    };
                     self.sched_size = needed.max(crate::ggml::Context::GRAPH_SIZE);
                     self.sched = Some(Sched::new(&backends, self.sched_size, false)?);
                 }
@@ -184,7 +248,10 @@ fn fingerprint(graph: &Graph, device: &Backend) -> u64 {
 }
 
 enum RunInner<'a> {
-    Gallocr { allocation: Allocation<'a>, backend: &'a Backend },
+    Gallocr {
+        allocation: Allocation<'a>,
+        backend: &'a Backend,
+    },
     Sched(SchedAllocation<'a>),
 }
 
@@ -215,7 +282,10 @@ impl Run<'_> {
     pub fn compute(&self) -> Result<(), Error> {
         match &self.inner {
             // Under `unchecked` this is where a non-resident operand faults on a GPU.
-            RunInner::Gallocr { allocation, backend } => allocation.compute(backend)?,
+            RunInner::Gallocr {
+                allocation,
+                backend,
+            } => allocation.compute(backend)?,
             RunInner::Sched(allocation) => allocation.compute()?,
         }
         Ok(())

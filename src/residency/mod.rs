@@ -40,7 +40,9 @@ impl std::str::FromStr for Policy {
             "mirror" => Ok(Policy::Mirror),
             "strict" => Ok(Policy::Strict),
             "unchecked" => Ok(Policy::Unchecked),
-            other => Err(format!("unknown residency policy `{other}` (route, mirror, strict, unchecked)")),
+            other => Err(format!(
+                "unknown residency policy `{other}` (route, mirror, strict, unchecked)"
+            )),
         }
     }
 }
@@ -51,7 +53,9 @@ pub enum Strategy {
     /// Nothing to do: the gallocr fast path.
     FastPath,
     /// Upload every non-resident operand once; scheduler only if some op is unsupported.
-    MirrorAll { then_sched: bool },
+    MirrorAll {
+        then_sched: bool,
+    },
     /// Upload what neither device nor CPU can read, wrap host memory, schedule.
     Route,
     Refuse,
@@ -66,7 +70,9 @@ pub fn choose(policy: Policy, pass: &PassResult) -> Strategy {
     match policy {
         Policy::Unchecked => Strategy::Unchecked,
         Policy::Strict => Strategy::Refuse,
-        Policy::Mirror => Strategy::MirrorAll { then_sched: !pass.unsupported_ops().is_empty() },
+        Policy::Mirror => Strategy::MirrorAll {
+            then_sched: !pass.unsupported_ops().is_empty(),
+        },
         Policy::Route => Strategy::Route,
     }
 }
@@ -79,7 +85,13 @@ pub enum Error {
     #[error("{0}")]
     Refused(Box<Report>),
     #[error(transparent)]
-    Ggml(#[from] crate::ggml::Error),
+    Ggml(Box<crate::ggml::Error>),
+}
+
+impl From<crate::ggml::Error> for Error {
+    fn from(e: crate::ggml::Error) -> Self {
+        Error::Ggml(Box::new(e))
+    }
 }
 
 #[cfg(test)]

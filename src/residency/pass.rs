@@ -38,7 +38,10 @@ pub enum Residency {
     /// Data in plain host memory with no buffer (`buffer == NULL`): the M4 crash.
     NoBuffer,
     /// In a buffer of a type the target cannot read.
-    ForeignBuffer { buffer_type: String, host_readable: bool },
+    ForeignBuffer {
+        buffer_type: String,
+        host_readable: bool,
+    },
 }
 
 impl Residency {
@@ -66,7 +69,10 @@ pub struct Finding {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issue {
     NoBuffer,
-    ForeignBuffer { buffer_type: String, host_readable: bool },
+    ForeignBuffer {
+        buffer_type: String,
+        host_readable: bool,
+    },
     UnsupportedOp,
 }
 
@@ -89,7 +95,10 @@ pub fn classify(tensor: &TensorRef<'_>, target: &dyn Target) -> Residency {
             if target.reads_buffer_type(buffer_type) {
                 Residency::Resident
             } else {
-                Residency::ForeignBuffer { buffer_type: buffer_type.name(), host_readable: buffer.is_host() }
+                Residency::ForeignBuffer {
+                    buffer_type: buffer_type.name(),
+                    host_readable: buffer.is_host(),
+                }
             }
         }
         None if owner.has_data() || tensor.has_data() => Residency::NoBuffer,
@@ -109,10 +118,16 @@ impl PassResult {
     /// Distinct tensors with a residency problem, in first-seen order.
     pub fn non_resident(&self) -> Vec<&Finding> {
         let mut seen = std::collections::HashSet::new();
-        self.findings.iter().filter(|f| f.issue != Issue::UnsupportedOp && seen.insert(f.tensor.clone())).collect()
+        self.findings
+            .iter()
+            .filter(|f| f.issue != Issue::UnsupportedOp && seen.insert(f.tensor.clone()))
+            .collect()
     }
     pub fn unsupported_ops(&self) -> Vec<&Finding> {
-        self.findings.iter().filter(|f| f.issue == Issue::UnsupportedOp).collect()
+        self.findings
+            .iter()
+            .filter(|f| f.issue == Issue::UnsupportedOp)
+            .collect()
     }
     pub fn is_clean(&self) -> bool {
         self.findings.is_empty()
@@ -141,12 +156,23 @@ pub fn check(graph: &Graph, target: &dyn Target) -> PassResult {
             }
             let issue = match residency {
                 Residency::NoBuffer => Issue::NoBuffer,
-                Residency::ForeignBuffer { buffer_type, host_readable } => Issue::ForeignBuffer { buffer_type, host_readable },
+                Residency::ForeignBuffer {
+                    buffer_type,
+                    host_readable,
+                } => Issue::ForeignBuffer {
+                    buffer_type,
+                    host_readable,
+                },
                 Residency::Resident | Residency::ToBeAllocated => unreachable!("not a hazard"),
             };
             // Name the tensor that owns the memory: a view of a host weight is that weight.
             let owner = src.view_source().unwrap_or(src);
-            result.findings.push(Finding { tensor: owner.name(), consumer: node.name(), consumer_op: node.op_name().to_owned(), issue });
+            result.findings.push(Finding {
+                tensor: owner.name(),
+                consumer: node.name(),
+                consumer_op: node.op_name().to_owned(),
+                issue,
+            });
         }
     }
     result

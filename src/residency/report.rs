@@ -12,7 +12,11 @@ pub enum Decision {
     /// Non-resident operands uploaded once to the device; then the gallocr path.
     Mirror { uploaded: usize },
     /// ggml's scheduler over {device, CPU}; host memory wrapped in a CPU buffer first.
-    Sched { wrapped: usize, mirrored: usize, splits: Option<usize> },
+    Sched {
+        wrapped: usize,
+        mirrored: usize,
+        splits: Option<usize>,
+    },
     /// Refused (`strict`).
     Refused,
     /// Gallocr on the device regardless of hazards (`unchecked`, for reproducing the bug).
@@ -23,8 +27,14 @@ impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Decision::Gallocr => write!(f, "gallocr"),
-            Decision::Mirror { uploaded } => write!(f, "mirror ({uploaded} uploaded once), gallocr"),
-            Decision::Sched { wrapped, mirrored, splits } => {
+            Decision::Mirror { uploaded } => {
+                write!(f, "mirror ({uploaded} uploaded once), gallocr")
+            }
+            Decision::Sched {
+                wrapped,
+                mirrored,
+                splits,
+            } => {
                 write!(f, "sched")?;
                 if let Some(splits) = splits {
                     write!(f, ", {splits} split{}", if *splits == 1 { "" } else { "s" })?;
@@ -57,10 +67,18 @@ impl Report {
     pub fn summary(&self) -> String {
         let non_resident = self.pass.non_resident();
         let unsupported = self.pass.unsupported_ops();
-        let mut line = format!("residency: {} nodes checked on {}", self.pass.nodes, self.device);
+        let mut line = format!(
+            "residency: {} nodes checked on {}",
+            self.pass.nodes, self.device
+        );
         if !non_resident.is_empty() {
             let plural = if non_resident.len() == 1 { "" } else { "s" };
-            line = format!("residency: {} tensor{plural} not on {} ({})", non_resident.len(), self.device, group(&non_resident));
+            line = format!(
+                "residency: {} tensor{plural} not on {} ({})",
+                non_resident.len(),
+                self.device,
+                group(&non_resident)
+            );
         }
         if !unsupported.is_empty() {
             line.push_str(&format!(", {} ops unsupported", unsupported.len()));
@@ -83,7 +101,11 @@ fn group(findings: &[&Finding]) -> String {
         .into_iter()
         .map(|(issue, names)| {
             let shown: Vec<&str> = names.iter().take(6).copied().collect();
-            let more = if names.len() > 6 { format!(" and {} more", names.len() - 6) } else { String::new() };
+            let more = if names.len() > 6 {
+                format!(" and {} more", names.len() - 6)
+            } else {
+                String::new()
+            };
             format!("{}{more}: {issue}", shown.join(", "))
         })
         .collect::<Vec<_>>()
@@ -101,8 +123,16 @@ impl fmt::Display for Report {
         )?;
         for finding in &self.pass.findings {
             match &finding.issue {
-                Issue::UnsupportedOp => writeln!(f, "  - node `{}` ({}): op not supported", finding.consumer, finding.consumer_op)?,
-                issue => writeln!(f, "  - `{}` read by `{}` ({}): {issue}", finding.tensor, finding.consumer, finding.consumer_op)?,
+                Issue::UnsupportedOp => writeln!(
+                    f,
+                    "  - node `{}` ({}): op not supported",
+                    finding.consumer, finding.consumer_op
+                )?,
+                issue => writeln!(
+                    f,
+                    "  - `{}` read by `{}` ({}): {issue}",
+                    finding.tensor, finding.consumer, finding.consumer_op
+                )?,
             }
         }
         Ok(())

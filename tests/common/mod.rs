@@ -6,12 +6,17 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 pub fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 fn read_f32(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// One reference array: complete, or sampled on a grid of (row, column) positions of its 2D
@@ -42,7 +47,9 @@ pub struct Fixture {
 impl Fixture {
     pub fn load(name: &str) -> Fixture {
         let dir = fixture_dir(name);
-        let manifest: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+        let manifest: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap())
+                .unwrap();
         let images = manifest["images"]
             .as_array()
             .unwrap()
@@ -57,20 +64,49 @@ impl Fixture {
                 dir: dir.clone(),
             })
             .collect();
-        Fixture { process_res: manifest["process_res"].as_u64().unwrap() as usize, images }
+        Fixture {
+            process_res: manifest["process_res"].as_u64().unwrap() as usize,
+            images,
+        }
     }
 }
 
 impl ImageCase {
     pub fn reference(&self, name: &str) -> Reference {
-        let a = self.arrays.get(name).unwrap_or_else(|| panic!("fixture {} has no array {name}", self.name));
-        let shape = a["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
-        let full = a.get("file").map(|f| read_f32(&self.dir.join(f.as_str().unwrap())));
+        let a = self
+            .arrays
+            .get(name)
+            .unwrap_or_else(|| panic!("fixture {} has no array {name}", self.name));
+        let shape = a["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let full = a
+            .get("file")
+            .map(|f| read_f32(&self.dir.join(f.as_str().unwrap())));
         let samples = a.get("samples").map(|s| {
-            let idx = |k: &str| s[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect::<Vec<_>>();
-            (idx("rows"), idx("cols"), read_f32(&self.dir.join(s["file"].as_str().unwrap())))
+            let idx = |k: &str| {
+                s[k].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as usize)
+                    .collect::<Vec<_>>()
+            };
+            (
+                idx("rows"),
+                idx("cols"),
+                read_f32(&self.dir.join(s["file"].as_str().unwrap())),
+            )
         });
-        Reference { shape, full, samples, mean: a["stats"]["mean"].as_f64().unwrap(), std: a["stats"]["std"].as_f64().unwrap() }
+        Reference {
+            shape,
+            full,
+            samples,
+            mean: a["stats"]["mean"].as_f64().unwrap(),
+            std: a["stats"]["std"].as_f64().unwrap(),
+        }
     }
     pub fn has(&self, name: &str) -> bool {
         self.arrays.contains_key(name)
@@ -91,9 +127,18 @@ pub struct Agreement {
 pub fn agreement(ours: &[f32], reference: &Reference) -> Agreement {
     let cols = *reference.shape.last().unwrap();
     let total: usize = reference.shape.iter().product();
-    assert_eq!(ours.len(), total, "element count differs from the reference shape {:?}", reference.shape);
+    assert_eq!(
+        ours.len(),
+        total,
+        "element count differs from the reference shape {:?}",
+        reference.shape
+    );
     let pairs: Vec<(f64, f64)> = match (&reference.full, &reference.samples) {
-        (Some(full), _) => ours.iter().zip(full).map(|(&a, &b)| (a as f64, b as f64)).collect(),
+        (Some(full), _) => ours
+            .iter()
+            .zip(full)
+            .map(|(&a, &b)| (a as f64, b as f64))
+            .collect(),
         (None, Some((rows, cs, values))) => {
             let mut out = Vec::new();
             for (ri, &r) in rows.iter().enumerate() {
@@ -105,14 +150,37 @@ pub fn agreement(ours: &[f32], reference: &Reference) -> Agreement {
         }
         _ => panic!("reference without data"),
     };
-    let max_ref = pairs.iter().map(|p| p.1.abs()).fold(0.0, f64::max).max(1e-30);
-    let max_rel = pairs.iter().map(|(a, b)| (a - b).abs() / b.abs().max(1e-30)).fold(0.0, f64::max);
+    let max_ref = pairs
+        .iter()
+        .map(|p| p.1.abs())
+        .fold(0.0, f64::max)
+        .max(1e-30);
+    let max_rel = pairs
+        .iter()
+        .map(|(a, b)| (a - b).abs() / b.abs().max(1e-30))
+        .fold(0.0, f64::max);
     let max_scaled = pairs.iter().map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / max_ref;
     let n = pairs.len() as f64;
-    let (ma, mb) = (pairs.iter().map(|p| p.0).sum::<f64>() / n, pairs.iter().map(|p| p.1).sum::<f64>() / n);
+    let (ma, mb) = (
+        pairs.iter().map(|p| p.0).sum::<f64>() / n,
+        pairs.iter().map(|p| p.1).sum::<f64>() / n,
+    );
     let cov: f64 = pairs.iter().map(|(a, b)| (a - ma) * (b - mb)).sum();
     let va: f64 = pairs.iter().map(|(a, _)| (a - ma).powi(2)).sum();
     let vb: f64 = pairs.iter().map(|(_, b)| (b - mb).powi(2)).sum();
-    let corr = if va == 0.0 || vb == 0.0 { if va == vb { 1.0 } else { 0.0 } } else { cov / (va * vb).sqrt() };
-    Agreement { max_rel, max_scaled, corr, compared: pairs.len() }
+    let corr = if va == 0.0 || vb == 0.0 {
+        if va == vb {
+            1.0
+        } else {
+            0.0
+        }
+    } else {
+        cov / (va * vb).sqrt()
+    };
+    Agreement {
+        max_rel,
+        max_scaled,
+        corr,
+        compared: pairs.len(),
+    }
 }
