@@ -52,7 +52,7 @@ impl Gallocr {
     /// Allocates `graph`. The returned [`Allocation`] borrows the allocator, so no other graph
     /// can be allocated (and move this graph's memory) while it is in use:
     ///
-    /// ```compile_fail
+    /// ```compile_fail,E0499
     /// # use da3::ggml::*;
     /// # fn f(gallocr: &mut Gallocr, g1: &Graph, g2: &Graph) -> Result<()> {
     /// let first = gallocr.alloc(g1)?;
