@@ -193,3 +193,67 @@ fn quantized_weights_stay_close_to_f32() {
         assert!(corr >= min_corr, "{weight_type:?}: correlation {corr}");
     }
 }
+
+/// The mono (DPT + sky head) variant: depth and sky before the official sky post-processing
+/// (which samples pixels at random), at 504 on the landscape image.
+#[test]
+fn mono_large_matches_official_before_sky_postprocessing() {
+    let fixture = Fixture::load("da3mono-large");
+    let (mut model, _dir) = load_synthetic("da3mono-large", true);
+    let case = &fixture.images[0];
+    let prediction = model
+        .infer(
+            &synthetic::image(case.width, case.height),
+            fixture.process_res,
+        )
+        .unwrap();
+    assert!(prediction.confidence.is_none() && prediction.pose.is_none());
+    for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")] {
+        let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
+        assert!(
+            a.max_scaled < 1e-4 && a.corr > 0.99999,
+            "mono {ours}: {a:?}"
+        );
+    }
+    let depth = agreement(&prediction.depth, &case.reference("depth"));
+    let sky = agreement(prediction.sky.as_ref().unwrap(), &case.reference("sky"));
+    eprintln!("mono depth {depth:?}\nmono sky {sky:?}");
+    assert!(
+        depth.max_rel <= 1e-3 && depth.corr >= 0.99999,
+        "mono depth: {depth:?}"
+    );
+    // Sky is relu'd: compare on the scale of the map (zeros make per-value ratios meaningless).
+    assert!(
+        sky.max_scaled <= 1e-3 && sky.corr >= 0.99999,
+        "mono sky: {sky:?}"
+    );
+
+    // The post-processing rule against the official one, which estimates the 0.99 quantile
+    // from 100 000 random samples: sky pixels agree to the sampling error.
+    let mut filled = prediction.depth.clone();
+    da3::da3::outputs::fill_sky(&mut filled, prediction.sky.as_ref().unwrap());
+    let reference = case.reference("depth_sky_postprocessed");
+    let sky_reference = case.reference("sky");
+    let (rows, cols, values) = reference.samples.as_ref().unwrap();
+    let sky_values = &sky_reference.samples.as_ref().unwrap().2;
+    let width = *reference.shape.last().unwrap();
+    let mut sky_pixels = 0;
+    for (ri, &r) in rows.iter().enumerate() {
+        for (ci, &c) in cols.iter().enumerate() {
+            let k = ri * cols.len() + ci;
+            if sky_values[k] >= 0.3 {
+                sky_pixels += 1;
+                let ours = filled[r * width + c];
+                assert!(
+                    (ours - values[k]).abs() <= 1e-2 * values[k].abs(),
+                    "sky pixel ({r}, {c}): {ours} vs {}",
+                    values[k]
+                );
+            }
+        }
+    }
+    assert!(
+        sky_pixels > 0,
+        "the fixture has no sky pixel on the sample grid"
+    );
+}

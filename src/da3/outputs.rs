@@ -229,3 +229,95 @@ fn turbo(x: f32) -> [u8; 3] {
             + x * (-60.58204836 + x * (110.36276771 + x * (-89.90310912 + x * 27.34824973))));
     [r, g, b].map(|c| (c.clamp(0.0, 1.0) * 255.0).round() as u8)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantile_interpolates_linearly_like_torch() {
+        // torch.quantile(torch.tensor([1., 2., 3., 4.]), 0.99) == 3.97
+        assert!((quantile(vec![4.0, 1.0, 3.0, 2.0], 0.99) - 3.97).abs() < 1e-6);
+        assert_eq!(quantile(vec![5.0], 0.99), 5.0);
+        assert_eq!(quantile(vec![0.0, 10.0], 0.5), 5.0);
+    }
+
+    #[test]
+    fn sky_pixels_take_the_99th_percentile_of_the_rest() {
+        let mut depth: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        let sky: Vec<f32> = (0..100).map(|i| if i >= 80 { 0.9 } else { 0.1 }).collect();
+        fill_sky(&mut depth, &sky);
+        let expected = quantile((0..80).map(|i| i as f32).collect(), 0.99); // 78.21
+        assert!((expected - 78.21).abs() < 1e-4);
+        assert!(depth[80..].iter().all(|&d| d == expected));
+        assert!(depth[..80].iter().enumerate().all(|(i, &d)| d == i as f32));
+    }
+
+    #[test]
+    fn sky_threshold_is_inclusive_at_0_3() {
+        let mut depth = vec![1.0f32; 40];
+        depth[39] = 2.0;
+        let mut sky = vec![0.0f32; 40];
+        for s in &mut sky[..20] {
+            *s = 0.3;
+        }
+        fill_sky(&mut depth, &sky);
+        let expected = quantile(depth[20..].to_vec(), 0.99);
+        assert!(depth[..20].iter().all(|&d| d == expected));
+    }
+
+    #[test]
+    fn few_sky_or_few_ground_pixels_leave_depth_alone() {
+        let original: Vec<f32> = (0..50).map(|i| i as f32).collect();
+        for sky_pixels in [0, 10, 40, 50] {
+            let mut depth = original.clone();
+            let sky: Vec<f32> = (0..50)
+                .map(|i| if i < sky_pixels { 1.0 } else { 0.0 })
+                .collect();
+            fill_sky(&mut depth, &sky);
+            assert_eq!(depth, original, "{sky_pixels} sky pixels");
+        }
+    }
+
+    #[test]
+    fn pose_of_the_identity_encoding() {
+        // t = 0, quaternion (0, 0, 0, 1), fov 90 degrees both ways.
+        let fov = std::f32::consts::FRAC_PI_2;
+        let pose = Pose::from_encoding(&[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, fov, fov], 504, 336);
+        assert!(
+            (pose.intrinsics[0][0] - 252.0).abs() < 1e-3
+                && (pose.intrinsics[1][1] - 168.0).abs() < 1e-3
+        );
+        assert_eq!(
+            (pose.intrinsics[0][2], pose.intrinsics[1][2]),
+            (252.0, 168.0)
+        );
+        for (r, row) in pose.extrinsics.iter().enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                assert_eq!(v, if r == c { 1.0 } else { 0.0 });
+            }
+        }
+    }
+
+    #[test]
+    fn extrinsics_are_the_inverse_of_the_predicted_camera_to_world() {
+        // 90 degrees about z (quaternion (0, 0, sin 45, cos 45)), translation (1, 2, 3).
+        let h = std::f32::consts::FRAC_1_SQRT_2;
+        let pose = Pose::from_encoding(&[1.0, 2.0, 3.0, 0.0, 0.0, h, h, 1.0, 1.0], 10, 10);
+        // c2w R = [[0,-1,0],[1,0,0],[0,0,1]]; w2c = [R^T | -R^T t] with -R^T t = (-2, 1, -3).
+        let expected = [
+            [0.0, 1.0, 0.0, -2.0],
+            [-1.0, 0.0, 0.0, 1.0],
+            [0.0, 0.0, 1.0, -3.0],
+        ];
+        for r in 0..3 {
+            for c in 0..4 {
+                assert!(
+                    (pose.extrinsics[r][c] - expected[r][c]).abs() < 1e-6,
+                    "{:?}",
+                    pose.extrinsics
+                );
+            }
+        }
+    }
+}
