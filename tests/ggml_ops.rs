@@ -1510,3 +1510,37 @@ fn host_context_weights_feed_a_graph_of_another_context() {
         "sched after wrapping",
     );
 }
+
+/// A GGUF file's tensors land in a backend buffer with their names, shapes, types and bytes.
+#[test]
+fn gguf_tensors_load_into_a_backend_buffer() {
+    use da3::ggml::gguf::{GgufFile, GgufWriter};
+    let values: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let mut writer = GgufWriter::new();
+    writer
+        .add_tensor(
+            "w",
+            DType::F32,
+            &[16, 4],
+            values
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
+    let q8 = da3::ggml::quantize(DType::Q8_0, &values, 32).unwrap();
+    writer
+        .add_tensor("q", DType::Q8_0, &[32, 2], q8.clone())
+        .unwrap();
+    let mut bytes = Vec::new();
+    writer.write_to_writer(&mut bytes).unwrap();
+    let file = GgufFile::from_bytes(bytes).unwrap();
+    let backend = Backend::cpu(1).unwrap();
+    let ctx = Context::from_gguf(&file, &backend, BufferUsage::Weights).unwrap();
+    let w = ctx.tensor("w").unwrap();
+    assert_eq!(w.shape().dims(), &[16, 4]);
+    assert_eq!(ctx.read::<f32>(&w).unwrap(), values);
+    let q = ctx.tensor("q").unwrap();
+    assert_eq!((q.dtype(), q.nbytes()), (DType::Q8_0, q8.len()));
+    assert_eq!(q.buffer().unwrap().usage(), BufferUsage::Weights);
+}
