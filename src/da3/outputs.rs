@@ -15,7 +15,7 @@ pub struct Pose {
 }
 
 impl Pose {
-    /// From the decoder's encoding (t[3], quaternion xyzw[4], fov h/w[2]) for a processed
+    /// From the decoder's encoding (`t[3]`, quaternion `xyzw[4]`, fov `h/w[2]`) for a processed
     /// image of `width` x `height`.
     pub fn from_encoding(enc: &[f32], width: usize, height: usize) -> Pose {
         let (t, q) = ([enc[0], enc[1], enc[2]], [enc[3], enc[4], enc[5], enc[6]]);

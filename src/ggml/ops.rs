@@ -32,9 +32,9 @@ pub enum Pool {
 /// Rotary embedding pairing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeMode {
-    /// Adjacent pairs (x[2i], x[2i+1]).
+    /// Adjacent pairs (`x[2i]`, `x[2i+1]`).
     Normal,
-    /// Rotate-half pairs (x[i], x[i + n_dims/2]), as GPT-NeoX and DINOv2-style RoPE.
+    /// Rotate-half pairs (`x[i]`, `x[i + n_dims/2]`), as GPT-NeoX and DINOv2-style RoPE.
     Neox,
 }
 
@@ -294,7 +294,7 @@ impl Context {
 
     // --- normalisation --------------------------------------------------------------------------
 
-    /// Normalises each row (over ne[0]) to zero mean and unit variance.
+    /// Normalises each row (over `ne[0]`) to zero mean and unit variance.
     pub fn norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
         self.reserve_like(a)?;
         // SAFETY: no preconditions beyond live tensors.
@@ -308,7 +308,7 @@ impl Context {
         let raw = unsafe { sys::ggml_rms_norm(self.raw(), a.as_ptr(), eps) };
         self.result(raw, "rms_norm", &[a])
     }
-    /// LayerNorm over ne[0]: `norm(a) * weight + bias`, weight and bias of shape [ne0].
+    /// LayerNorm over `ne[0]`: `norm(a) * weight + bias`, weight and bias of shape `[ne0]`.
     pub fn layer_norm(
         &self,
         a: &Tensor,
@@ -330,7 +330,7 @@ impl Context {
         self.add(&n, bias)
     }
 
-    /// Softmax over ne[0] of `a * scale + mask` (mask optional, f32 or f16, broadcast).
+    /// Softmax over `ne[0]` of `a * scale + mask` (mask optional, f32 or f16, broadcast).
     pub fn soft_max_ext(
         &self,
         a: &Tensor,
@@ -361,7 +361,7 @@ impl Context {
         operands.extend(mask);
         self.result(raw, "soft_max_ext", &operands)
     }
-    /// Plain softmax over ne[0].
+    /// Plain softmax over `ne[0]`.
     pub fn soft_max(&self, a: &Tensor) -> Result<Tensor> {
         self.soft_max_ext(a, None, 1.0, 0.0)
     }
@@ -686,7 +686,7 @@ impl Context {
         let raw = unsafe { sys::ggml_concat(self.raw(), a.as_ptr(), b.as_ptr(), dim as i32) };
         self.result(raw, "concat", &[a, b])
     }
-    /// Rows of `a` picked by i32 indices `rows` ([n] or [n, a.ne2, a.ne3]).
+    /// Rows of `a` picked by i32 indices `rows` (`[n]` or `[n, a.ne2, a.ne3]`).
     pub fn get_rows(&self, a: &Tensor, rows: &Tensor) -> Result<Tensor> {
         require_dtype("get_rows", rows, &[DType::I32])?;
         let (an, rn) = (a.ne(), rows.ne());
