@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference outputs of the official Depth Anything 3 network for the Rust port's tests.
+r"""Reference outputs of the official Depth Anything 3 network for the Rust port's tests.
 
 The official network (PyPI package depth-anything-3==0.1.1) is built from the package's own
 yaml configs, filled with deterministic pseudo-random weights (a formula that the Rust tests
@@ -10,12 +10,16 @@ little-endian float32 files; see `generate` for the format.
 Environment: a virtualenv made by the project's official-da3-venv.sh (torch, torchvision,
 depth-anything-3 without its optional dependencies).
 
-Examples:
-    da3_reference.py da3-tiny --process-res 112 --out tests/fixtures/da3-tiny
-    da3_reference.py da3-small --compact --out tests/fixtures/da3-small
-    da3_reference.py da3-base --save-checkpoint /tmp/da3-base-seeded
-    da3_reference.py da3-small --timing tests/fixtures/official_timings.json
-    da3_reference.py da3-small --check
+Examples (the committed fixtures, from the repository root):
+    PY=/path/to/venv/bin/python; R=tests/reference/da3_reference.py; F=tests/fixtures
+    $PY $R da3-tiny --process-res 112 --out $F/da3-tiny --detail-images 640x427 \
+        --max-full-elems 0 --full-keys tokens_in --store-processed --keys-file $F/da3-tiny/keys.txt
+    $PY $R da3-small --compact --out $F/da3-small
+    $PY $R da3-base --compact --out $F/da3-base
+    $PY $R da3mono-large --compact --images 640x427 --out $F/da3mono-large
+    $PY $R da3-small --images 640x427 --timing $F/official_timings.json   # also da3-base
+    $PY $R da3-base --save-checkpoint /tmp/da3-base-seeded   # config.json + model.safetensors
+    $PY $R da3-small --check   # finite outputs, attention entropy, fused vs unfused attention
 """
 
 from __future__ import annotations
