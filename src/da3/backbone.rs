@@ -141,14 +141,14 @@ impl Block {
         let qkv = self.attn_qkv.forward(g, h)?; // [3E, T], rows ordered (q|k|v, head, dim)
         let t = qkv.ne()[1];
         let row = qkv.nb()[1];
-        let split = |i: i64| -> Result<Tensor, Error> {
-            let v = g.view(
+        // [D, H, T] views, not copies: norm, RoPE and attention read strided rows.
+        let split = |i: i64| {
+            g.view(
                 &qkv,
                 &[d, heads, t],
                 &[d as usize * 4, row],
                 (i * e) as usize * 4,
-            )?;
-            Ok(g.cont(&v)?) // [D, H, T]
+            )
         };
         let (mut q, mut k, v) = (split(0)?, split(1)?, split(2)?);
         if let Some((qn, kn)) = &self.qk_norm {
@@ -159,21 +159,21 @@ impl Block {
             q = rope_2d(g, &q, py, px, cfg.rope_freq)?;
             k = rope_2d(g, &k, py, px, cfg.rope_freq)?;
         }
-        // [D, H, T] -> [D, T, H] for per-head products.
-        let q = g.cont(&g.permute(&q, [0, 2, 1, 3])?)?;
-        let k = g.cont(&g.permute(&k, [0, 2, 1, 3])?)?;
-        let v_t = g.cont(&g.permute(&v, [1, 2, 0, 3])?)?; // [T, D, H]
-        let scores = g.mul_mat(&k, &q)?; // [Tk, Tq, H]
-        let probs = g.soft_max_ext(&scores, None, 1.0 / (d as f32).sqrt(), 0.0)?;
-        let out = g.mul_mat(&v_t, &probs)?; // [D, Tq, H]
-        let out = g.cont(&g.permute(&out, [0, 2, 1, 3])?)?; // [D, H, T]
+        let per_head = |x: &Tensor| g.permute(x, [0, 2, 1, 3]); // [D, H, T] -> [D, T, H]
+        let out = g.attention(
+            &per_head(&q)?,
+            &per_head(&k)?,
+            &per_head(&v)?,
+            1.0 / (d as f32).sqrt(),
+        )?; // [D, H, T]
         let out = g.reshape(&out, &[e, t])?;
         self.attn_proj.forward(g, &out)
     }
 }
 
 /// 2D RoPE: the first half of each head rotates by the row position, the second by the
-/// column, each with rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`.
+/// column, each with rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`. Two
+/// in-row rotations, so no halves are copied out and joined again.
 fn rope_2d(
     g: &Context,
     x: &Tensor,
@@ -181,26 +181,9 @@ fn rope_2d(
     pos_x: &Tensor,
     freq: f32,
 ) -> Result<Tensor, Error> {
-    let [d, heads, t, _] = x.ne();
-    let half = d / 2;
-    let nb = x.nb();
-    let y_half = g.view(x, &[half, heads, t], &[nb[1], nb[2]], 0)?;
-    let x_half = g.view(x, &[half, heads, t], &[nb[1], nb[2]], half as usize * 4)?;
-    let y_rot = g.rope(
-        &g.cont(&y_half)?,
-        pos_y,
-        half as usize,
-        RopeMode::Neox,
-        freq,
-    )?;
-    let x_rot = g.rope(
-        &g.cont(&x_half)?,
-        pos_x,
-        half as usize,
-        RopeMode::Neox,
-        freq,
-    )?;
-    Ok(g.concat(&y_rot, &x_rot, 0)?)
+    let half = x.ne()[0] as usize / 2;
+    let y_rotated = g.rope_at(x, pos_y, 0, half, RopeMode::Neox, freq)?;
+    Ok(g.rope_at(&y_rotated, pos_x, half, half, RopeMode::Neox, freq)?)
 }
 
 impl Backbone {

@@ -247,6 +247,9 @@ impl Model {
 
         // The graph.
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
+        // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
+        // attention); a graph for another device keeps to ops every backend has.
+        ctx.use_cpu_kernels(self.executor.device().is_cpu());
         let image = ctx
             .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
             .named("image");

@@ -379,14 +379,11 @@ impl Conv {
     }
     /// `x`: a map [W, H, C_in, 1] -> [W', H', C_out, 1].
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        let y = g.conv_2d(
-            &self.weight,
-            x,
-            (self.stride, self.stride),
-            (self.padding, self.padding),
-            (1, 1),
-        )?;
-        add_channel_bias(g, &y, self.bias.as_ref())
+        let (stride, padding) = ((self.stride, self.stride), (self.padding, self.padding));
+        Ok(match &self.bias {
+            Some(bias) => g.conv_2d_bias(&self.weight, x, bias, stride, padding, (1, 1))?,
+            None => g.conv_2d(&self.weight, x, stride, padding, (1, 1))?,
+        })
     }
 }
 

@@ -4,6 +4,7 @@ use super::buffer::BufferType;
 use super::error::{Error, Result};
 use super::tensor::TensorView;
 use ggml_sys as sys;
+use std::cell::RefCell;
 use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 use std::rc::Rc;
@@ -171,6 +172,34 @@ pub struct Backend {
 struct BackendInner {
     raw: NonNull<sys::ggml_backend>,
     device: Device,
+    /// The CPU backend's worker threads. Dropped after `raw` is freed (fields drop after
+    /// `Drop::drop`), so the backend never holds a freed pool.
+    threadpool: RefCell<Option<ThreadPool>>,
+}
+
+/// Worker threads that a CPU backend keeps between computes: without one, ggml starts and
+/// joins its threads on every graph compute, a cost paid per node when profiling and per
+/// split under a scheduler.
+struct ThreadPool {
+    raw: NonNull<sys::ggml_threadpool>,
+}
+
+impl ThreadPool {
+    /// `threads`: 1 to GGML_MAX_N_THREADS.
+    fn new(threads: i32) -> Option<ThreadPool> {
+        // SAFETY: plain initialisation of a params struct.
+        let mut params = unsafe { sys::ggml_threadpool_params_default(threads) };
+        // SAFETY: valid params with a thread count in range; NULL on failure.
+        NonNull::new(unsafe { sys::ggml_threadpool_new(&mut params) }).map(|raw| ThreadPool { raw })
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        // SAFETY: we own the pool and no backend uses it any more (see BackendInner); stops
+        // and joins its threads, freed once.
+        unsafe { sys::ggml_threadpool_free(self.raw.as_ptr()) };
+    }
 }
 
 impl Backend {
@@ -183,7 +212,11 @@ impl Backend {
             reason: "ggml_backend_dev_init returned NULL".into(),
         })?;
         Ok(Backend {
-            inner: Rc::new(BackendInner { raw, device }),
+            inner: Rc::new(BackendInner {
+                raw,
+                device,
+                threadpool: RefCell::new(None),
+            }),
         })
     }
     /// The CPU backend with `threads` threads (0: all cores).
@@ -212,17 +245,30 @@ impl Backend {
     pub fn same_as(&self, other: &Backend) -> bool {
         Rc::ptr_eq(&self.inner, &other.inner)
     }
-    /// Sets the thread count of a CPU backend (0: all cores); no effect on other backends.
+    /// Sets the thread count of a CPU backend (0: all cores) and gives it a pool of that many
+    /// threads, kept until the next call or the backend's end; no effect on other backends.
     pub fn set_threads(&self, threads: usize) {
         let threads = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
         } else {
             threads
         };
-        if self.is_cpu() {
-            // SAFETY: a live CPU backend (checked), which is what this call requires.
-            unsafe { sys::ggml_backend_cpu_set_n_threads(self.as_ptr(), threads as i32) };
+        if !self.is_cpu() {
+            return;
         }
+        let threads = threads.min(sys::GGML_MAX_N_THREADS as usize) as i32;
+        let pool = ThreadPool::new(threads);
+        let pool_ptr = pool
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |p| p.raw.as_ptr());
+        // SAFETY: a live CPU backend (checked), which is what both calls require; the pool
+        // (or NULL: ggml's per-compute threads) outlives its use, as the backend owns it. ggml
+        // pauses the previous pool before switching, and it is freed only after the switch.
+        unsafe {
+            sys::ggml_backend_cpu_set_n_threads(self.as_ptr(), threads);
+            sys::ggml_backend_cpu_set_threadpool(self.as_ptr(), pool_ptr);
+        }
+        *self.inner.threadpool.borrow_mut() = pool;
     }
     pub fn default_buffer_type(&self) -> BufferType {
         // SAFETY: live backend.

@@ -5,7 +5,7 @@ use super::dtype::DType;
 use super::error::{Error, Result};
 use super::tensor::{Element, Tensor, TensorView};
 use ggml_sys as sys;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -19,6 +19,8 @@ pub(crate) struct ContextInner {
     buffers: RefCell<Vec<Buffer>>,
     /// Contexts whose tensors are operands of this context's ops.
     keep_alive: RefCell<Vec<Rc<ContextInner>>>,
+    /// Ops may use kernels only the CPU backend runs (see [`Context::use_cpu_kernels`]).
+    cpu_kernels: Cell<bool>,
 }
 
 impl ContextInner {
@@ -117,6 +119,7 @@ impl Context {
                 no_alloc,
                 buffers: RefCell::new(Vec::new()),
                 keep_alive: RefCell::new(Vec::new()),
+                cpu_kernels: Cell::new(false),
             }),
         })
     }
@@ -153,6 +156,15 @@ impl Context {
     }
     pub(crate) fn raw(&self) -> *mut sys::ggml_context {
         self.inner.raw()
+    }
+    /// Lets the ops built from now on use kernels that only the CPU backend runs (custom ops,
+    /// fused attention) where they beat ggml's generic path on the CPU. For graphs computed
+    /// on the CPU backend only: another backend refuses such nodes.
+    pub fn use_cpu_kernels(&self, on: bool) {
+        self.inner.cpu_kernels.set(on);
+    }
+    pub(crate) fn cpu_kernels(&self) -> bool {
+        self.inner.cpu_kernels.get()
     }
     /// Whether tensor data lives outside the pool.
     pub fn is_metadata_only(&self) -> bool {

@@ -28,6 +28,8 @@ mod alloc;
 mod backend;
 mod buffer;
 mod context;
+mod cpu_kernels;
+mod cpu_ops;
 pub mod dtype;
 mod error;
 pub mod gguf;

@@ -42,7 +42,7 @@ fn describe(tensors: &[&Tensor]) -> Vec<Operand> {
     tensors.iter().map(|t| t.describe()).collect()
 }
 
-fn mismatch(op: &'static str, reason: impl Into<String>, tensors: &[&Tensor]) -> Error {
+pub(super) fn mismatch(op: &'static str, reason: impl Into<String>, tensors: &[&Tensor]) -> Error {
     Error::ShapeMismatch {
         op,
         reason: reason.into(),
@@ -61,7 +61,7 @@ fn require_contiguous(op: &'static str, t: &Tensor) -> Result<()> {
     }
 }
 
-fn require_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> {
+pub(super) fn require_dtype(op: &'static str, t: &Tensor, allowed: &[DType]) -> Result<()> {
     if allowed.contains(&t.dtype()) {
         return Ok(());
     }
@@ -90,7 +90,12 @@ fn conv_out(size: i64, kernel: i64, stride: i32, pad: i32, dilation: i32) -> i64
 
 impl Context {
     /// Wraps a freshly created op result and records the operands' contexts.
-    fn result(&self, raw: *mut sys::ggml_tensor, op: &str, operands: &[&Tensor]) -> Result<Tensor> {
+    pub(super) fn result(
+        &self,
+        raw: *mut sys::ggml_tensor,
+        op: &str,
+        operands: &[&Tensor],
+    ) -> Result<Tensor> {
         for operand in operands {
             self.use_operand(operand);
         }
@@ -98,7 +103,7 @@ impl Context {
     }
 
     /// Room for one more tensor object (ops allocate no data in metadata-only contexts).
-    fn reserve_result(&self, dtype: DType, ne: [i64; 4]) -> Result<()> {
+    pub(super) fn reserve_result(&self, dtype: DType, ne: [i64; 4]) -> Result<()> {
         let data = if self.is_metadata_only() {
             0
         } else {
@@ -270,6 +275,9 @@ impl Context {
     }
     /// GELU with the exact erf form.
     pub fn gelu_erf(&self, a: &Tensor) -> Result<Tensor> {
+        if self.cpu_kernels() && a.dtype() == DType::F32 && a.is_contiguous() {
+            return self.cpu_gelu_erf(a);
+        }
         self.unary("gelu_erf", a, sys::ggml_gelu_erf)
     }
     /// GELU, tanh approximation.
@@ -296,6 +304,13 @@ impl Context {
 
     /// Normalises each row (over `ne[0]`) to zero mean and unit variance.
     pub fn norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
+        // The CPU kernel asserts contiguous rows; the rows themselves may be strided.
+        if a.nb()[0] != a.dtype().type_size() {
+            return Err(Error::NotContiguous {
+                op: "norm",
+                operand: a.describe(),
+            });
+        }
         self.reserve_like(a)?;
         // SAFETY: no preconditions beyond live tensors.
         let raw = unsafe { sys::ggml_norm(self.raw(), a.as_ptr(), eps) };
@@ -377,6 +392,16 @@ impl Context {
         scale: f32,
     ) -> Result<Tensor> {
         let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        // The CPU kernel reads rows in place (q, k and v may be permuted views) but asserts
+        // that each row is contiguous.
+        for t in [q, k, v] {
+            if t.nb()[0] != t.dtype().type_size() {
+                return Err(Error::NotContiguous {
+                    op: "flash_attn_ext",
+                    operand: t.describe(),
+                });
+            }
+        }
         if kn[0] != qn[0] || qn[2] % kn[2] != 0 || qn[3] % kn[3] != 0 {
             return Err(mismatch(
                 "flash_attn_ext",
@@ -433,6 +458,28 @@ impl Context {
         Ok(out)
     }
 
+    /// Scaled dot-product attention, `softmax(q kᵀ · scale) v` per head, for `q [D, Tq, H]`,
+    /// `k [D, Tk, H]` and `v [Dv, Tk, H]` (rows contiguous; permuted views are fine) ->
+    /// `[Dv, H, Tq]`, which reshapes to `[Dv * H, Tq]`. In CPU-kernel contexts a fused kernel
+    /// in f32 (the safe layer's for the usual scale `1 / sqrt(D)`, else
+    /// [`Context::flash_attn_ext`]) avoids the score matrices and the copies; elsewhere,
+    /// explicit products.
+    pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
+        if self.cpu_kernels() {
+            if Self::cpu_attention_applies(q, k, v, scale) {
+                return self.cpu_attention(q, k, v);
+            }
+            return self.flash_attn_ext(q, k, v, None, scale);
+        }
+        // Contiguous copies, as every backend's matrix product takes them.
+        let (q, k) = (self.cont(q)?, self.cont(k)?);
+        let v_t = self.cont(&self.permute(v, [1, 0, 2, 3])?)?; // [Tk, Dv, H]
+        let scores = self.mul_mat(&k, &q)?; // [Tk, Tq, H]
+        let probs = self.soft_max_ext(&scores, None, scale, 0.0)?;
+        let out = self.mul_mat(&v_t, &probs)?; // [Dv, Tq, H]
+        self.cont(&self.permute(&out, [0, 2, 1, 3])?)
+    }
+
     /// Rotary embedding of the first `n_dims` values of each row of `a [D, H, T, B]` by the
     /// positions `pos` (i32, length T), frequencies `freq_base^(-2i/n_dims)`.
     pub fn rope(
@@ -443,7 +490,27 @@ impl Context {
         mode: RopeMode,
         freq_base: f32,
     ) -> Result<Tensor> {
+        self.rope_at(a, pos, 0, n_dims, mode, freq_base)
+    }
+
+    /// Like [`Context::rope`], rotating the `n_dims` values from `offset` in each row and
+    /// copying the others. `a`'s rows must be contiguous; `a` itself may be a strided view.
+    pub fn rope_at(
+        &self,
+        a: &Tensor,
+        pos: &Tensor,
+        offset: usize,
+        n_dims: usize,
+        mode: RopeMode,
+        freq_base: f32,
+    ) -> Result<Tensor> {
         require_dtype("rope", pos, &[DType::I32])?;
+        if a.nb()[0] != a.dtype().type_size() {
+            return Err(Error::NotContiguous {
+                op: "rope",
+                operand: a.describe(),
+            });
+        }
         if pos.nelements() != pos.ne()[0] || pos.ne()[0] != a.ne()[2] {
             return Err(mismatch(
                 "rope",
@@ -451,13 +518,14 @@ impl Context {
                 &[a, pos],
             ));
         }
-        if n_dims == 0 || !n_dims.is_multiple_of(2) || n_dims as i64 > a.ne()[0] {
+        if n_dims == 0
+            || !n_dims.is_multiple_of(2)
+            || !offset.is_multiple_of(2)
+            || (offset + n_dims) as i64 > a.ne()[0]
+        {
             return Err(Error::InvalidArgument {
                 op: "rope",
-                reason: format!(
-                    "n_dims {n_dims} must be even and at most ne[0] = {}",
-                    a.ne()[0]
-                ),
+                reason: format!("offset {offset} and n_dims {n_dims} must be even and end at most at ne[0] = {}", a.ne()[0]),
             });
         }
         self.reserve_like(a)?;
@@ -484,7 +552,11 @@ impl Context {
                 0.0,
             )
         };
-        self.result(raw, "rope", &[a, pos])
+        let out = self.result(raw, "rope", &[a, pos])?;
+        // SAFETY: a ROPE node of mode Normal or Neox, never Vision (ggml_rope_set_offset's
+        // assertions); the kernels assert the offset is even and ends in the row, checked above.
+        unsafe { sys::ggml_rope_set_offset(out.as_ptr(), offset as i32) };
+        Ok(out)
     }
 
     // --- shape ----------------------------------------------------------------------------------
@@ -725,7 +797,8 @@ impl Context {
     // --- images ---------------------------------------------------------------------------------
 
     /// 2D convolution in f32: `kernel [KW, KH, IC, OC]` over `input [W, H, IC, N]` ->
-    /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this).
+    /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this). In
+    /// CPU-kernel contexts, stride-1 "same" convolutions of one image run a direct kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d(
         &self,
@@ -735,6 +808,10 @@ impl Context {
         padding: (i32, i32),
         dilation: (i32, i32),
     ) -> Result<Tensor> {
+        if self.cpu_kernels() && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
+        {
+            return self.cpu_conv_2d_same(kernel, input, None);
+        }
         let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
         let (kn, cn) = (kernel.ne(), columns.ne());
         let columns_2d = self.reshape(&columns, &[cn[0], cn[1] * cn[2] * cn[3]])?;
@@ -745,9 +822,44 @@ impl Context {
             self.reshape(&k, &[kn[0] * kn[1] * kn[2], kn[3]])?
         };
         let product = self.mul_mat(&columns_2d, &kernel_2d)?; // [OW*OH*N, OC]
+        if cn[3] == 1 {
+            // One image: [OW*OH, OC] already is [OW, OH, OC, 1], no copy needed.
+            return self.reshape(&product, &[cn[1], cn[2], kn[3], 1]);
+        }
         let product = self.reshape(&product, &[cn[1], cn[2], cn[3], kn[3]])?; // [OW, OH, N, OC]
         let product = self.permute(&product, [0, 1, 3, 2])?;
         self.cont(&product)
+    }
+
+    /// [`Context::conv_2d`] plus a per-channel `bias [OC]`; in CPU-kernel contexts the direct
+    /// kernel adds it as it writes, saving a pass over the result.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_2d_bias(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        bias: &Tensor,
+        stride: (i32, i32),
+        padding: (i32, i32),
+        dilation: (i32, i32),
+    ) -> Result<Tensor> {
+        let oc = kernel.ne()[3];
+        if bias.nelements() != oc || bias.ne()[0] != oc {
+            return Err(mismatch(
+                "conv_2d",
+                "the bias must be a vector of the kernel's output channels (ne[3])",
+                &[kernel, bias],
+            ));
+        }
+        let fused = bias.dtype() == DType::F32 && bias.is_contiguous();
+        if fused
+            && self.cpu_kernels()
+            && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
+        {
+            return self.cpu_conv_2d_same(kernel, input, Some(bias));
+        }
+        let y = self.conv_2d(kernel, input, stride, padding, dilation)?;
+        self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
     }
 
     /// Unfolds image patches into columns: `[IC*KH*KW, OW, OH, N]`.
@@ -907,6 +1019,17 @@ impl Context {
                 ne: ne.to_vec(),
                 reason: "every dim must be positive".into(),
             });
+        }
+        let resizes_planes = ne[2] == a.ne()[2] && ne[3] == a.ne()[3];
+        if self.cpu_kernels()
+            && mode
+                == (Interpolation::Bilinear {
+                    align_corners: true,
+                })
+            && resizes_planes
+            && a.is_contiguous()
+        {
+            return self.cpu_bilinear_align_corners(a, ne[0], ne[1]);
         }
         let flag = sys::GGML_SCALE_FLAG_ALIGN_CORNERS;
         let mode = match mode {

@@ -1,0 +1,352 @@
+//! Ops with Rust kernels (`cpu_kernels.rs`) that ggml's CPU backend runs on its own threads
+//! as GGML_OP_CUSTOM nodes, where ggml's CPU kernel is far from what the hardware allows.
+//! Other backends refuse these nodes: the ops that pick them ([`Context::attention`],
+//! [`Context::conv_2d`], [`Context::conv_2d_bias`], [`Context::gelu_erf`],
+//! [`Context::interpolate`]) do so only in contexts marked with [`Context::use_cpu_kernels`].
+//!
+//! The kernels index by shapes checked when the op is built; a panic in one would abort the
+//! process at the FFI boundary, as a failed ggml assertion does.
+
+use super::context::Context;
+use super::cpu_kernels;
+use super::dtype::DType;
+use super::error::{Error, Result};
+use super::tensor::{Tensor, TensorView};
+use ggml_sys as sys;
+use std::ops::Range;
+use std::os::raw::{c_int, c_void};
+
+/// An operand as a kernel sees it: f32 data from its first value to its last, ggml's shape
+/// and its strides in values (contiguous rows: `nb[0]` is 1).
+pub(super) struct Src<'a> {
+    pub data: &'a [f32],
+    pub ne: [usize; 4],
+    pub nb: [usize; 4],
+}
+
+/// How a kernel's result is shared between threads: each thread gets a disjoint range of
+/// units, rows (`ne[0]` values) or planes (`ne[0] * ne[1]` values).
+#[derive(Clone, Copy)]
+enum Unit {
+    Row,
+    Plane,
+}
+
+/// Writes units `units` of the result (of shape `ne`) into `out`, which holds exactly those.
+type KernelFn = fn(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>);
+
+struct Kernel {
+    unit: Unit,
+    run: KernelFn,
+    /// Whether the operands may be strided views (with contiguous rows).
+    strided: bool,
+}
+
+static GELU_ERF: Kernel = Kernel {
+    unit: Unit::Row,
+    run: cpu_kernels::gelu_erf_rows,
+    strided: false,
+};
+static CONV_SAME: Kernel = Kernel {
+    unit: Unit::Plane,
+    run: cpu_kernels::conv_same_planes,
+    strided: false,
+};
+static BILINEAR_ALIGNED: Kernel = Kernel {
+    unit: Unit::Plane,
+    run: cpu_kernels::bilinear_align_corners_planes,
+    strided: false,
+};
+static ATTENTION: Kernel = Kernel {
+    unit: Unit::Plane,
+    run: cpu_kernels::attention_tokens,
+    strided: true,
+};
+
+fn shape(t: *const sys::ggml_tensor) -> [usize; 4] {
+    // SAFETY: a live tensor of the graph being computed; plain field reads.
+    unsafe { (*t).ne.map(|d| d as usize) }
+}
+
+/// The entry point ggml calls on each of its `nth` threads.
+unsafe extern "C" fn run_kernel(
+    dst: *mut sys::ggml_tensor,
+    ith: c_int,
+    nth: c_int,
+    userdata: *mut c_void,
+) {
+    // SAFETY: `userdata` is one of the `'static` kernels above (see `Context::cpu_op`).
+    let kernel = unsafe { &*(userdata as *const Kernel) };
+    let ne = shape(dst);
+    let unit_len = match kernel.unit {
+        Unit::Row => ne[0],
+        Unit::Plane => ne[0] * ne[1],
+    };
+    let n_units = ne.iter().product::<usize>() / unit_len.max(1);
+    let per_thread = n_units.div_ceil(nth.max(1) as usize);
+    let first = (ith.max(0) as usize * per_thread).min(n_units);
+    let units = first..(first + per_thread).min(n_units);
+    // SAFETY: `Context::cpu_op` made `dst` and every source contiguous f32 tensors, and ggml
+    // calls this only once they are allocated and the sources computed. GGML_OP_CUSTOM never
+    // runs in place (ggml_op_can_inplace), so the result shares no memory with a source, and
+    // each thread writes only its own units of it.
+    let (srcs, out) = unsafe {
+        let srcs: Vec<Src<'_>> = (*dst)
+            .src
+            .iter()
+            .take_while(|s| !s.is_null())
+            .map(|&s| Src {
+                data: std::slice::from_raw_parts((*s).data as *const f32, sys::ggml_nbytes(s) / 4),
+                ne: shape(s),
+                nb: (*s).nb.map(|b| b / 4),
+            })
+            .collect();
+        let out = std::slice::from_raw_parts_mut(
+            ((*dst).data as *mut f32).add(units.start * unit_len),
+            units.len() * unit_len,
+        );
+        (srcs, out)
+    };
+    (kernel.run)(&srcs, out, ne, units);
+}
+
+impl Context {
+    /// A custom op computing an f32 tensor of shape `ne` from `srcs` with `kernel`.
+    fn cpu_op(
+        &self,
+        op: &'static str,
+        kernel: &'static Kernel,
+        srcs: &[&Tensor],
+        ne: [i64; 4],
+    ) -> Result<Tensor> {
+        for src in srcs {
+            super::ops::require_dtype(op, src, &[DType::F32])?;
+            let rows_contiguous = src.nb()[0] == 4 && src.nb().iter().all(|b| b % 4 == 0);
+            if !(src.is_contiguous() || kernel.strided && rows_contiguous) {
+                return Err(Error::NotContiguous {
+                    op,
+                    operand: src.describe(),
+                });
+            }
+        }
+        if srcs.len() >= sys::GGML_MAX_SRC as usize {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!("{} operands, at most {}", srcs.len(), sys::GGML_MAX_SRC - 1),
+            });
+        }
+        self.reserve_result(DType::F32, ne)?;
+        let mut args: Vec<*mut sys::ggml_tensor> = srcs.iter().map(|s| s.as_ptr()).collect();
+        let userdata = kernel as *const Kernel as *mut c_void;
+        // SAFETY: fewer than GGML_MAX_SRC operands (ggml_custom_4d's assertion), positive dims
+        // (the callers' shapes come from live tensors); the kernel is 'static, so it outlives
+        // every graph holding the node.
+        let raw = unsafe {
+            sys::ggml_custom_4d(
+                self.raw(),
+                DType::F32.id(),
+                ne[0],
+                ne[1],
+                ne[2],
+                ne[3],
+                args.as_mut_ptr(),
+                args.len() as c_int,
+                Some(run_kernel),
+                sys::GGML_N_TASKS_MAX,
+                userdata,
+            )
+        };
+        self.result(raw, op, srcs)
+    }
+
+    /// GELU (erf form) vectorised; ggml's CPU kernel calls the scalar `erff` per value.
+    pub(super) fn cpu_gelu_erf(&self, a: &Tensor) -> Result<Tensor> {
+        self.cpu_op("gelu_erf", &GELU_ERF, &[a], a.ne())
+    }
+
+    /// Attention as [`Context::attention`] computes it, with the usual scale `1 / sqrt(D)`:
+    /// per head, the scores of a tile of queries against every key, an exact softmax and the
+    /// weighted sum of the values, with the keys of a head transposed once per thread (ggml's
+    /// fused kernel transposes them again for every tile of queries).
+    /// Only for the cases [`Context::cpu_attention_applies`] accepts.
+    pub(super) fn cpu_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let (qn, vn) = (q.ne(), v.ne());
+        self.cpu_op(
+            "attention",
+            &ATTENTION,
+            &[q, k, v],
+            [vn[0], qn[2], qn[1], 1],
+        )
+    }
+
+    /// Whether [`Context::cpu_attention`] computes this attention: one batch of f32 heads of
+    /// matching sizes, value rows a whole number of vectors, the usual scale.
+    pub(super) fn cpu_attention_applies(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> bool {
+        let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        let shapes_agree = kn[0] == qn[0] && vn[1] == kn[1] && qn[2] == kn[2] && vn[2] == kn[2];
+        let one_batch = qn[3] == 1 && kn[3] == 1 && vn[3] == 1;
+        let f32_rows = [q, k, v]
+            .iter()
+            .all(|t| t.dtype() == DType::F32 && t.nb()[0] == 4);
+        shapes_agree
+            && one_batch
+            && f32_rows
+            && (vn[0] as usize).is_multiple_of(cpu_kernels::ATTENTION_DV_MULTIPLE)
+            && scale == 1.0 / (qn[0] as f32).sqrt()
+    }
+
+    /// Bilinear resampling with aligned corners of the planes of `a` to `w` x `h`, as ggml's
+    /// kernel computes it but with the per-column coordinates worked out once, not per value.
+    pub(super) fn cpu_bilinear_align_corners(&self, a: &Tensor, w: i64, h: i64) -> Result<Tensor> {
+        let ne = a.ne();
+        self.cpu_op("interpolate", &BILINEAR_ALIGNED, &[a], [w, h, ne[2], ne[3]])
+    }
+
+    /// Whether [`Context::cpu_conv_2d_same`] computes this convolution.
+    pub(super) fn cpu_conv_2d_applies(
+        kernel: &Tensor,
+        input: &Tensor,
+        stride: (i32, i32),
+        padding: (i32, i32),
+        dilation: (i32, i32),
+    ) -> bool {
+        let (kn, inp) = (kernel.ne(), input.ne());
+        let f32_contiguous = |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous();
+        kn[0] % 2 == 1
+            && kn[1] % 2 == 1
+            && (padding.0 as i64, padding.1 as i64) == (kn[0] / 2, kn[1] / 2)
+            && stride == (1, 1)
+            && dilation == (1, 1)
+            && kn[2] == inp[2]
+            && inp[3] == 1
+            && f32_contiguous(kernel)
+            && f32_contiguous(input)
+    }
+
+    /// A stride-1 convolution with "same" zero padding plus an optional per-channel bias,
+    /// computed from the input rows with no im2col buffer (at full resolution that buffer
+    /// outgrows the caches and costs as much as the product). Only for the cases
+    /// [`Context::cpu_conv_2d_applies`] accepts, with a bias of OC f32 values.
+    pub(super) fn cpu_conv_2d_same(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (kn, inp) = (kernel.ne(), input.ne());
+        let mut srcs = vec![kernel, input];
+        srcs.extend(bias);
+        self.cpu_op("conv_2d", &CONV_SAME, &srcs, [inp[0], inp[1], kn[3], 1])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each CPU kernel against ggml's own op on the same data.
+    use crate::ggml::{
+        Backend, Context, DType, Gallocr, Interpolation, Result, Tensor, TensorView,
+    };
+
+    /// Deterministic values in [-2, 2).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state as f32 / u32::MAX as f32) * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Builds `op` over inputs of shapes `shapes` (filled with `values`) in a context with and
+    /// without CPU kernels, computes both on the CPU and returns the largest difference.
+    fn max_difference(
+        shapes: &[&[i64]],
+        op: impl Fn(&Context, &[Tensor]) -> Result<Tensor>,
+    ) -> f32 {
+        let backend = Backend::cpu(2).unwrap();
+        let results: Vec<Vec<f32>> = [false, true]
+            .into_iter()
+            .map(|cpu_kernels| {
+                let ctx = Context::metadata(64).unwrap();
+                ctx.use_cpu_kernels(cpu_kernels);
+                let inputs: Vec<Tensor> = shapes
+                    .iter()
+                    .map(|ne| ctx.new_tensor(DType::F32, ne).unwrap())
+                    .collect();
+                inputs.iter().for_each(|t| _ = t.mark_input());
+                let out = op(&ctx, &inputs).unwrap();
+                out.mark_output();
+                let graph = ctx.new_graph(64).unwrap();
+                graph.expand(&out).unwrap();
+                let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+                let run = gallocr.alloc(&graph).unwrap();
+                for (i, t) in inputs.iter().enumerate() {
+                    run.write(t, &values(t.nelements() as usize, i as u32))
+                        .unwrap();
+                }
+                run.compute(&backend).unwrap();
+                run.read::<f32>(&out).unwrap()
+            })
+            .collect();
+        results[0]
+            .iter()
+            .zip(&results[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn gelu_erf_matches_ggml() {
+        let diff = max_difference(&[&[100, 37]], |g, t| g.gelu_erf(&t[0]));
+        assert!(diff < 2e-6, "{diff}");
+    }
+
+    #[test]
+    fn same_convolutions_match_im2col() {
+        // Widths below, at and past a block of 48 pixels; channel counts that leave partial
+        // groups of 4; 1x1, 3x3 and 5x3 kernels.
+        for (w, h, ic, oc, kw, kh) in [
+            (5, 4, 3, 1, 3, 3),
+            (48, 3, 2, 7, 3, 3),
+            (70, 9, 5, 6, 1, 1),
+            (33, 6, 4, 9, 5, 3),
+        ] {
+            let padding = (kw as i32 / 2, kh as i32 / 2);
+            let shapes: [&[i64]; 3] = [&[kw, kh, ic, oc], &[w, h, ic, 1], &[oc]];
+            let diff = max_difference(&shapes, |g, t| {
+                g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), padding, (1, 1))
+            });
+            assert!(diff < 1e-4, "{w}x{h}x{ic} -> {oc}, {kw}x{kh}: {diff}");
+        }
+    }
+
+    #[test]
+    fn attention_matches_explicit_products() {
+        // Key counts below, at and past a block of 48; query counts that leave partial tiles.
+        for (d, tq, tk, heads) in [(64, 5, 7, 2), (64, 30, 48, 3), (32, 61, 100, 1)] {
+            let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
+            let scale = 1.0 / (d as f32).sqrt();
+            let diff = max_difference(&shapes, |g, t| g.attention(&t[0], &t[1], &t[2], scale));
+            assert!(diff < 1e-5, "D {d}, {tq} x {tk}, {heads} heads: {diff}");
+        }
+    }
+
+    #[test]
+    fn bilinear_resize_matches_ggml() {
+        for (from, to) in [([7, 5], [13, 9]), ([36, 24], [72, 48]), ([9, 1], [4, 3])] {
+            let diff = max_difference(&[&[from[0], from[1], 3, 1]], |g, t| {
+                g.interpolate(
+                    &t[0],
+                    [to[0], to[1], 3, 1],
+                    Interpolation::Bilinear {
+                        align_corners: true,
+                    },
+                )
+            });
+            assert!(diff < 1e-6, "{from:?} -> {to:?}: {diff}");
+        }
+    }
+}
