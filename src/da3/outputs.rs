@@ -310,13 +310,9 @@ mod tests {
             [-1.0, 0.0, 0.0, 1.0],
             [0.0, 0.0, 1.0, -3.0],
         ];
-        for r in 0..3 {
-            for c in 0..4 {
-                assert!(
-                    (pose.extrinsics[r][c] - expected[r][c]).abs() < 1e-6,
-                    "{:?}",
-                    pose.extrinsics
-                );
+        for (row, expected_row) in pose.extrinsics.iter().zip(expected) {
+            for (v, e) in row.iter().zip(expected_row) {
+                assert!((v - e).abs() < 1e-6, "{:?}", pose.extrinsics);
             }
         }
     }
