@@ -1017,3 +1017,38 @@ fn sched_with_the_cpu_not_last_is_refused() {
     );
     assert!(Sched::new(&[remote, cpu], 64, false).is_ok());
 }
+
+/// ggml's CPU kernels for these ops abort on anything but f32 data.
+#[test]
+fn f32_only_ops_refuse_other_types() {
+    let c = Context::metadata(16).unwrap();
+    let h = c.new_tensor(DType::F16, &[8, 4]).unwrap().named("h");
+    let cases: [(&str, Result<Tensor>); 4] = [
+        ("norm", c.norm(&h, 1e-5)),
+        ("rms_norm", c.rms_norm(&h, 1e-5)),
+        ("soft_max_ext", c.soft_max_ext(&h, None, 1.0, 0.0)),
+        ("pad", c.pad(&h, [1, 0, 0, 0])),
+    ];
+    for (op, result) in cases {
+        match result {
+            Err(Error::DType { op: got, .. }) => assert_eq!(got, op),
+            other => panic!("{op}: expected a type error, got {other:?}"),
+        }
+    }
+    let kernel = c.new_tensor(DType::F32, &[2, 2, 3, 4]).unwrap();
+    let input = c
+        .new_tensor(DType::F16, &[5, 5, 4, 1])
+        .unwrap()
+        .named("half_input");
+    let err = c.conv_transpose_2d(&kernel, &input, 2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::DType {
+                op: "conv_transpose_2d",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}

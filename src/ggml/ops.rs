@@ -304,6 +304,7 @@ impl Context {
 
     /// Normalises each row (over `ne[0]`) to zero mean and unit variance.
     pub fn norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
+        require_dtype("norm", a, &[DType::F32])?;
         // The CPU kernel asserts contiguous rows; the rows themselves may be strided.
         if a.nb()[0] != a.dtype().type_size() {
             return Err(Error::NotContiguous {
@@ -318,6 +319,13 @@ impl Context {
     }
     /// Root-mean-square normalisation of each row.
     pub fn rms_norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
+        require_dtype("rms_norm", a, &[DType::F32])?;
+        if a.nb()[0] != a.dtype().type_size() {
+            return Err(Error::NotContiguous {
+                op: "rms_norm",
+                operand: a.describe(),
+            });
+        }
         self.reserve_like(a)?;
         // SAFETY: no preconditions beyond live tensors.
         let raw = unsafe { sys::ggml_rms_norm(self.raw(), a.as_ptr(), eps) };
@@ -353,6 +361,7 @@ impl Context {
         scale: f32,
         max_bias: f32,
     ) -> Result<Tensor> {
+        require_dtype("soft_max_ext", a, &[DType::F32])?;
         require_contiguous("soft_max_ext", a)?;
         if let Some(m) = mask {
             require_dtype("soft_max_ext", m, &[DType::F16, DType::F32])?;
@@ -781,6 +790,7 @@ impl Context {
     }
     /// Zero padding after the end of each dim.
     pub fn pad(&self, a: &Tensor, pad: [i32; 4]) -> Result<Tensor> {
+        require_dtype("pad", a, &[DType::F32])?;
         if pad.iter().any(|&p| p < 0) {
             return Err(Error::InvalidArgument {
                 op: "pad",
@@ -931,6 +941,14 @@ impl Context {
         stride: i32,
     ) -> Result<Tensor> {
         let (kn, inp) = (kernel.ne(), input.ne());
+        // The CPU kernel reads an f32 input and the kernel's rows in place.
+        require_dtype("conv_transpose_2d", input, &[DType::F32])?;
+        if kernel.nb()[0] != kernel.dtype().type_size() {
+            return Err(Error::NotContiguous {
+                op: "conv_transpose_2d",
+                operand: kernel.describe(),
+            });
+        }
         if kn[3] != inp[2] {
             return Err(mismatch(
                 "conv_transpose_2d",
