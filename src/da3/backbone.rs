@@ -17,6 +17,8 @@ pub struct BackboneConstants {
     pub local_x: Tensor,
     pub global_y: Tensor,
     pub global_x: Tensor,
+    /// Fused attention with f16 K/V (GPUs) instead of the exact f32 path.
+    pub half_kv_attention: bool,
 }
 
 enum FfnWeights {
@@ -106,10 +108,11 @@ impl Block {
         cfg: &VitConfig,
         x: &Tensor,
         pos: Option<(&Tensor, &Tensor)>,
+        half_kv: bool,
         name: &str,
     ) -> Result<Tensor, Error> {
         let h = self.norm1.forward(g, x)?;
-        let attn = self.attention(g, cfg, &h, pos)?;
+        let attn = self.attention(g, cfg, &h, pos, half_kv)?;
         let x = g.add(x, &g.mul(&attn, &self.ls1)?)?;
         let h = self.norm2.forward(g, &x)?;
         let f = match &self.ffn {
@@ -132,6 +135,7 @@ impl Block {
         cfg: &VitConfig,
         h: &Tensor,
         pos: Option<(&Tensor, &Tensor)>,
+        half_kv: bool,
     ) -> Result<Tensor, Error> {
         let (e, heads, d) = (
             cfg.embed_dim as i64,
@@ -160,7 +164,13 @@ impl Block {
             k = rope_2d(g, &k, py, px, cfg.rope_freq)?;
         }
         let per_head = |x: &Tensor| g.permute(x, [0, 2, 1, 3]); // [D, H, T] -> [D, T, H]
-        let out = g.attention(
+        let attend = if half_kv {
+            Context::attention_half_kv
+        } else {
+            Context::attention
+        };
+        let out = attend(
+            g,
             &per_head(&q)?,
             &per_head(&k)?,
             &per_head(&v)?,
@@ -261,7 +271,14 @@ impl Backbone {
             } else {
                 (&c.local_y, &c.local_x)
             };
-            x = block.forward(g, cfg, &x, Some(pos), &format!("blk.{i}"))?;
+            x = block.forward(
+                g,
+                cfg,
+                &x,
+                Some(pos),
+                c.half_kv_attention,
+                &format!("blk.{i}"),
+            )?;
             if !global {
                 local_x = x.clone();
             }

@@ -8,7 +8,7 @@ use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::gguf::GgufFile;
-use crate::ggml::{Backend, BufferUsage, Context, DType, Graph, Tensor};
+use crate::ggml::{Backend, BufferUsage, Context, DType, DeviceKind, Graph, Tensor};
 use crate::residency::{Executor, Policy, Report};
 use std::collections::HashMap;
 use std::path::Path;
@@ -260,6 +260,13 @@ impl Model {
             local_x: positions[1].clone(),
             global_y: positions[2].clone(),
             global_x: positions[3].clone(),
+            // GPUs run attention fastest fused with f16 K/V; the CPU (and an RPC server, which
+            // computes on a CPU) keep the exact path.
+            half_kv_attention: !self.executor.device().is_rpc()
+                && matches!(
+                    self.executor.device().device().kind(),
+                    DeviceKind::Gpu | DeviceKind::IntegratedGpu
+                ),
         };
         let features = self.backbone.forward(&ctx, &image, &bconst)?;
         let hconst = HeadConstants {

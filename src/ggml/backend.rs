@@ -241,6 +241,12 @@ impl Backend {
     pub fn is_cpu(&self) -> bool {
         self.inner.device.kind() == DeviceKind::Cpu
     }
+    /// Whether this is an RPC client backend (a remote device, which reports itself as a GPU
+    /// whatever the server computes on).
+    pub fn is_rpc(&self) -> bool {
+        // SAFETY: live backend; a GUID comparison.
+        unsafe { sys::ggml_backend_is_rpc(self.as_ptr()) }
+    }
     /// Whether two handles are the same backend.
     pub fn same_as(&self, other: &Backend) -> bool {
         Rc::ptr_eq(&self.inner, &other.inner)
