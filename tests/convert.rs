@@ -3,6 +3,10 @@
 //! converted file must compute exactly what the synthetic GGUF file computes, and broken
 //! checkpoints must fail with an error naming what is wrong.
 
+mod common;
+
+use common::correlation;
+
 use da3::da3::convert::{
     convert_checkpoint, expected_tensors, official_name, write_synthetic, WeightType,
 };
@@ -181,22 +185,6 @@ fn depth(model: &Path, process_res: usize) -> Vec<f32> {
         .infer(&synthetic::image(640, 427), process_res)
         .unwrap()
         .depth
-}
-
-fn correlation(a: &[f32], b: &[f32]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (
-        a.iter().map(|&v| v as f64).sum::<f64>() / n,
-        b.iter().map(|&v| v as f64).sum::<f64>() / n,
-    );
-    let (mut cov, mut va, mut vb) = (0.0, 0.0, 0.0);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (x as f64 - ma, y as f64 - mb);
-        cov += x * y;
-        va += x * x;
-        vb += y * y;
-    }
-    cov / (va * vb).sqrt()
 }
 
 /// The synthetic GGUF file for `PRESET`, written by the library.

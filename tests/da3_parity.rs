@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{agreement, Fixture};
+use common::{agreement, correlation, Fixture};
 use da3::da3::convert::{write_synthetic, WeightType};
 use da3::da3::{synthetic, Config, LoadOptions, Model};
 use da3::ggml::Backend;
@@ -148,22 +148,6 @@ fn small_matches_official_at_504() {
 #[test]
 fn base_matches_official_at_504() {
     preset_matches_official("da3-base");
-}
-
-fn correlation(a: &[f32], b: &[f32]) -> f64 {
-    let n = a.len() as f64;
-    let (ma, mb) = (
-        a.iter().map(|&v| v as f64).sum::<f64>() / n,
-        b.iter().map(|&v| v as f64).sum::<f64>() / n,
-    );
-    let (mut cov, mut va, mut vb) = (0.0, 0.0, 0.0);
-    for (&x, &y) in a.iter().zip(b) {
-        let (x, y) = (x as f64 - ma, y as f64 - mb);
-        cov += x * y;
-        va += x * x;
-        vb += y * y;
-    }
-    cov / (va * vb).sqrt()
 }
 
 /// f16, q8_0 and q4_k files (written with the safe layer's GGUF writer and ggml's quantisers)

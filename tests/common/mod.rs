@@ -184,3 +184,20 @@ pub fn agreement(ours: &[f32], reference: &Reference) -> Agreement {
         compared: pairs.len(),
     }
 }
+
+/// Pearson correlation of two equally long value lists.
+pub fn correlation(a: &[f32], b: &[f32]) -> f64 {
+    let n = a.len() as f64;
+    let (ma, mb) = (
+        a.iter().map(|&v| v as f64).sum::<f64>() / n,
+        b.iter().map(|&v| v as f64).sum::<f64>() / n,
+    );
+    let (mut cov, mut va, mut vb) = (0.0, 0.0, 0.0);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (x as f64 - ma, y as f64 - mb);
+        cov += x * y;
+        va += x * x;
+        vb += y * y;
+    }
+    cov / (va * vb).sqrt()
+}
