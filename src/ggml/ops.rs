@@ -304,32 +304,36 @@ impl Context {
 
     /// Normalises each row (over `ne[0]`) to zero mean and unit variance.
     pub fn norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
-        require_dtype("norm", a, &[DType::F32])?;
-        // The CPU kernel asserts contiguous rows; the rows themselves may be strided.
-        if a.nb()[0] != a.dtype().type_size() {
-            return Err(Error::NotContiguous {
-                op: "norm",
-                operand: a.describe(),
-            });
-        }
-        self.reserve_like(a)?;
-        // SAFETY: no preconditions beyond live tensors.
-        let raw = unsafe { sys::ggml_norm(self.raw(), a.as_ptr(), eps) };
-        self.result(raw, "norm", &[a])
+        self.row_norm("norm", a, eps, sys::ggml_norm)
     }
     /// Root-mean-square normalisation of each row.
     pub fn rms_norm(&self, a: &Tensor, eps: f32) -> Result<Tensor> {
-        require_dtype("rms_norm", a, &[DType::F32])?;
+        self.row_norm("rms_norm", a, eps, sys::ggml_rms_norm)
+    }
+
+    fn row_norm(
+        &self,
+        op: &'static str,
+        a: &Tensor,
+        eps: f32,
+        f: unsafe extern "C" fn(
+            *mut sys::ggml_context,
+            *mut sys::ggml_tensor,
+            f32,
+        ) -> *mut sys::ggml_tensor,
+    ) -> Result<Tensor> {
+        // The CPU kernels take f32 rows that are contiguous; the rows themselves may be strided.
+        require_dtype(op, a, &[DType::F32])?;
         if a.nb()[0] != a.dtype().type_size() {
             return Err(Error::NotContiguous {
-                op: "rms_norm",
+                op,
                 operand: a.describe(),
             });
         }
         self.reserve_like(a)?;
-        // SAFETY: no preconditions beyond live tensors.
-        let raw = unsafe { sys::ggml_rms_norm(self.raw(), a.as_ptr(), eps) };
-        self.result(raw, "rms_norm", &[a])
+        // SAFETY: f32 input with contiguous rows, as the kernels require; live tensors.
+        let raw = unsafe { f(self.raw(), a.as_ptr(), eps) };
+        self.result(raw, op, &[a])
     }
     /// LayerNorm over `ne[0]`: `norm(a) * weight + bias`, weight and bias of shape `[ne0]`.
     pub fn layer_norm(
