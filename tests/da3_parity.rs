@@ -32,35 +32,27 @@ fn load_synthetic(preset: &str, probes: bool) -> (Model, tempfile::TempDir) {
     (model, dir)
 }
 
-#[test]
-fn tiny_matches_official_at_every_stage_and_aspect_ratio() {
-    let fixture = Fixture::load("da3-tiny");
-    let (mut model, _dir) = load_synthetic("da3-tiny", true);
+/// A DualDPT model against its fixture at every aspect ratio: processed size, the stages the
+/// fixture recorded (first image only), depth and confidence (max rel <= 1e-3, correlation
+/// >= 0.99999) and the pose (intrinsics and extrinsics within 1e-3 of their scale).
+fn dual_dpt_matches_official(preset: &str, stages: &[(&str, &str)]) {
+    let fixture = Fixture::load(preset);
+    let (mut model, _dir) = load_synthetic(preset, true);
     for case in &fixture.images {
         let image = synthetic::image(case.width, case.height);
         let prediction = model.infer(&image, fixture.process_res).unwrap();
+        let at = format!("{preset} {}", case.name);
         assert_eq!(
             (prediction.width, prediction.height),
             (case.processed_width, case.processed_height),
-            "{}",
-            case.name
+            "{at}"
         );
-        let stages = [
-            ("tokens_in", "tokens_in"),
-            ("feat0", "feat0"),
-            ("feat1", "feat1"),
-            ("feat2", "feat2"),
-            ("feat3", "feat3"),
-            ("cam_token", "cam_token3"),
-        ];
-        // Intermediate stages are recorded for the first image only.
-        for (ours, theirs) in stages.into_iter().filter(|(_, theirs)| case.has(theirs)) {
+        for (ours, theirs) in stages.iter().filter(|(_, theirs)| case.has(theirs)) {
             let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
-            eprintln!("{} {ours}: {a:?}", case.name);
+            eprintln!("{at} {ours}: {a:?}");
             assert!(
                 a.max_scaled < 1e-4 && a.corr > 0.99999,
-                "{} {ours}: {a:?}",
-                case.name
+                "{at} {ours}: {a:?}"
             );
         }
         let depth = agreement(&prediction.depth, &case.reference("depth"));
@@ -68,76 +60,40 @@ fn tiny_matches_official_at_every_stage_and_aspect_ratio() {
             prediction.confidence.as_ref().unwrap(),
             &case.reference("depth_conf"),
         );
-        eprintln!("{} depth {depth:?}\n{} conf {conf:?}", case.name, case.name);
+        eprintln!("{at} depth {depth:?}\n{at} conf {conf:?}");
         for (what, a) in [("depth", depth), ("confidence", conf)] {
-            assert!(
-                a.max_rel <= 1e-3 && a.corr >= 0.99999,
-                "{} {what}: {a:?}",
-                case.name
-            );
+            assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{at} {what}: {a:?}");
         }
         let pose = prediction.pose.unwrap();
         let intr: Vec<f32> = pose.intrinsics.iter().flatten().copied().collect();
         let extr: Vec<f32> = pose.extrinsics.iter().flatten().copied().collect();
         let ai = agreement(&intr, &case.reference("intrinsics"));
         let ae = agreement(&extr, &case.reference("extrinsics"));
-        eprintln!("{} intrinsics {ai:?} extrinsics {ae:?}", case.name);
+        eprintln!("{at} intrinsics {ai:?} extrinsics {ae:?}");
         assert!(
             ai.max_scaled <= 1e-3 && ae.max_scaled <= 1e-3,
-            "{}: {ai:?} {ae:?}",
-            case.name
+            "{at}: {ai:?} {ae:?}"
         );
     }
+}
+
+#[test]
+fn tiny_matches_official_at_every_stage_and_aspect_ratio() {
+    let stages = [
+        ("tokens_in", "tokens_in"),
+        ("feat0", "feat0"),
+        ("feat1", "feat1"),
+        ("feat2", "feat2"),
+        ("feat3", "feat3"),
+        ("cam_token", "cam_token3"),
+    ];
+    dual_dpt_matches_official("da3-tiny", &stages);
 }
 
 /// The real presets at the default 504 resolution, compared on a 32 x 32 grid of samples per
 /// output (the committed fixtures are compact).
 fn preset_matches_official(preset: &str) {
-    let fixture = Fixture::load(preset);
-    let (mut model, _dir) = load_synthetic(preset, true);
-    for case in &fixture.images {
-        let image = synthetic::image(case.width, case.height);
-        let prediction = model.infer(&image, fixture.process_res).unwrap();
-        assert_eq!(
-            (prediction.width, prediction.height),
-            (case.processed_width, case.processed_height),
-            "{}",
-            case.name
-        );
-        for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")]
-            .into_iter()
-            .filter(|(_, t)| case.has(t))
-        {
-            let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
-            eprintln!("{preset} {} {ours}: {a:?}", case.name);
-            assert!(
-                a.max_scaled < 1e-4 && a.corr > 0.99999,
-                "{} {ours}: {a:?}",
-                case.name
-            );
-        }
-        let depth = agreement(&prediction.depth, &case.reference("depth"));
-        let conf = agreement(
-            prediction.confidence.as_ref().unwrap(),
-            &case.reference("depth_conf"),
-        );
-        eprintln!("{preset} {} depth {depth:?} conf {conf:?}", case.name);
-        for (what, a) in [("depth", depth), ("confidence", conf)] {
-            assert!(
-                a.max_rel <= 1e-3 && a.corr >= 0.99999,
-                "{preset} {} {what}: {a:?}",
-                case.name
-            );
-        }
-        let pose = prediction.pose.unwrap();
-        let intr: Vec<f32> = pose.intrinsics.iter().flatten().copied().collect();
-        let ai = agreement(&intr, &case.reference("intrinsics"));
-        assert!(
-            ai.max_scaled <= 1e-3,
-            "{preset} {} intrinsics {ai:?}",
-            case.name
-        );
-    }
+    dual_dpt_matches_official(preset, &[("tokens_in", "tokens_in"), ("feat3", "feat3")]);
 }
 
 #[test]
