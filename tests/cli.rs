@@ -7,39 +7,10 @@ use da3::da3::{synthetic, Config, LoadOptions, Model};
 use da3::ggml::gguf::{GgufFile, GgufWriter};
 use da3::ggml::{Backend, DType};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-/// How one run of the binary ended.
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
+mod common;
 
-impl Run {
-    fn context(&self) -> String {
-        format!(
-            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Runs `da3 ARGS` in `cwd`.
-fn da3_in(cwd: &Path, args: &[&str]) -> Run {
-    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
-        .args(args)
-        .current_dir(cwd)
-        // A crashing child must not attach a debugger for a backtrace.
-        .env("GGML_NO_BACKTRACE", "1")
-        .output()
-        .expect("da3 starts");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
+use common::{da3_in, Run};
 
 fn da3(args: &[&str]) -> Run {
     da3_in(&std::env::temp_dir(), args)

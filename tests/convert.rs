@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::correlation;
+use common::{correlation, da3_in, Run};
 
 use da3::da3::convert::{
     convert_checkpoint, expected_tensors, official_name, write_synthetic, WeightType,
@@ -16,7 +16,6 @@ use da3::ggml::{Backend, DType};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 const PRESET: &str = "da3-tiny";
 
@@ -121,19 +120,14 @@ impl Workspace {
     }
     /// `da3 convert ckpt -o out/NAME [extra]`.
     fn convert(&self, name: &str, extra: &[&str]) -> Run {
-        let out = Command::new(env!("CARGO_BIN_EXE_da3"))
-            .arg("convert")
-            .arg(self.checkpoint())
-            .arg("-o")
-            .arg(self.out(name))
-            .args(extra)
-            .output()
-            .expect("da3 starts");
-        Run {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "convert".into(),
+            self.checkpoint().into(),
+            "-o".into(),
+            self.out(name).into(),
+        ];
+        args.extend(extra.iter().map(|a| a.into()));
+        da3_in(self.dir.path(), &args)
     }
     /// The conversion must fail cleanly, mention `parts`, and write nothing.
     fn assert_convert_fails(&self, parts: &[&str]) {
@@ -154,21 +148,6 @@ impl Workspace {
             "nothing written\n{}",
             run.context()
         );
-    }
-}
-
-struct Run {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn context(&self) -> String {
-        format!(
-            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
     }
 }
 

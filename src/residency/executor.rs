@@ -174,7 +174,8 @@ impl Executor {
         for (node, slot, src) in &targets {
             let copy = &self.mirrors[&mirror_key(src)];
             graph.replace_source(node, *slot, copy)?;
-            uploaded.insert(src.id());
+            // Count tensors, not the views of them that were copied alongside.
+            uploaded.insert(src.view_source().unwrap_or(*src).id());
         }
         Ok(uploaded.len())
     }

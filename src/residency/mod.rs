@@ -162,6 +162,9 @@ mod tests {
         }
     }
 
+    /// An unsupported op sends `mirror` on to the scheduler, with or without residency
+    /// hazards; an unsupported op alone is not clean either, so `strict` refuses it and
+    /// `unchecked` leaves it to the compute-time op check.
     #[test]
     fn unsupported_op_sends_mirror_on_to_the_scheduler() {
         let expected = [
@@ -170,31 +173,10 @@ mod tests {
             (Policy::Strict, Strategy::Refuse),
             (Policy::Unchecked, Strategy::Unchecked),
         ];
-        for (policy, strategy) in expected {
-            assert_eq!(
-                choose(policy, &hazards_and_unsupported_op()),
-                strategy,
-                "{policy:?}"
-            );
-        }
-    }
-
-    /// Documents today's rule: an unsupported op alone is not clean, so `strict` refuses it
-    /// and `unchecked` leaves it to the compute-time op check.
-    #[test]
-    fn unsupported_op_without_hazards_is_not_the_fast_path() {
-        let expected = [
-            (Policy::Route, Strategy::Route),
-            (Policy::Mirror, Strategy::MirrorAll { then_sched: true }),
-            (Policy::Strict, Strategy::Refuse),
-            (Policy::Unchecked, Strategy::Unchecked),
-        ];
-        for (policy, strategy) in expected {
-            assert_eq!(
-                choose(policy, &unsupported_op_only()),
-                strategy,
-                "{policy:?}"
-            );
+        for pass in [hazards_and_unsupported_op(), unsupported_op_only()] {
+            for (policy, strategy) in expected {
+                assert_eq!(choose(policy, &pass), strategy, "{policy:?} {pass:?}");
+            }
         }
     }
 
