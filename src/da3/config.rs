@@ -102,31 +102,37 @@ pub const PRESETS: &[&str] = &[
     "da3-tiny",
 ];
 
+/// The sizes that tell the DualDPT presets apart.
+#[derive(Clone, Copy)]
+struct PresetDims {
+    embed: usize,
+    depth: usize,
+    heads: usize,
+    /// First block with alternating attention, the camera token, RoPE and QK-norm.
+    alt_start: usize,
+    out_layers: [usize; 4],
+    features: usize,
+    out_channels: [usize; 4],
+}
+
 impl Config {
     /// The official variants (and `da3-tiny`, a small model of the same shape used for the
     /// built-in default and the committed test fixtures).
     pub fn preset(name: &str) -> Result<Config, Error> {
-        let dual = |name: &str,
-                    embed: usize,
-                    depth: usize,
-                    heads: usize,
-                    alt: usize,
-                    out: [usize; 4],
-                    features: usize,
-                    oc: [usize; 4]| Config {
+        let dual = |d: PresetDims| Config {
             name: name.to_owned(),
             vit: VitConfig {
-                embed_dim: embed,
-                depth,
-                num_heads: heads,
-                mlp_hidden: 4 * embed,
+                embed_dim: d.embed,
+                depth: d.depth,
+                num_heads: d.heads,
+                mlp_hidden: 4 * d.embed,
                 ffn: Ffn::Mlp,
-                alt_start: Some(alt),
-                rope_start: Some(alt),
-                qknorm_start: Some(alt),
+                alt_start: Some(d.alt_start),
+                rope_start: Some(d.alt_start),
+                qknorm_start: Some(d.alt_start),
                 rope_freq: 100.0,
                 cat_token: true,
-                out_layers: out,
+                out_layers: d.out_layers,
                 patch_size: 14,
                 pos_embed_grid: 37,
                 interpolate_offset: 0.1,
@@ -136,86 +142,88 @@ impl Config {
             },
             head: HeadConfig {
                 kind: HeadKind::DualDpt,
-                features,
-                out_channels: oc,
+                features: d.features,
+                out_channels: d.out_channels,
                 output_dim: 2,
                 pos_embed: true,
                 norm: true,
                 sky: false,
                 ln_eps: 1e-5,
             },
-            cam_dim: Some(2 * embed),
+            cam_dim: Some(2 * d.embed),
             mean: IMAGENET_MEAN,
             std: IMAGENET_STD,
         };
-        let mono = |name: &str| {
-            let mut c = dual(
-                name,
-                1024,
-                24,
-                16,
-                0,
-                [4, 11, 17, 23],
-                256,
-                [256, 512, 1024, 1024],
-            );
-            c.vit.alt_start = None;
-            c.vit.rope_start = None;
-            c.vit.qknorm_start = None;
-            c.vit.cat_token = false;
-            c.head = HeadConfig {
-                kind: HeadKind::Dpt,
-                features: 256,
-                out_channels: [256, 512, 1024, 1024],
-                output_dim: 1,
-                pos_embed: false,
-                norm: false,
-                sky: true,
-                ln_eps: 1e-5,
-            };
-            c.cam_dim = None;
-            c
+        let large = PresetDims {
+            embed: 1024,
+            depth: 24,
+            heads: 16,
+            alt_start: 8,
+            out_layers: [11, 15, 19, 23],
+            features: 256,
+            out_channels: [256, 512, 1024, 1024],
         };
         Ok(match name {
-            "da3-tiny" => dual(name, 128, 4, 2, 2, [0, 1, 2, 3], 32, [16, 32, 64, 128]),
-            "da3-small" => dual(name, 384, 12, 6, 4, [5, 7, 9, 11], 64, [48, 96, 192, 384]),
-            "da3-base" => dual(
-                name,
-                768,
-                12,
-                12,
-                4,
-                [5, 7, 9, 11],
-                128,
-                [96, 192, 384, 768],
-            ),
-            "da3-large" => dual(
-                name,
-                1024,
-                24,
-                16,
-                8,
-                [11, 15, 19, 23],
-                256,
-                [256, 512, 1024, 1024],
-            ),
+            "da3-tiny" => dual(PresetDims {
+                embed: 128,
+                depth: 4,
+                heads: 2,
+                alt_start: 2,
+                out_layers: [0, 1, 2, 3],
+                features: 32,
+                out_channels: [16, 32, 64, 128],
+            }),
+            "da3-small" => dual(PresetDims {
+                embed: 384,
+                depth: 12,
+                heads: 6,
+                alt_start: 4,
+                out_layers: [5, 7, 9, 11],
+                features: 64,
+                out_channels: [48, 96, 192, 384],
+            }),
+            "da3-base" => dual(PresetDims {
+                embed: 768,
+                depth: 12,
+                heads: 12,
+                alt_start: 4,
+                out_layers: [5, 7, 9, 11],
+                features: 128,
+                out_channels: [96, 192, 384, 768],
+            }),
+            "da3-large" => dual(large),
             "da3-giant" => {
-                let mut c = dual(
-                    name,
-                    1536,
-                    40,
-                    24,
-                    13,
-                    [19, 27, 33, 39],
-                    256,
-                    [256, 512, 1024, 1024],
-                );
+                let mut c = dual(PresetDims {
+                    embed: 1536,
+                    depth: 40,
+                    heads: 24,
+                    alt_start: 13,
+                    out_layers: [19, 27, 33, 39],
+                    ..large
+                });
                 c.vit.ffn = Ffn::SwiGlu;
                 // DINOv2's fused SwiGLU: hidden = round_up(int(4 * embed * 2 / 3), 8).
                 c.vit.mlp_hidden = (4 * 1536 * 2 / 3usize).div_ceil(8) * 8;
                 c
             }
-            "da3mono-large" | "da3metric-large" => mono(name),
+            "da3mono-large" | "da3metric-large" => {
+                // ViT-L without the DA3 additions, out layers 4/11/17/23, a DPT head with sky.
+                let mut c = dual(PresetDims {
+                    out_layers: [4, 11, 17, 23],
+                    ..large
+                });
+                c.vit.alt_start = None;
+                c.vit.rope_start = None;
+                c.vit.qknorm_start = None;
+                c.vit.cat_token = false;
+                c.head.kind = HeadKind::Dpt;
+                c.head.output_dim = 1;
+                c.head.pos_embed = false;
+                c.head.norm = false;
+                c.head.sky = true;
+                c.cam_dim = None;
+                c
+            }
             other => {
                 return Err(Error::Config(format!(
                     "unknown preset `{other}`; known: {}",
@@ -402,5 +410,60 @@ fn three(values: &[f32], key: &str) -> Result<[f32; 3], Error> {
         _ => Err(Error::Config(format!(
             "{key} must hold 3 values, found {values:?}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The presets without a parity test, against the official configs' values.
+    #[test]
+    fn large_giant_and_mono_presets_match_the_official_configs() {
+        let large = Config::preset("da3-large").unwrap();
+        assert_eq!(
+            (large.vit.embed_dim, large.vit.depth, large.vit.num_heads),
+            (1024, 24, 16)
+        );
+        assert_eq!(
+            (large.vit.alt_start, large.vit.out_layers),
+            (Some(8), [11, 15, 19, 23])
+        );
+        assert_eq!((large.head.features, large.vit.feature_dim()), (256, 2048));
+
+        let giant = Config::preset("da3-giant").unwrap();
+        assert_eq!(
+            (giant.vit.embed_dim, giant.vit.depth, giant.vit.num_heads),
+            (1536, 40, 24)
+        );
+        assert_eq!((giant.vit.ffn, giant.vit.mlp_hidden), (Ffn::SwiGlu, 4096));
+        assert_eq!(
+            (giant.vit.alt_start, giant.vit.out_layers),
+            (Some(13), [19, 27, 33, 39])
+        );
+        assert_eq!(giant.head.out_channels, [256, 512, 1024, 1024]);
+
+        for name in ["da3mono-large", "da3metric-large"] {
+            let mono = Config::preset(name).unwrap();
+            assert_eq!(mono.vit.out_layers, [4, 11, 17, 23]);
+            assert_eq!(
+                (
+                    mono.vit.alt_start,
+                    mono.vit.rope_start,
+                    mono.vit.qknorm_start
+                ),
+                (None, None, None)
+            );
+            assert!(!mono.vit.cat_token && mono.vit.feature_dim() == 1024);
+            assert_eq!(
+                (mono.head.kind, mono.head.output_dim, mono.head.sky),
+                (HeadKind::Dpt, 1, true)
+            );
+            assert!(!mono.head.pos_embed && !mono.head.norm && mono.cam_dim.is_none());
+        }
+        for name in PRESETS {
+            Config::preset(name).unwrap().validate().unwrap();
+        }
+        assert!(Config::preset("da3-huge").is_err());
     }
 }
