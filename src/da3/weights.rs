@@ -102,20 +102,11 @@ impl<'f> Loader<'f> {
         })
     }
 
-    /// The tensors declared so far, in order (recording loaders).
+    /// The tensors declared so far, in order; empty for a loader reading a file.
     pub fn into_declared(self) -> Vec<(String, Vec<usize>)> {
         match self.source {
             Source::Recording { declared, .. } => declared,
-            Source::File(_) => self
-                .pending
-                .into_iter()
-                .map(|p| {
-                    (
-                        p.name,
-                        p.tensor.ne().iter().rev().map(|&d| d as usize).collect(),
-                    )
-                })
-                .collect(),
+            Source::File(_) => Vec::new(),
         }
     }
 
@@ -414,17 +405,12 @@ impl ConvTranspose {
     }
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
         let y = g.conv_transpose_2d(&self.weight, x, self.stride)?;
-        add_channel_bias(g, &y, Some(&self.bias))
+        add_channel_bias(g, &y, &self.bias)
     }
 }
 
 /// Adds a per-channel bias [C] to a map [W, H, C, N].
-pub fn add_channel_bias(g: &Context, map: &Tensor, bias: Option<&Tensor>) -> Result<Tensor, Error> {
-    match bias {
-        None => Ok(map.clone()),
-        Some(b) => {
-            let b = g.reshape(b, &[1, 1, b.nelements()])?;
-            Ok(g.add(map, &b)?)
-        }
-    }
+fn add_channel_bias(g: &Context, map: &Tensor, bias: &Tensor) -> Result<Tensor, Error> {
+    let bias = g.reshape(bias, &[1, 1, bias.nelements()])?;
+    Ok(g.add(map, &bias)?)
 }
