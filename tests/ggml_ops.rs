@@ -1128,9 +1128,13 @@ fn ref_conv_transpose_2d(k: &Array, x: &Array, s: usize) -> Array {
 }
 
 fn check_conv_transpose_2d(kernel: i64, stride: i32) {
+    check_conv_transpose_2d_batch(kernel, stride, 2);
+}
+
+fn check_conv_transpose_2d_batch(kernel: i64, stride: i32, batch: i64) {
     let g = Harness::new();
     let (k, kv) = g.input(&[kernel, kernel, 2, 3]);
-    let (x, xv) = g.input(&[4, 3, 3, 2]);
+    let (x, xv) = g.input(&[4, 3, 3, batch]);
     let y = g.conv_transpose_2d(&k, &x, stride).unwrap();
     let want = ref_conv_transpose_2d(&kv, &xv, stride as usize);
     assert_close(
@@ -1154,6 +1158,14 @@ fn conv_transpose_2d_stride_2_with_overlapping_kernel() {
 #[test]
 fn conv_transpose_2d_stride_4() {
     check_conv_transpose_2d(4, 4);
+}
+
+/// One image with the kernel as large as the stride: a matrix product and an interleave.
+#[test]
+fn conv_transpose_2d_upsampling_one_image() {
+    check_conv_transpose_2d_batch(2, 2, 1);
+    check_conv_transpose_2d_batch(4, 4, 1);
+    check_conv_transpose_2d_batch(3, 2, 1);
 }
 
 #[test]

@@ -998,6 +998,10 @@ impl Context {
             });
         }
         require_dtype("conv_transpose_2d", kernel, &[DType::F32, DType::F16])?;
+        let s = stride as i64;
+        if kn[0] == s && kn[1] == s && inp[3] == 1 && kernel.dtype() == DType::F32 {
+            return self.conv_transpose_2d_disjoint(kernel, input);
+        }
         let out = |i: i64, k: i64| (i - 1) * stride as i64 + k;
         self.reserve_result(
             DType::F32,
@@ -1008,6 +1012,30 @@ impl Context {
             sys::ggml_conv_transpose_2d_p0(self.raw(), kernel.as_ptr(), input.as_ptr(), stride)
         };
         self.result(raw, "conv_transpose_2d", &[kernel, input])
+    }
+
+    /// [`Context::conv_transpose_2d`] where the kernel is as large as the stride (upsampling
+    /// layers): each input pixel writes its own s x s block of the output, so the op is one
+    /// matrix product, `[IC, pixels]` by `[IC, (kx, ky, oc)]`, and two copies that interleave
+    /// the taps with the pixels. ggml's own kernels visit every tap of every input channel for
+    /// each output value and skip the 1 - 1/s² that do not land: on an H200 the two upsampling
+    /// layers of DA3-large took 22 ms of a 48 ms forward that way.
+    fn conv_transpose_2d_disjoint(&self, kernel: &Tensor, input: &Tensor) -> Result<Tensor> {
+        let ([s, _, oc, ic], [w, h, _, _]) = (kernel.ne(), input.ne());
+        let kernel = if kernel.is_contiguous() {
+            kernel.clone()
+        } else {
+            self.cont(kernel)?
+        };
+        let pixels = self.cont(&self.transpose(&self.reshape(input, &[w * h, ic])?)?)?; // [IC, P]
+        let taps = self.cont(&self.transpose(&self.reshape(&kernel, &[s * s * oc, ic])?)?)?; // [IC, Q]
+        let product = self.mul_mat(&pixels, &taps)?; // [P, Q]: per (kx, ky, oc) a [W, H] plane
+        let product = self.reshape(&product, &[w, h, s, s * oc])?;
+        // [W, H, KW, KH*OC] -> [KW, W, H, KH*OC] = [OW, H, KH, OC] -> [OW, KH, H, OC] = [OW, OH, OC].
+        let columns = self.cont(&self.permute(&product, [1, 2, 0, 3])?)?;
+        let columns = self.reshape(&columns, &[s * w, h, s, oc])?;
+        let rows = self.cont(&self.permute(&columns, [0, 2, 1, 3])?)?;
+        self.reshape(&rows, &[s * w, s * h, oc, 1])
     }
 
     /// 2D pooling over dims 0 and 1.
