@@ -116,7 +116,7 @@ impl Block {
         let x = g.add(x, &g.mul(&attn, &self.ls1)?)?;
         let h = self.norm2.forward(g, &x)?;
         let f = match &self.ffn {
-            FfnWeights::Mlp { fc1, fc2 } => fc2.forward(g, &g.gelu_erf(&fc1.forward(g, &h)?)?)?,
+            FfnWeights::Mlp { fc1, fc2 } => fc2.forward(g, &fc1.forward_gelu(g, &h)?)?,
             FfnWeights::SwiGlu { w12, w3, hidden } => {
                 let ab = w12.forward(g, &h)?;
                 let t = ab.ne()[1];

@@ -281,6 +281,6 @@ impl CameraDecoder {
             .named("pose_encoding"))
     }
     pub fn dim(&self) -> usize {
-        self.bb0.weight.ne()[0] as usize
+        self.bb0.n_in
     }
 }

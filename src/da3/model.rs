@@ -76,7 +76,7 @@ impl Model {
     ) -> Result<Model, Error> {
         let config = Config::from_gguf(file)?;
         let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
-        let mut loader = Loader::new(file, &host_only)?;
+        let mut loader = Loader::new(file, &host_only)?.pack_linears(device.is_cpu());
         let backbone = Backbone::load(&mut loader, &config.vit)?;
         let head = Head::load(&mut loader, &config.head, config.vit.feature_dim())?;
         let camera = if config.head.kind == HeadKind::DualDpt {

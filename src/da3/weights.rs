@@ -4,7 +4,9 @@
 use super::config::Config;
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
-use crate::ggml::{Backend, BufferUsage, Context, DType, Tensor, TensorView};
+use crate::ggml::{
+    pack_linear_panels, Backend, BufferUsage, Context, DType, Tensor, TensorView, LINEAR_PANEL,
+};
 use std::collections::HashSet;
 
 /// How a tensor is used, which decides the types it may have on the device.
@@ -20,6 +22,8 @@ struct Pending {
     tensor: Tensor,
     name: String,
     convert: bool,
+    /// (inputs, outputs) of a linear weight to store packed for the CPU kernel.
+    packed: Option<(usize, usize)>,
 }
 
 /// Where declared tensors come from.
@@ -40,6 +44,7 @@ pub struct Loader<'f> {
     host_names: HashSet<String>,
     used: HashSet<String>,
     pending: Vec<Pending>,
+    pack_linears: bool,
 }
 
 /// Where the loaded weights live.
@@ -83,7 +88,15 @@ impl<'f> Loader<'f> {
             host_names,
             used: HashSet::new(),
             pending: Vec::new(),
+            pack_linears: false,
         })
+    }
+
+    /// Stores f32 linear weights packed for the CPU's matrix-product kernel
+    /// ([`crate::ggml::Context::linear_panels`]); only for models computed on the CPU backend.
+    pub fn pack_linears(mut self, on: bool) -> Self {
+        self.pack_linears = on;
+        self
     }
 
     /// A loader that reads nothing and records the tensors (name, PyTorch shape) that the
@@ -99,6 +112,7 @@ impl<'f> Loader<'f> {
             host_names: HashSet::new(),
             used: HashSet::new(),
             pending: Vec::new(),
+            pack_linears: false,
         })
     }
 
@@ -128,10 +142,37 @@ impl<'f> Loader<'f> {
     /// Declares tensor `name` with PyTorch shape `shape` (outermost first, as the official code
     /// writes it); the file stores ggml order, the reverse.
     pub fn tensor(&mut self, name: &str, shape: &[usize], role: Role) -> Result<Tensor, Error> {
+        Ok(self.declare(name, shape, role, false)?.0)
+    }
+
+    /// Declares the weight of a linear layer, PyTorch shape [n_out, n_in]; returns it and
+    /// whether it is stored packed (see [`Loader::pack_linears`]): f32 in the file, in device
+    /// memory, and a whole number of panels of outputs.
+    fn linear_weight(
+        &mut self,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<(Tensor, bool), Error> {
+        self.declare(name, &[n_out, n_in], Role::Matmul, self.pack_linears)
+    }
+
+    /// [`Loader::tensor`], packing a two-dimensional f32 weight for the CPU's matrix-product
+    /// kernel where `pack` asks for it and the weight allows it.
+    fn declare(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        role: Role,
+        pack: bool,
+    ) -> Result<(Tensor, bool), Error> {
         if let Source::Recording { declared, .. } = &mut self.source {
             declared.push((name.to_owned(), shape.to_vec()));
             let ne: Vec<i64> = shape.iter().rev().map(|&d| d as i64).collect();
-            return Ok(self.device_ctx.new_tensor(DType::F32, &ne)?.named(name));
+            return Ok((
+                self.device_ctx.new_tensor(DType::F32, &ne)?.named(name),
+                false,
+            ));
         }
         let info = self.info(name)?;
         let expected: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
@@ -154,8 +195,23 @@ impl<'f> Loader<'f> {
                 )));
             }
         };
-        let ne: Vec<i64> = expected.iter().map(|&d| d as i64).collect();
         let host = self.host_names.contains(name);
+        let packed = match shape {
+            &[n_out, n_in]
+                if pack && dtype == DType::F32 && !host && n_out.is_multiple_of(LINEAR_PANEL) =>
+            {
+                Some((n_in, n_out))
+            }
+            _ => None,
+        };
+        let ne: Vec<i64> = match packed {
+            Some((n_in, n_out)) => vec![
+                LINEAR_PANEL as i64,
+                n_in as i64,
+                (n_out / LINEAR_PANEL) as i64,
+            ],
+            None => expected.iter().map(|&d| d as i64).collect(),
+        };
         let ctx = if host {
             self.host_ctx.as_ref().expect("created with host names")
         } else {
@@ -166,8 +222,9 @@ impl<'f> Loader<'f> {
             tensor: tensor.clone(),
             name: name.to_owned(),
             convert,
+            packed,
         });
-        Ok(tensor)
+        Ok((tensor, packed.is_some()))
     }
 
     /// The PyTorch shape of a file tensor (for deriving sizes the metadata gets wrong).
@@ -223,7 +280,10 @@ impl<'f> Loader<'f> {
             } else {
                 &self.device_ctx
             };
-            if p.convert {
+            if let Some((n_in, n_out)) = p.packed {
+                let plain = to_f32(&p.name, info.dtype, data)?;
+                ctx.write(&p.tensor, &pack_linear_panels(&plain, n_in, n_out)?.0)?;
+            } else if p.convert {
                 ctx.write(&p.tensor, &to_f32(&p.name, info.dtype, data)?)?;
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
@@ -287,10 +347,13 @@ pub fn to_f32(name: &str, dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, Error>
     })
 }
 
-/// `y = x W^T + b` with W stored as PyTorch (out, in). Every linear layer of DA3 has a bias.
+/// `y = x W^T + b` with W stored as PyTorch (out, in), or packed for the CPU kernel. Every
+/// linear layer of DA3 has a bias.
 pub struct Linear {
     pub weight: Tensor,
     pub bias: Tensor,
+    pub n_in: usize,
+    packed: bool,
 }
 
 impl Linear {
@@ -300,14 +363,27 @@ impl Linear {
         n_in: usize,
         n_out: usize,
     ) -> Result<Self, Error> {
+        let (weight, packed) = l.linear_weight(&format!("{prefix}.weight"), n_in, n_out)?;
         Ok(Linear {
-            weight: l.tensor(&format!("{prefix}.weight"), &[n_out, n_in], Role::Matmul)?,
+            weight,
             bias: l.tensor(&format!("{prefix}.bias"), &[n_out], Role::F32)?,
+            n_in,
+            packed,
         })
     }
     /// `x`: [n_in, T] -> [n_out, T].
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+        if self.packed {
+            return Ok(g.linear_panels(&self.weight, x, &self.bias, false)?);
+        }
         Ok(g.add(&g.mul_mat(&self.weight, x)?, &self.bias)?)
+    }
+    /// GELU (erf form) of [`Linear::forward`], fused into the product where it is packed.
+    pub fn forward_gelu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+        if self.packed {
+            return Ok(g.linear_panels(&self.weight, x, &self.bias, true)?);
+        }
+        Ok(g.gelu_erf(&self.forward(g, x)?)?)
     }
 }
 

@@ -1,14 +1,12 @@
-//! Kernels of the CPU custom ops: safe Rust over slices (`cpu_ops.rs` hands them to ggml).
+//! Kernels of the CPU custom ops: safe Rust over slices (`cpu_ops.rs` hands them to ggml),
+//! except the register tile ([`tile`]) that the matrix product, the convolution and attention
+//! share, written with intrinsics.
 
 use super::cpu_ops::Src;
 use std::ops::Range;
 
-/// Values per vector register (AVX-512; narrower targets split the arrays). A block of
-/// convolution output held in registers is `RO` channels (a const parameter) by `RP` vectors
-/// of `V` consecutive pixels of one row; attention scores are blocked the same way over keys.
+/// Lanes of the element-wise loops (softmax): the compiler vectorises arrays of this width.
 const V: usize = 16;
-const RP: usize = 3;
-const SPAN: usize = V * RP;
 
 /// `a * b + c`, fused where the target has FMA (elsewhere `mul_add` is a slow library call).
 #[inline(always)]
@@ -42,7 +40,7 @@ impl Conv {
             w,
             h,
             k_len: kw * kh * channels,
-            padded_w: w.div_ceil(SPAN) * SPAN + kw - 1,
+            padded_w: w.div_ceil(CONV_SPAN) * CONV_SPAN + kw - 1,
         }
     }
 
@@ -63,6 +61,12 @@ impl Conv {
     }
 }
 
+/// Output channels computed together by the convolution kernel, each over `CONV_VECTORS`
+/// vectors of consecutive pixels: 24 accumulators with AVX-512, 12 with AVX2.
+const CONV_CHANNELS: usize = if simd::REGISTERS >= 32 { 8 } else { 4 };
+const CONV_VECTORS: usize = 3;
+const CONV_SPAN: usize = CONV_VECTORS * LANES;
+
 /// Output channels `channels` (planes of `out`) of a "same" convolution: `srcs` are the
 /// kernel [KW, KH, IC, OC], the input [W, H, IC, 1] and optionally a bias [OC].
 pub(super) fn conv_same_planes(
@@ -82,73 +86,51 @@ pub(super) fn conv_same_planes(
         while o < channels.end {
             let planes = &mut out[(o - channels.start) * plane_len..];
             let weights = &kernel.data[o * conv.k_len..];
-            o += match channels.end - o {
-                4.. => conv_row::<4>(
-                    &conv,
-                    planes,
-                    weights,
-                    std::array::from_fn(|r| bias(o + r)),
-                    &band,
-                    oy,
-                ),
-                2.. => conv_row::<2>(
-                    &conv,
-                    planes,
-                    weights,
-                    std::array::from_fn(|r| bias(o + r)),
-                    &band,
-                    oy,
-                ),
-                _ => conv_row::<1>(&conv, planes, weights, [bias(o)], &band, oy),
+            let left = channels.end - o;
+            o += if left >= CONV_CHANNELS {
+                conv_row::<CONV_CHANNELS>(&conv, planes, weights, o, &bias, &band, oy)
+            } else if left >= 4 {
+                conv_row::<4>(&conv, planes, weights, o, &bias, &band, oy)
+            } else if left >= 2 {
+                conv_row::<2>(&conv, planes, weights, o, &bias, &band, oy)
+            } else {
+                conv_row::<1>(&conv, planes, weights, o, &bias, &band, oy)
             };
         }
     }
 }
 
-/// Row `oy` of `RO` output channels (the first planes of `planes`, weights from `weights`,
-/// biases `bias`); returns `RO`. Four channels at most: with more, the compiler stops keeping
-/// the accumulators in registers.
-fn conv_row<const RO: usize>(
+/// Row `oy` of `R` output channels from `o` (the first planes of `planes`, weights from
+/// `weights`); returns `R`.
+fn conv_row<const R: usize>(
     conv: &Conv,
     planes: &mut [f32],
     weights: &[f32],
-    bias: [f32; RO],
+    o: usize,
+    bias: &impl Fn(usize) -> f32,
     band: &[f32],
     oy: usize,
 ) -> usize {
     let plane_len = conv.w * conv.h;
-    for x0 in (0..conv.w).step_by(SPAN) {
-        let mut acc: [[[f32; V]; RP]; RO] = std::array::from_fn(|r| [[bias[r]; V]; RP]);
-        for (ck, row) in band.chunks_exact(conv.padded_w).enumerate() {
-            for kx in 0..conv.kw {
-                let k = ck * conv.kw + kx;
-                let src = &row[x0 + kx..x0 + kx + SPAN];
-                let xs: [[f32; V]; RP] =
-                    std::array::from_fn(|p| src[p * V..(p + 1) * V].try_into().expect("V values"));
-                let ws: [f32; RO] = std::array::from_fn(|r| weights[r * conv.k_len + k]);
-                for (acc, &w) in acc.iter_mut().zip(&ws) {
-                    for (acc, xs) in acc.iter_mut().zip(&xs) {
-                        for (a, &x) in acc.iter_mut().zip(xs) {
-                            *a = madd(w, x, *a);
-                        }
-                    }
-                }
-            }
-        }
-        // Vector by vector: taking a slice of `acc` would keep it out of registers, and whole
-        // vectors stored as arrays compile to vector stores, not calls to a copy routine.
-        let n = SPAN.min(conv.w - x0);
+    let rows = band.len() / conv.padded_w;
+    let a: [&[f32]; R] = std::array::from_fn(|r| &weights[r * conv.k_len..][..conv.k_len]);
+    for x0 in (0..conv.w).step_by(CONV_SPAN) {
+        let mut acc: [[[f32; LANES]; CONV_VECTORS]; R] =
+            std::array::from_fn(|r| [[bias(o + r); LANES]; CONV_VECTORS]);
+        tile(
+            &mut acc,
+            a,
+            &band[x0..],
+            (rows, conv.padded_w),
+            (conv.kw, 1),
+        );
+        let n = CONV_SPAN.min(conv.w - x0);
         for (r, acc) in acc.iter().enumerate() {
-            let dst = &mut planes[r * plane_len + oy * conv.w + x0..][..n];
-            for (dst, &v) in dst.chunks_mut(V).zip(acc) {
-                match <&mut [f32; V]>::try_from(&mut *dst) {
-                    Ok(whole) => *whole = v,
-                    Err(_) => dst.copy_from_slice(&v[..dst.len()]),
-                }
-            }
+            planes[r * plane_len + oy * conv.w + x0..][..n]
+                .copy_from_slice(&acc.as_flattened()[..n]);
         }
     }
-    RO
+    R
 }
 
 /// GELU, `0.5 x (1 + erf(x / sqrt 2))`, on rows `rows` of the operand.
@@ -236,14 +218,18 @@ pub(super) fn bilinear_align_corners_planes(
 }
 
 /// The attention kernel takes value rows of whole vectors.
-pub(super) const ATTENTION_DV_MULTIPLE: usize = V;
+pub(super) const ATTENTION_DV_MULTIPLE: usize = LANES;
 
 /// Queries per tile: their scores against every key stay in the L2 cache.
 const QT: usize = 24;
-/// Register blocks of the two products, within the 32 vector registers: scores of 4 queries
-/// by `SPAN` keys (12 accumulators), values of 6 queries by 64 columns (24 accumulators).
-const SCORE_ROWS: usize = 4;
-const VALUE_ROWS: usize = 6;
+/// Register tiles of the two products: scores of `SCORE_ROWS` queries by `SCORE_VECTORS`
+/// vectors of keys, weighted values of `VALUE_ROWS` queries by `VALUE_VECTORS` vectors of
+/// columns (24 accumulators each with AVX-512, 12 with AVX2).
+const SCORE_ROWS: usize = if simd::REGISTERS >= 32 { 8 } else { 4 };
+const SCORE_VECTORS: usize = 3;
+const SCORE_SPAN: usize = SCORE_VECTORS * LANES;
+const VALUE_ROWS: usize = if simd::REGISTERS >= 32 { 6 } else { 3 };
+const VALUE_VECTORS: usize = 4;
 
 /// Tokens `tokens` (planes of `out`, each [Dv, H]) of attention over `srcs` q [D, Tq, H],
 /// k [D, Tk, H] and v [Dv, Tk, H] (strided views with contiguous rows).
@@ -257,7 +243,7 @@ pub(super) fn attention_tokens(
     let [d, _, heads, _] = q.ne;
     let [dv, tk, _, _] = v.ne;
     let scale = 1.0 / (d as f32).sqrt();
-    let tk_pad = tk.div_ceil(SPAN) * SPAN;
+    let tk_pad = tk.div_ceil(SCORE_SPAN) * SCORE_SPAN;
     let mut kt = vec![0.0f32; d * tk_pad];
     let mut scores = vec![0.0f32; QT * tk_pad];
     let mut acc = vec![0.0f32; QT * dv];
@@ -269,6 +255,8 @@ pub(super) fn attention_tokens(
                 kt[i * tk_pad + j] = x;
             }
         }
+        // The values of this head from their first row: row j at j * nb[1].
+        let v_head = &v.data[h * v.nb[2]..];
         let mut t0 = tokens.start;
         while t0 < tokens.end {
             let n = QT.min(tokens.end - t0);
@@ -279,8 +267,7 @@ pub(super) fn attention_tokens(
                 .take(n)
                 .map(|s| softmax_in_place(&mut s[..tk], scale))
                 .collect();
-            let v_row = |j: usize| &v.data[j * v.nb[1] + h * v.nb[2]..][..dv];
-            attention_values(&mut acc, &scores, tk_pad, tk, dv, n, &v_row);
+            attention_values(&mut acc, &scores, tk_pad, tk, (v_head, v.nb[1]), dv, n);
             for (r, sum) in sums.iter().enumerate() {
                 let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
                 for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
@@ -304,95 +291,61 @@ fn attention_scores<'a>(
     for r0 in (0..n).step_by(SCORE_ROWS) {
         // Rows past `n` repeat the last one; their results are dropped.
         let rows: [&[f32]; SCORE_ROWS] = std::array::from_fn(|r| q_row((r0 + r).min(n - 1)));
-        for j0 in (0..tk_pad).step_by(SPAN) {
-            let mut acc = [[[0.0f32; V]; RP]; SCORE_ROWS];
-            for i in 0..d {
-                let src = &kt[i * tk_pad + j0..][..SPAN];
-                let ks: [[f32; V]; RP] =
-                    std::array::from_fn(|p| src[p * V..(p + 1) * V].try_into().expect("V values"));
-                let qs: [f32; SCORE_ROWS] = std::array::from_fn(|r| rows[r][i]);
-                for (acc, &qv) in acc.iter_mut().zip(&qs) {
-                    for (acc, ks) in acc.iter_mut().zip(&ks) {
-                        for (a, &kv) in acc.iter_mut().zip(ks) {
-                            *a = madd(qv, kv, *a);
-                        }
-                    }
-                }
-            }
+        for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
+            let mut acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
+            tile(&mut acc, rows, &kt[j0..], (d, tk_pad), (1, 0));
             for (r, acc) in acc.iter().enumerate().take(n - r0) {
-                let dst = &mut scores[(r0 + r) * tk_pad + j0..][..SPAN];
-                for (dst, &v) in dst.chunks_exact_mut(V).zip(acc) {
-                    let dst: &mut [f32; V] = dst.try_into().expect("V values");
-                    *dst = v;
-                }
+                scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN].copy_from_slice(acc.as_flattened());
             }
         }
     }
 }
 
-/// `acc[r] = Σ_j p[r][j] v_j` for the first `n` rows of probabilities `p` (stride `tk_pad`).
-fn attention_values<'a>(
+/// `acc[r] = Σ_j p[r][j] v_j` for the first `n` rows of probabilities `p` (stride `tk_pad`),
+/// value row `j` of `dv` values at `j * v_stride` of `v`.
+fn attention_values(
     acc: &mut [f32],
     p: &[f32],
     tk_pad: usize,
     tk: usize,
+    (v, v_stride): (&[f32], usize),
     dv: usize,
     n: usize,
-    v_row: &impl Fn(usize) -> &'a [f32],
 ) {
     for r0 in (0..n).step_by(VALUE_ROWS) {
         let mut c0 = 0;
         while c0 < dv {
-            c0 += if dv - c0 >= 4 * V {
-                values_block::<4>(acc, p, tk_pad, tk, dv, n, r0, c0, v_row)
+            c0 += if dv - c0 >= VALUE_VECTORS * LANES {
+                values_block::<VALUE_VECTORS>(acc, p, tk_pad, tk, (v, v_stride), dv, n, r0, c0)
             } else {
-                values_block::<1>(acc, p, tk_pad, tk, dv, n, r0, c0, v_row)
+                values_block::<1>(acc, p, tk_pad, tk, (v, v_stride), dv, n, r0, c0)
             };
         }
     }
 }
 
-/// Rows `r0..r0 + VALUE_ROWS` and columns `c0..c0 + CV * V` of [`attention_values`]; returns the
-/// columns done.
+/// Rows `r0..r0 + VALUE_ROWS` and columns `c0..c0 + C * LANES` of [`attention_values`];
+/// returns the columns done.
 #[allow(clippy::too_many_arguments)]
-fn values_block<'a, const CV: usize>(
+fn values_block<const C: usize>(
     acc: &mut [f32],
     p: &[f32],
     tk_pad: usize,
     tk: usize,
+    (v, v_stride): (&[f32], usize),
     dv: usize,
     n: usize,
     r0: usize,
     c0: usize,
-    v_row: &impl Fn(usize) -> &'a [f32],
 ) -> usize {
     let rows: [&[f32]; VALUE_ROWS] =
         std::array::from_fn(|r| &p[(r0 + r).min(n - 1) * tk_pad..][..tk]);
-    let mut sums = [[[0.0f32; V]; CV]; VALUE_ROWS];
-    // `j` picks a value row and a probability from each of the rows at once.
-    #[allow(clippy::needless_range_loop)]
-    for j in 0..tk {
-        let src = &v_row(j)[c0..c0 + CV * V];
-        let vs: [[f32; V]; CV] =
-            std::array::from_fn(|c| src[c * V..(c + 1) * V].try_into().expect("V values"));
-        let ps: [f32; VALUE_ROWS] = std::array::from_fn(|r| rows[r][j]);
-        for (s, &pv) in sums.iter_mut().zip(&ps) {
-            for (s, vs) in s.iter_mut().zip(&vs) {
-                for (a, &x) in s.iter_mut().zip(vs) {
-                    *a = madd(pv, x, *a);
-                }
-            }
-        }
-    }
+    let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
+    tile(&mut sums, rows, &v[c0..], (tk, v_stride), (1, 0));
     for (r, s) in sums.iter().enumerate().take(n - r0) {
-        for (c, &v) in s.iter().enumerate() {
-            let dst: &mut [f32; V] = (&mut acc[(r0 + r) * dv + c0 + c * V..][..V])
-                .try_into()
-                .expect("V values");
-            *dst = v;
-        }
+        acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
     }
-    CV * V
+    C * LANES
 }
 
 /// `s = exp(scale (s - max s))` in place; returns the sum. Reductions run in `V` lanes: a
@@ -452,6 +405,254 @@ fn exp(x: f32) -> f32 {
     let y = madd(p, r * r, r) + 1.0;
     let n_bits = shifted.to_bits().wrapping_sub(SHIFT.to_bits());
     y * f32::from_bits(n_bits.wrapping_add(127) << 23)
+}
+
+/// Output columns per panel of a packed matrix-product weight, and result rows computed
+/// together: `GEMM_ROWS` x `PANEL` accumulators fill most of the vector registers (32 with
+/// AVX-512, 16 with AVX2) and leave room for the panel's vectors and a broadcast.
+pub(super) const PANEL: usize = 2 * LANES;
+const GEMM_ROWS: usize = if simd::REGISTERS >= 32 { 12 } else { 6 };
+use simd::LANES;
+/// A matrix-product weight `w` (`n` rows of `k` values, ggml's [k, n]) as panels: `n / PANEL`
+/// blocks of [k][PANEL], so that the kernel reads one row of a panel with whole vectors.
+pub(super) fn pack_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
+    let mut packed = vec![0.0; k * n];
+    for (p, panel) in packed.chunks_exact_mut(k * PANEL).enumerate() {
+        for (i, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = w[(p * PANEL + j) * k + i];
+            }
+        }
+    }
+    packed
+}
+
+/// What is applied to a product before it is stored.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Epilogue {
+    Bias,
+    BiasGelu,
+}
+
+/// Rows `rows` of `x W^T + b` (optionally through GELU): `srcs` are the panels of W
+/// ([PANEL, K, N / PANEL]), `x` [K, T] and `b` [N]; `out` holds the rows' N values each.
+fn linear_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    epilogue: Epilogue,
+) {
+    let (panels, x, bias) = (&srcs[0], &srcs[1], &srcs[2].data);
+    let (k, n, count) = (x.ne[0], ne[0], rows.len());
+    if count == 0 {
+        return;
+    }
+    let x_row = |r: usize| &x.data[(rows.start + r) * x.nb[1]..][..k];
+    // Each panel (at most a few hundred KB) stays in L2 while the thread's rows sweep past it.
+    for (p, panel) in panels.data.chunks_exact(k * PANEL).enumerate() {
+        let col = p * PANEL;
+        for r0 in (0..count).step_by(GEMM_ROWS) {
+            // Rows past the end repeat the last one; their results are dropped.
+            let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row((r0 + r).min(count - 1)));
+            let bias: [[f32; LANES]; 2] = std::array::from_fn(|v| {
+                bias[col + v * LANES..][..LANES]
+                    .try_into()
+                    .expect("LANES values")
+            });
+            let mut acc = [bias; GEMM_ROWS];
+            tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
+            for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
+                let acc = acc.as_flattened_mut();
+                if epilogue == Epilogue::BiasGelu {
+                    for a in acc.iter_mut() {
+                        *a = 0.5 * *a * (1.0 + erf(*a * std::f32::consts::FRAC_1_SQRT_2));
+                    }
+                }
+                out[(r0 + r) * n + col..][..PANEL].copy_from_slice(acc);
+            }
+        }
+    }
+}
+
+/// The vector unit the register-tile kernel is written for: AVX-512, AVX2 with FMA, or plain
+/// arrays elsewhere (correct, not fast). The compiler does not keep a tile of 24 vectors in
+/// registers when it is written over arrays (the product ran ten times slower), so the x86
+/// variants use intrinsics.
+mod simd {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
+    mod imp {
+        use std::arch::x86_64::*;
+        pub type F = __m512;
+        pub const LANES: usize = 16;
+        pub const REGISTERS: usize = 32;
+        #[inline(always)]
+        pub fn splat(x: f32) -> F {
+            // SAFETY: the module exists only where the build enables this feature.
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        pub fn fma(a: F, b: F, c: F) -> F {
+            // SAFETY: the module exists only where the build enables this feature.
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load(p: *const f32) -> F {
+            // SAFETY: as the caller promises.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        /// # Safety
+        /// `p` is valid for writing LANES values.
+        #[inline(always)]
+        pub unsafe fn store(p: *mut f32, v: F) {
+            // SAFETY: as the caller promises.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+    }
+
+    #[cfg(all(
+        target_arch = "x86_64",
+        target_feature = "avx2",
+        target_feature = "fma",
+        not(target_feature = "avx512f")
+    ))]
+    mod imp {
+        use std::arch::x86_64::*;
+        pub type F = __m256;
+        pub const LANES: usize = 8;
+        pub const REGISTERS: usize = 16;
+        #[inline(always)]
+        pub fn splat(x: f32) -> F {
+            // SAFETY: the module exists only where the build enables this feature.
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        pub fn fma(a: F, b: F, c: F) -> F {
+            // SAFETY: the module exists only where the build enables this feature.
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load(p: *const f32) -> F {
+            // SAFETY: as the caller promises.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        /// # Safety
+        /// `p` is valid for writing LANES values.
+        #[inline(always)]
+        pub unsafe fn store(p: *mut f32, v: F) {
+            // SAFETY: as the caller promises.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+    }
+
+    #[cfg(not(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512f",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    )))]
+    mod imp {
+        pub type F = [f32; LANES];
+        pub const LANES: usize = 8;
+        pub const REGISTERS: usize = 16;
+        #[inline(always)]
+        pub fn splat(x: f32) -> F {
+            [x; LANES]
+        }
+        #[inline(always)]
+        pub fn fma(a: F, b: F, c: F) -> F {
+            std::array::from_fn(|i| super::super::madd(a[i], b[i], c[i]))
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load(p: *const f32) -> F {
+            // SAFETY: as the caller promises.
+            unsafe { std::ptr::read_unaligned(p as *const F) }
+        }
+        /// # Safety
+        /// `p` is valid for writing LANES values.
+        #[inline(always)]
+        pub unsafe fn store(p: *mut f32, v: F) {
+            // SAFETY: as the caller promises.
+            unsafe { std::ptr::write_unaligned(p as *mut F, v) }
+        }
+    }
+
+    pub use imp::*;
+}
+
+/// A register tile: `acc[r][c..c + LANES] (+)= Σ_i a[r][i] b_i[c..c + LANES]` for `R` rows
+/// and `C` vectors of columns, over `outer * inner` steps `i`; step `i = o * inner + n` reads
+/// `b` at `o * outer_stride + n * inner_stride`. The row values `a[r]` are consecutive.
+/// Starts from the values in `acc` (bias, or a partial sum); every read is checked up front.
+/// One kernel serves the matrix product (inner 1), the direct convolution (a kernel row of
+/// taps, one value apart, per input row) and both products of attention.
+#[inline(always)]
+fn tile<const R: usize, const C: usize>(
+    acc: &mut [[[f32; LANES]; C]; R],
+    a: [&[f32]; R],
+    b: &[f32],
+    (outer, outer_stride): (usize, usize),
+    (inner, inner_stride): (usize, usize),
+) {
+    let steps = outer * inner;
+    if steps == 0 {
+        return;
+    }
+    let last_read = (outer - 1) * outer_stride + (inner - 1) * inner_stride + C * LANES;
+    assert!(b.len() >= last_read && a.iter().all(|a| a.len() >= steps));
+    // SAFETY: the assertion bounds every read: step (o, n) loads C vectors from `b` at
+    // o * outer_stride + n * inner_stride, below `last_read`, and one value below `steps` from
+    // each row of `a`; `acc` holds R x C vectors of LANES values.
+    unsafe {
+        let mut c: [[simd::F; C]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
+        let a_ptr: [*const f32; R] = std::array::from_fn(|r| a[r].as_ptr());
+        let mut step = 0;
+        for o in 0..outer {
+            let mut bp = b.as_ptr().add(o * outer_stride);
+            for _ in 0..inner {
+                let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
+                for (c, a) in c.iter_mut().zip(&a_ptr) {
+                    let x = simd::splat(*a.add(step));
+                    for (c, &bv) in c.iter_mut().zip(&bv) {
+                        *c = simd::fma(x, bv, *c);
+                    }
+                }
+                bp = bp.add(inner_stride);
+                step += 1;
+            }
+        }
+        for (acc, c) in acc.iter_mut().zip(&c) {
+            for (acc, &c) in acc.iter_mut().zip(c) {
+                simd::store(acc.as_mut_ptr(), c);
+            }
+        }
+    }
+}
+
+pub(super) fn linear_bias_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+) {
+    linear_rows(srcs, out, ne, rows, Epilogue::Bias)
+}
+
+pub(super) fn linear_bias_gelu_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+) {
+    linear_rows(srcs, out, ne, rows, Epilogue::BiasGelu)
 }
 
 #[cfg(test)]

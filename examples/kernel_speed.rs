@@ -1,0 +1,127 @@
+//! The CPU kernels on DA3-small's shapes: the f32 matrix products of a block, ggml's
+//! `mul_mat` against the packed-panel kernel (`Context::linear_panels`), and the head's 3x3
+//! convolutions (the direct kernel of `Context::conv_2d_bias`):
+//! `cargo run --release --example kernel_speed [threads]`. Medians of 20 computes.
+use da3::ggml::{
+    pack_linear_panels, Allocation, Backend, BufferUsage, Context, DType, Gallocr, TensorView,
+};
+use std::error::Error;
+use std::time::Instant;
+
+fn median_ms(run: &Allocation<'_>, backend: &Backend) -> Result<f64, Box<dyn Error>> {
+    run.compute(backend)?;
+    let mut times = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        run.compute(backend)?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let threads: usize = std::env::args().nth(1).map_or(Ok(2), |t| t.parse())?;
+    let cpu = Backend::cpu(threads)?;
+    products(&cpu)?;
+    convolutions(&cpu)
+}
+
+fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
+    for (k, n, t) in [
+        (384usize, 1536usize, 865usize),
+        (1536, 384, 865),
+        (384, 1152, 865),
+    ] {
+        let weight: Vec<f32> = (0..k * n)
+            .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
+            .collect();
+        let (packed, panel_shape) = pack_linear_panels(&weight, k, n)?;
+        let w = Context::metadata(3)?;
+        let a = w.new_tensor(DType::F32, &[k as i64, n as i64])?;
+        let p = w.new_tensor(DType::F32, &panel_shape)?;
+        let bias = w.new_tensor(DType::F32, &[n as i64])?;
+        w.allocate_on(cpu, BufferUsage::Weights)?;
+        w.write(&a, &weight)?;
+        w.write(&p, &packed)?;
+        w.write(&bias, &vec![0.25f32; n])?;
+        let mut results = Vec::new();
+        for panels in [false, true] {
+            let ctx = Context::metadata(8)?;
+            ctx.use_cpu_kernels(true);
+            let x = ctx.new_tensor(DType::F32, &[k as i64, t as i64])?;
+            x.mark_input();
+            let y = if panels {
+                ctx.linear_panels(&p, &x, &bias, false)?
+            } else {
+                ctx.add(&ctx.mul_mat(&a, &x)?, &bias)?
+            };
+            y.mark_output();
+            let g = ctx.new_graph(8)?;
+            g.expand(&y)?;
+            let mut ga = Gallocr::for_backend(cpu)?;
+            let run = ga.alloc(&g)?;
+            let input: Vec<f32> = (0..k * t)
+                .map(|i| ((i % 89) as f32 - 44.0) * 1e-2)
+                .collect();
+            run.write(&x, &input)?;
+            let ms = median_ms(&run, cpu)?;
+            results.push(run.read::<f32>(&y)?);
+            println!(
+                "[{n} x {k}] x [{k} x {t}] {:<13} {ms:7.2} ms {:6.1} GFLOP/s",
+                if panels {
+                    "linear_panels"
+                } else {
+                    "ggml mul_mat"
+                },
+                2.0 * (k * n * t) as f64 / ms / 1e6
+            );
+        }
+        let diff = results[0]
+            .iter()
+            .zip(&results[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!("  max difference {diff:.2e}");
+    }
+    Ok(())
+}
+
+fn convolutions(cpu: &Backend) -> Result<(), Box<dyn Error>> {
+    for (w, h, ic, oc) in [
+        (144i64, 96i64, 64i64, 64i64),
+        (288, 192, 64, 32),
+        (504, 336, 32, 32),
+    ] {
+        let ctx = Context::metadata(8)?;
+        ctx.use_cpu_kernels(true);
+        let kernel = ctx.new_tensor(DType::F32, &[3, 3, ic, oc])?;
+        let input = ctx.new_tensor(DType::F32, &[w, h, ic, 1])?;
+        let bias = ctx.new_tensor(DType::F32, &[oc])?;
+        for t in [&kernel, &input, &bias] {
+            t.mark_input();
+        }
+        let y = ctx.conv_2d_bias(&kernel, &input, &bias, (1, 1), (1, 1), (1, 1))?;
+        y.mark_output();
+        let g = ctx.new_graph(8)?;
+        g.expand(&y)?;
+        let mut ga = Gallocr::for_backend(cpu)?;
+        let run = ga.alloc(&g)?;
+        for t in [&kernel, &input, &bias] {
+            let n = t.nelements() as usize;
+            run.write(
+                t,
+                &(0..n)
+                    .map(|i| ((i % 31) as f32 - 15.0) * 1e-2)
+                    .collect::<Vec<_>>(),
+            )?;
+        }
+        let ms = median_ms(&run, cpu)?;
+        let flop = 2.0 * (w * h * ic * oc * 9) as f64;
+        println!(
+            "{w}x{h} {ic}->{oc} 3x3: {ms:6.2} ms {:6.1} GFLOP/s",
+            flop / ms / 1e6
+        );
+    }
+    Ok(())
+}
