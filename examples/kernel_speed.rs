@@ -24,7 +24,51 @@ fn main() -> Result<(), Box<dyn Error>> {
     let threads: usize = std::env::args().nth(1).map_or(Ok(2), |t| t.parse())?;
     let cpu = Backend::cpu(threads)?;
     products(&cpu)?;
-    convolutions(&cpu)
+    convolutions(&cpu)?;
+    layer_norms(&cpu)
+}
+
+/// A block's LayerNorm, [384, 865], and the per-head norms of its QKV output (strided rows),
+/// as ggml's norm, mul and add against the fused kernel.
+fn layer_norms(cpu: &Backend) -> Result<(), Box<dyn Error>> {
+    for fused in [false, true] {
+        let ctx = Context::metadata(16)?;
+        ctx.use_cpu_kernels(fused);
+        let x = ctx.new_tensor(DType::F32, &[384, 865])?;
+        let qkv = ctx.new_tensor(DType::F32, &[1152, 865])?;
+        let w = ctx.new_tensor(DType::F32, &[384])?;
+        let b = ctx.new_tensor(DType::F32, &[384])?;
+        let hw = ctx.new_tensor(DType::F32, &[64])?;
+        let hb = ctx.new_tensor(DType::F32, &[64])?;
+        for t in [&x, &qkv, &w, &b, &hw, &hb] {
+            t.mark_input();
+        }
+        let heads = ctx.view(&qkv, &[64, 6, 865], &[256, qkv.nb()[1]], 0)?;
+        let y = ctx.layer_norm(&x, &w, &b, 1e-6)?;
+        let yh = ctx.layer_norm(&heads, &hw, &hb, 1e-6)?;
+        let g = ctx.new_graph(16)?;
+        for out in [&y, &yh] {
+            out.mark_output();
+            g.expand(out)?;
+        }
+        let mut ga = Gallocr::for_backend(cpu)?;
+        let run = ga.alloc(&g)?;
+        for t in [&x, &qkv, &w, &b, &hw, &hb] {
+            let n = t.nelements() as usize;
+            run.write(
+                t,
+                &(0..n).map(|i| (i % 13) as f32 * 0.1).collect::<Vec<_>>(),
+            )?;
+        }
+        let ms = median_ms(&run, cpu)?;
+        let label = if fused {
+            "fused kernel"
+        } else {
+            "ggml norm, mul, add"
+        };
+        println!("layer norms [384 x 865] and [64 x 6 x 865]: {label:<20} {ms:6.3} ms");
+    }
+    Ok(())
 }
 
 fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {

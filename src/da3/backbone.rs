@@ -101,7 +101,7 @@ impl Block {
         })
     }
 
-    /// `x + ls1 * attn(norm1(x))`, then `+ ls2 * ffn(norm2(x))`.
+    /// `x + ls1 * proj(attn(norm1(x)))`, then `+ ls2 * ffn(norm2(x))`.
     fn forward(
         &self,
         g: &Context,
@@ -112,23 +112,29 @@ impl Block {
         name: &str,
     ) -> Result<Tensor, Error> {
         let h = self.norm1.forward(g, x)?;
-        let attn = self.attention(g, cfg, &h, pos, half_kv)?;
-        let x = g.add(x, &g.mul(&attn, &self.ls1)?)?;
+        let heads = self.attention(g, cfg, &h, pos, half_kv)?;
+        let x = self
+            .attn_proj
+            .forward_scaled_residual(g, &heads, &self.ls1, x)?;
         let h = self.norm2.forward(g, &x)?;
-        let f = match &self.ffn {
-            FfnWeights::Mlp { fc1, fc2 } => fc2.forward(g, &fc1.forward_gelu(g, &h)?)?,
+        let (hidden, out) = match &self.ffn {
+            FfnWeights::Mlp { fc1, fc2 } => (fc1.forward_gelu(g, &h)?, fc2),
             FfnWeights::SwiGlu { w12, w3, hidden } => {
                 let ab = w12.forward(g, &h)?;
                 let t = ab.ne()[1];
                 let row = ab.nb()[1];
                 let a = g.view(&ab, &[*hidden as i64, t], &[row], 0)?;
                 let b = g.view(&ab, &[*hidden as i64, t], &[row], hidden * 4)?;
-                w3.forward(g, &g.mul(&g.silu(&a)?, &b)?)?
+                (g.mul(&g.silu(&a)?, &b)?, w3)
             }
         };
-        Ok(g.add(&x, &g.mul(&f, &self.ls2)?)?.named(name))
+        Ok(out
+            .forward_scaled_residual(g, &hidden, &self.ls2, &x)?
+            .named(name))
     }
 
+    /// Self-attention of `h` up to the joined heads [E, T], before the output projection
+    /// (which the caller fuses with the residual).
     fn attention(
         &self,
         g: &Context,
@@ -176,8 +182,7 @@ impl Block {
             &per_head(&v)?,
             1.0 / (d as f32).sqrt(),
         )?; // [D, H, T]
-        let out = g.reshape(&out, &[e, t])?;
-        self.attn_proj.forward(g, &out)
+        Ok(g.reshape(&out, &[e, t])?)
     }
 }
 

@@ -378,6 +378,20 @@ impl Linear {
         }
         Ok(g.add(&g.mul_mat(&self.weight, x)?, &self.bias)?)
     }
+    /// `residual + scale * forward(x)` (a layer-scaled residual branch), fused into the
+    /// product where it is packed.
+    pub fn forward_scaled_residual(
+        &self,
+        g: &Context,
+        x: &Tensor,
+        scale: &Tensor,
+        residual: &Tensor,
+    ) -> Result<Tensor, Error> {
+        if self.packed {
+            return Ok(g.linear_panels_residual(&self.weight, x, &self.bias, scale, residual)?);
+        }
+        Ok(g.add(residual, &g.mul(&self.forward(g, x)?, scale)?)?)
+    }
     /// GELU (erf form) of [`Linear::forward`], fused into the product where it is packed.
     pub fn forward_gelu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
         if self.packed {

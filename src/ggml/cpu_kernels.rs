@@ -74,6 +74,7 @@ pub(super) fn conv_same_planes(
     out: &mut [f32],
     _ne: [usize; 4],
     channels: Range<usize>,
+    _param: f32,
 ) {
     let (kernel, input) = (&srcs[0], &srcs[1]);
     let bias = |o: usize| srcs.get(2).map_or(0.0, |b| b.data[o]);
@@ -139,6 +140,7 @@ pub(super) fn gelu_erf_rows(
     out: &mut [f32],
     _ne: [usize; 4],
     rows: Range<usize>,
+    _param: f32,
 ) {
     let row_len = srcs[0].ne[0];
     let x = &srcs[0].data[rows.start * row_len..rows.end * row_len];
@@ -198,6 +200,7 @@ pub(super) fn bilinear_align_corners_planes(
     out: &mut [f32],
     ne: [usize; 4],
     planes: Range<usize>,
+    _param: f32,
 ) {
     let [iw, ih, _, _] = srcs[0].ne;
     let (ow, oh) = (ne[0], ne[1]);
@@ -238,6 +241,7 @@ pub(super) fn attention_tokens(
     out: &mut [f32],
     _ne: [usize; 4],
     tokens: Range<usize>,
+    _param: f32,
 ) {
     let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
     let [d, _, heads, _] = q.ne;
@@ -432,10 +436,12 @@ pub(super) fn pack_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
 pub(super) enum Epilogue {
     Bias,
     BiasGelu,
+    ScaledResidual,
 }
 
-/// Rows `rows` of `x W^T + b` (optionally through GELU): `srcs` are the panels of W
-/// ([PANEL, K, N / PANEL]), `x` [K, T] and `b` [N]; `out` holds the rows' N values each.
+/// Rows `rows` of `x W^T + b`, then the epilogue: `srcs` are the panels of W
+/// ([PANEL, K, N / PANEL]), `x` [K, T], `b` [N], and for [`Epilogue::ScaledResidual`] a scale
+/// [N] and a residual [N, T]; `out` holds the rows' N values each.
 fn linear_rows(
     srcs: &[Src<'_>],
     out: &mut [f32],
@@ -464,9 +470,19 @@ fn linear_rows(
             tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
             for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
                 let acc = acc.as_flattened_mut();
-                if epilogue == Epilogue::BiasGelu {
-                    for a in acc.iter_mut() {
-                        *a = 0.5 * *a * (1.0 + erf(*a * std::f32::consts::FRAC_1_SQRT_2));
+                match epilogue {
+                    Epilogue::Bias => {}
+                    Epilogue::BiasGelu => {
+                        for a in acc.iter_mut() {
+                            *a = 0.5 * *a * (1.0 + erf(*a * std::f32::consts::FRAC_1_SQRT_2));
+                        }
+                    }
+                    Epilogue::ScaledResidual => {
+                        let (scale, residual) = (&srcs[3].data[col..col + PANEL], &srcs[4]);
+                        let res = &residual.data[(rows.start + r0 + r) * residual.nb[1] + col..];
+                        for ((a, &s), &x) in acc.iter_mut().zip(scale).zip(&res[..PANEL]) {
+                            *a = madd(*a, s, x);
+                        }
                     }
                 }
                 out[(r0 + r) * n + col..][..PANEL].copy_from_slice(acc);
@@ -642,6 +658,7 @@ pub(super) fn linear_bias_rows(
     out: &mut [f32],
     ne: [usize; 4],
     rows: Range<usize>,
+    _param: f32,
 ) {
     linear_rows(srcs, out, ne, rows, Epilogue::Bias)
 }
@@ -651,37 +668,59 @@ pub(super) fn linear_bias_gelu_rows(
     out: &mut [f32],
     ne: [usize; 4],
     rows: Range<usize>,
+    _param: f32,
 ) {
     linear_rows(srcs, out, ne, rows, Epilogue::BiasGelu)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn exp_is_within_a_few_ulp() {
-        let worst = (0..=200_000)
-            .map(|i| -87.0 * i as f32 / 200_000.0)
-            .map(|x| ((super::exp(x) as f64 - (x as f64).exp()) / (x as f64).exp()).abs())
-            .fold(0.0, f64::max);
-        assert!(worst < 3e-7, "{worst}");
-    }
+/// `residual + scale * (x W^T + b)`: srcs 3 and 4 are `scale` [N] and `residual` [N, T].
+pub(super) fn linear_scaled_residual_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    _param: f32,
+) {
+    linear_rows(srcs, out, ne, rows, Epilogue::ScaledResidual)
+}
 
-    #[test]
-    fn erf_is_within_5e_7() {
-        // Reference: erf by its Taylor series in f64 (converges fast on [-3, 3]).
-        let erf64 = |x: f64| {
-            let (mut term, mut sum, mut n) = (x, x, 0.0);
-            while term.abs() > 1e-17 {
-                n += 1.0;
-                term *= -x * x / n;
-                sum += term / (2.0 * n + 1.0);
-            }
-            sum * 2.0 / std::f64::consts::PI.sqrt()
-        };
-        let worst = (0..=6000)
-            .map(|i| -3.0 + i as f32 / 1000.0)
-            .map(|x| (super::erf(x) as f64 - erf64(x as f64)).abs())
-            .fold(0.0, f64::max);
-        assert!(worst < 5e-7, "{worst}");
+/// LayerNorm of rows `rows` of `srcs[0]` (rows of `ne[0]` values, strided over up to three
+/// dims) with weight `srcs[1]` and bias `srcs[2]`, epsilon `eps`: mean and variance in one
+/// pass over a row held in L1, then one fused scale and shift.
+pub(super) fn layer_norm_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    eps: f32,
+) {
+    let (x, weight, bias) = (&srcs[0], srcs[1].data, srcs[2].data);
+    let n = ne[0];
+    for (r, dst) in rows.zip(out.chunks_exact_mut(n)) {
+        let (i1, i23) = (r % ne[1], r / ne[1]);
+        let (i2, i3) = (i23 % ne[2], i23 / ne[2]);
+        let row = &x.data[i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]..][..n];
+        let mean = lane_sum(row, |v| v as f64) / n as f64;
+        let var = lane_sum(row, |v| {
+            let d = v as f64 - mean;
+            d * d
+        }) / n as f64;
+        let rstd = (1.0 / (var + eps as f64).sqrt()) as f32;
+        let mean = mean as f32;
+        for (((o, &v), &w), &b) in dst.iter_mut().zip(row).zip(weight).zip(bias) {
+            *o = madd((v - mean) * rstd, w, b);
+        }
     }
+}
+
+/// `Σ f(v)` over `values`, accumulated in `V` lanes so that the loop vectorises.
+fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut lanes = [0.0f64; V];
+    let whole = values.len() / V * V;
+    for chunk in values[..whole].chunks_exact(V) {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(v);
+        }
+    }
+    lanes.iter().sum::<f64>() + values[whole..].iter().map(|&v| f(v)).sum::<f64>()
 }

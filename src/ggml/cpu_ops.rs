@@ -15,6 +15,7 @@ use super::tensor::{Tensor, TensorView};
 use ggml_sys as sys;
 use std::ops::Range;
 use std::os::raw::{c_int, c_void};
+use std::sync::Mutex;
 
 /// An operand as a kernel sees it: f32 data from its first value to its last, ggml's shape
 /// and its strides in values (contiguous rows: `nb[0]` is 1).
@@ -32,46 +33,81 @@ enum Unit {
     Plane,
 }
 
-/// Writes units `units` of the result (of shape `ne`) into `out`, which holds exactly those.
-type KernelFn = fn(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>);
+/// Writes units `units` of the result (of shape `ne`) into `out`, which holds exactly those;
+/// `param` is the kernel's scalar parameter (an epsilon), unused by most.
+type KernelFn =
+    fn(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>, param: f32);
 
 struct Kernel {
     unit: Unit,
     run: KernelFn,
     /// Whether the operands may be strided views (with contiguous rows).
     strided: bool,
+    param: f32,
 }
 
 static GELU_ERF: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::gelu_erf_rows,
     strided: false,
+    param: 0.0,
 };
 static CONV_SAME: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::conv_same_planes,
     strided: false,
+    param: 0.0,
 };
 static BILINEAR_ALIGNED: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::bilinear_align_corners_planes,
     strided: false,
+    param: 0.0,
 };
 static LINEAR: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_bias_rows,
     strided: true,
+    param: 0.0,
 };
 static LINEAR_GELU: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_bias_gelu_rows,
     strided: true,
+    param: 0.0,
+};
+static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
+    unit: Unit::Row,
+    run: cpu_kernels::linear_scaled_residual_rows,
+    strided: true,
+    param: 0.0,
 };
 static ATTENTION: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::attention_tokens,
     strided: true,
+    param: 0.0,
 };
+
+/// The LayerNorm kernel for `eps`. Kernels are handed to ggml as `'static` user data, so one
+/// is leaked per distinct epsilon (models use one or two).
+fn layer_norm_kernel(eps: f32) -> &'static Kernel {
+    static KERNELS: Mutex<Vec<&'static Kernel>> = Mutex::new(Vec::new());
+    let mut kernels = KERNELS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(kernel) = kernels.iter().find(|k| k.param.to_bits() == eps.to_bits()) {
+        return kernel;
+    }
+    let kernel: &'static Kernel = Box::leak(Box::new(Kernel {
+        unit: Unit::Row,
+        run: cpu_kernels::layer_norm_rows,
+        strided: true,
+        param: eps,
+    }));
+    kernels.push(kernel);
+    kernel
+}
 
 fn shape(t: *const sys::ggml_tensor) -> [usize; 4] {
     // SAFETY: a live tensor of the graph being computed; plain field reads.
@@ -117,7 +153,7 @@ unsafe extern "C" fn run_kernel(
         );
         (srcs, out)
     };
-    (kernel.run)(&srcs, out, ne, units);
+    (kernel.run)(&srcs, out, ne, units, kernel.param);
 }
 
 /// Columns per panel of a weight packed by [`pack_linear_panels`] (16 or 32, by the vector
@@ -160,6 +196,13 @@ impl Context {
         bias: &Tensor,
         gelu: bool,
     ) -> Result<Tensor> {
+        let ne = self.check_linear_panels(panels, x, bias)?;
+        let kernel = if gelu { &LINEAR_GELU } else { &LINEAR };
+        self.cpu_op("linear_panels", kernel, &[panels, x, bias], ne)
+    }
+
+    /// The result shape [N, T] of a packed linear layer, or why it cannot be computed.
+    fn check_linear_panels(&self, panels: &Tensor, x: &Tensor, bias: &Tensor) -> Result<[i64; 4]> {
         let op = "linear_panels";
         let (pn, xn) = (panels.ne(), x.ne());
         let n = pn[0] * pn[2];
@@ -188,8 +231,52 @@ impl Context {
                 reason: format!("expected x [{}, T] and a bias of {n} values", pn[1]),
             });
         }
-        let kernel = if gelu { &LINEAR_GELU } else { &LINEAR };
-        self.cpu_op(op, kernel, &[panels, x, bias], [n, xn[1], 1, 1])
+        Ok([n, xn[1], 1, 1])
+    }
+
+    /// `residual + scale * (x W^T + bias)` with a packed weight, as [`Context::linear_panels`]
+    /// computes the product (a transformer block's layer-scaled residual branch, in one pass):
+    /// `scale` [N], `residual` [N, T].
+    pub fn linear_panels_residual(
+        &self,
+        panels: &Tensor,
+        x: &Tensor,
+        bias: &Tensor,
+        scale: &Tensor,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        let op = "linear_panels";
+        let ne @ [n, t, _, _] = self.check_linear_panels(panels, x, bias)?;
+        if scale.ne() != [n, 1, 1, 1] || residual.ne() != ne {
+            return Err(Error::ShapeMismatch {
+                op,
+                reason: format!("expected a scale of {n} values and a residual [{n}, {t}]"),
+                operands: vec![scale.describe(), residual.describe()],
+            });
+        }
+        self.cpu_op(
+            op,
+            &LINEAR_SCALED_RESIDUAL,
+            &[panels, x, bias, scale, residual],
+            ne,
+        )
+    }
+
+    /// LayerNorm over `ne[0]` with weight and bias in one pass (ggml: norm, mul, add). Rows
+    /// may be strided (the per-head norms of a fused QKV projection).
+    pub(super) fn cpu_layer_norm(
+        &self,
+        a: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        eps: f32,
+    ) -> Result<Tensor> {
+        self.cpu_op(
+            "layer_norm",
+            layer_norm_kernel(eps),
+            &[a, weight, bias],
+            a.ne(),
+        )
     }
 
     /// A custom op computing an f32 tensor of shape `ne` from `srcs` with `kernel`.
@@ -461,6 +548,75 @@ mod tests {
         let plain = ctx.new_tensor(DType::F32, &[4, p as i64]).unwrap();
         let err = ctx.linear_panels(&plain, &x, &bias, false).unwrap_err();
         assert!(err.to_string().contains("panels"), "{err}");
+    }
+
+    #[test]
+    fn layer_norm_matches_ggml() {
+        let diff = max_difference(&[&[100, 7, 3], &[100], &[100]], |g, t| {
+            g.layer_norm(&t[0], &t[1], &t[2], 1e-5)
+        });
+        assert!(diff < 1e-5, "contiguous rows: {diff}");
+        // Per-head rows of a fused projection: 3 heads of 16 values in rows of 64.
+        let diff = max_difference(&[&[64, 5], &[16], &[16]], |g, t| {
+            let heads = g.view(&t[0], &[16, 3, 5], &[64, t[0].nb()[1]], 64)?;
+            g.layer_norm(&heads, &t[1], &t[2], 1e-6)
+        });
+        assert!(diff < 1e-5, "strided rows: {diff}");
+    }
+
+    #[test]
+    fn packed_linear_with_scaled_residual_matches_ggml() {
+        let backend = Backend::cpu(2).unwrap();
+        let (k, n, t) = (19i64, 2 * super::LINEAR_PANEL as i64, 17i64);
+        let w = values((k * n) as usize, 4);
+        let (packed, shape) = super::pack_linear_panels(&w, k as usize, n as usize).unwrap();
+        let ctx = Context::metadata(16).unwrap();
+        ctx.use_cpu_kernels(true);
+        let plain = ctx.new_tensor(DType::F32, &[k, n]).unwrap();
+        let panels = ctx.new_tensor(DType::F32, &shape).unwrap();
+        let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
+        let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
+        let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
+        let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
+        let inputs = [&plain, &panels, &bias, &scale, &x, &residual];
+        for input in inputs {
+            input.mark_input();
+        }
+        let product = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
+        let reference = ctx
+            .add(&residual, &ctx.mul(&product, &scale).unwrap())
+            .unwrap();
+        let fused = ctx
+            .linear_panels_residual(&panels, &x, &bias, &scale, &residual)
+            .unwrap();
+        let graph = ctx.new_graph(16).unwrap();
+        for out in [&reference, &fused] {
+            out.mark_output();
+            graph.expand(out).unwrap();
+        }
+        let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+        let run = gallocr.alloc(&graph).unwrap();
+        for (i, input) in inputs.iter().enumerate() {
+            let data = if i == 1 {
+                packed.clone()
+            } else if i == 0 {
+                w.clone()
+            } else {
+                values(input.nelements() as usize, 10 + i as u32)
+            };
+            run.write(input, &data).unwrap();
+        }
+        run.compute(&backend).unwrap();
+        let (a, b) = (
+            run.read::<f32>(&reference).unwrap(),
+            run.read::<f32>(&fused).unwrap(),
+        );
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-4, "{diff}");
     }
 
     #[test]

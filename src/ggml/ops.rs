@@ -352,6 +352,10 @@ impl Context {
                 ));
             }
         }
+        let f32_rows = |t: &Tensor| t.dtype() == DType::F32 && t.nb()[0] == 4;
+        if self.cpu_kernels() && f32_rows(a) && [weight, bias].iter().all(|p| f32_rows(p)) {
+            return self.cpu_layer_norm(a, weight, bias, eps);
+        }
         let n = self.norm(a, eps)?;
         let n = self.mul(&n, weight)?;
         self.add(&n, bias)

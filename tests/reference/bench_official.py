@@ -8,14 +8,21 @@ same weights, image, resolution and thread count, in one run.
 Float32 eager, autocast off, TF32 off (`--tf32` turns it on). Reports the whole forward and
 the depth path alone: the same forward with the DualDPT ray branch (`*_aux` modules, which
 single-image depth discards) replaced by pass-throughs.
+
+Peak RSS (`peak_rss_mib`) is this process's, so it covers the full forward and the depth path
+together; `depth_path_peak_rss_mib` is the peak of a child process that builds the same network
+and runs only the depth path (`--depth-only`), the figure to set against `da3 bench`'s peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +68,26 @@ def time_forward(net, x, runs: int, warmup: int, device: str) -> list[float]:
     return times
 
 
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def depth_path_peak_rss_mib(args) -> float:
+    # Linux hands a process's peak RSS on to a child's ru_maxrss across fork and exec, so this
+    # runs before this process builds its network, or the child would report this one's peak.
+    # Same run count as here: the peak creeps up over runs (about 5% from 2 to 10 on da3-small).
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "depth.json"
+        cmd = [sys.executable, str(Path(__file__).resolve()), args.preset, "--device", args.device,
+               "--threads", str(args.threads), "--image", args.image,
+               "--process-res", str(args.process_res), "--warmup", str(args.warmup),
+               "--runs", str(args.runs), "--depth-only", "--json", str(out)]
+        if args.tf32:
+            cmd.append("--tf32")
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text())["peak_rss_mib"]
+
+
 def summary(times: list[float]) -> dict:
     s = sorted(times)
     return {
@@ -82,7 +109,10 @@ def main() -> None:
     p.add_argument("--process-res", type=int, default=504)
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--json")
+    p.add_argument("--depth-only", action="store_true",
+                   help="time only the depth path, so that peak RSS is that path's alone")
     args = p.parse_args()
+    depth_rss = None if args.depth_only else depth_path_peak_rss_mib(args)
 
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
@@ -94,9 +124,14 @@ def main() -> None:
     fill_weights(net)
     net = net.to(args.device).eval()
     x = x.to(args.device)
-    full = summary(time_forward(net, x, args.runs, args.warmup, args.device))
+
+    def timed() -> dict:
+        return summary(time_forward(net, x, args.runs, args.warmup, args.device))
+
+    full = None if args.depth_only else timed()
     has_ray = skip_ray_branch(net) > 0
-    depth = summary(time_forward(net, x, args.runs, args.warmup, args.device)) if has_ray else full
+    depth = full if full and not has_ray else timed()
+    rss = peak_rss_mib()
     record = {
         "preset": args.preset,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -106,9 +141,16 @@ def main() -> None:
         "processed": [int(x.shape[-1]), int(x.shape[-2])],
         "forward": full,
         "depth_path": depth,
+        "peak_rss_mib": rss,
+        "depth_path_peak_rss_mib": rss if args.depth_only else depth_rss,
     }
-    print(f"official {args.preset} on {record['device']}: forward median {full['median_ms']:.1f} ms, "
-          f"depth path median {depth['median_ms']:.1f} ms (min {depth['min_ms']:.1f})")
+    if args.depth_only:
+        print(f"official {args.preset} on {record['device']}, depth path only: median "
+              f"{depth['median_ms']:.1f} ms (min {depth['min_ms']:.1f}), peak RSS {rss:.1f} MiB")
+    else:
+        print(f"official {args.preset} on {record['device']}: forward median {full['median_ms']:.1f} ms, "
+              f"depth path median {depth['median_ms']:.1f} ms (min {depth['min_ms']:.1f}), "
+              f"peak RSS {rss:.1f} MiB (depth path alone {depth_rss:.1f} MiB)")
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))
 
