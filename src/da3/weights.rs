@@ -5,7 +5,8 @@ use super::config::Config;
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
-    pack_linear_panels, Backend, BufferUsage, Context, DType, Tensor, TensorView, LINEAR_PANEL,
+    pack_linear_panels, pack_linear_panels_bf16, Backend, BufferUsage, Context, DType, Tensor,
+    TensorView, LINEAR_BF16, LINEAR_PANEL,
 };
 use std::collections::HashSet;
 
@@ -22,8 +23,8 @@ struct Pending {
     tensor: Tensor,
     name: String,
     convert: bool,
-    /// (inputs, outputs) of a linear weight to store packed for the CPU kernel.
-    packed: Option<(usize, usize)>,
+    /// (inputs, outputs, in bf16) of a linear weight to store packed for the CPU kernel.
+    packed: Option<(usize, usize, bool)>,
 }
 
 /// Where declared tensors come from.
@@ -92,8 +93,10 @@ impl<'f> Loader<'f> {
         })
     }
 
-    /// Stores f32 linear weights packed for the CPU's matrix-product kernel
+    /// Stores linear weights packed for the CPU's matrix-product kernel
     /// ([`crate::ggml::Context::linear_panels`]); only for models computed on the CPU backend.
+    /// f32 weights stay f32; f16 and bf16 weights become bf16 products where the CPU has them
+    /// ([`crate::ggml::LINEAR_BF16`]), the "fast" mode of half-precision files.
     pub fn pack_linears(mut self, on: bool) -> Self {
         self.pack_linears = on;
         self
@@ -196,21 +199,28 @@ impl<'f> Loader<'f> {
             }
         };
         let host = self.host_names.contains(name);
-        let packed = match shape {
-            &[n_out, n_in]
-                if pack && dtype == DType::F32 && !host && n_out.is_multiple_of(LINEAR_PANEL) =>
+        let packed = match (shape, dtype) {
+            (_, _) if !pack || host => None,
+            (&[n_out, n_in], DType::F32) if n_out.is_multiple_of(LINEAR_PANEL) => {
+                Some((n_in, n_out, false))
+            }
+            (&[n_out, n_in], DType::F16 | DType::BF16)
+                if LINEAR_BF16 && n_out.is_multiple_of(LINEAR_PANEL) =>
             {
-                Some((n_in, n_out))
+                Some((n_in, n_out, true))
             }
             _ => None,
         };
-        let ne: Vec<i64> = match packed {
-            Some((n_in, n_out)) => vec![
-                LINEAR_PANEL as i64,
-                n_in as i64,
-                (n_out / LINEAR_PANEL) as i64,
-            ],
-            None => expected.iter().map(|&d| d as i64).collect(),
+        let (dtype, ne): (DType, Vec<i64>) = match packed {
+            Some((n_in, n_out, bf16)) => (
+                if bf16 { DType::I32 } else { DType::F32 },
+                vec![
+                    LINEAR_PANEL as i64,
+                    if bf16 { n_in.div_ceil(2) } else { n_in } as i64,
+                    (n_out / LINEAR_PANEL) as i64,
+                ],
+            ),
+            None => (dtype, expected.iter().map(|&d| d as i64).collect()),
         };
         let ctx = if host {
             self.host_ctx.as_ref().expect("created with host names")
@@ -280,9 +290,13 @@ impl<'f> Loader<'f> {
             } else {
                 &self.device_ctx
             };
-            if let Some((n_in, n_out)) = p.packed {
+            if let Some((n_in, n_out, bf16)) = p.packed {
                 let plain = to_f32(&p.name, info.dtype, data)?;
-                ctx.write(&p.tensor, &pack_linear_panels(&plain, n_in, n_out)?.0)?;
+                if bf16 {
+                    ctx.write(&p.tensor, &pack_linear_panels_bf16(&plain, n_in, n_out)?.0)?;
+                } else {
+                    ctx.write(&p.tensor, &pack_linear_panels(&plain, n_in, n_out)?.0)?;
+                }
             } else if p.convert {
                 ctx.write(&p.tensor, &to_f32(&p.name, info.dtype, data)?)?;
             } else {

@@ -3,6 +3,7 @@
 //! share, written with intrinsics.
 
 use super::cpu_ops::Src;
+use super::dtype::DType;
 use std::ops::Range;
 
 /// Lanes of the element-wise loops (softmax): the compiler vectorises arrays of this width.
@@ -431,6 +432,34 @@ pub(super) fn pack_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
     packed
 }
 
+/// f32 to bf16, rounding to nearest even (the weights and inputs of bf16 products are finite).
+fn bf16_bits(x: f32) -> u32 {
+    let bits = x.to_bits();
+    (bits + 0x7fff + ((bits >> 16) & 1)) >> 16
+}
+
+/// Two values as one word of bf16 pairs: `lo` in the low half, as `vdpbf16ps` pairs them.
+fn bf16_pair(lo: f32, hi: f32) -> u32 {
+    bf16_bits(lo) | bf16_bits(hi) << 16
+}
+
+/// [`pack_panels`] in bf16: `n / PANEL` blocks of [ceil(k / 2)][PANEL] words, each the pair
+/// (w[j][2i], w[j][2i + 1]), zero past `k`.
+pub(super) fn pack_panels_bf16(w: &[f32], k: usize, n: usize) -> Vec<i32> {
+    let k2 = k.div_ceil(2);
+    let at = |j: usize, i: usize| if i < k { w[j * k + i] } else { 0.0 };
+    let mut packed = vec![0; k2 * n];
+    for (p, panel) in packed.chunks_exact_mut(k2 * PANEL).enumerate() {
+        for (i, row) in panel.chunks_exact_mut(PANEL).enumerate() {
+            for (c, word) in row.iter_mut().enumerate() {
+                let j = p * PANEL + c;
+                *word = bf16_pair(at(j, 2 * i), at(j, 2 * i + 1)) as i32;
+            }
+        }
+    }
+    packed
+}
+
 /// What is applied to a product before it is stored.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Epilogue {
@@ -455,19 +484,40 @@ fn linear_rows(
         return;
     }
     let x_row = |r: usize| &x.data[(rows.start + r) * x.nb[1]..][..k];
+    // A bf16 weight: this thread's input rows as bf16 pairs too, once for every panel.
+    let bf16 = panels.dtype == DType::I32;
+    let depth = if bf16 { k.div_ceil(2) } else { k };
+    let x_pairs: Vec<u32> = if bf16 {
+        (0..count)
+            .flat_map(|r| {
+                let row = x_row(r);
+                (0..depth)
+                    .map(move |i| bf16_pair(row[2 * i], row.get(2 * i + 1).copied().unwrap_or(0.0)))
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     // Each panel (at most a few hundred KB) stays in L2 while the thread's rows sweep past it.
-    for (p, panel) in panels.data.chunks_exact(k * PANEL).enumerate() {
+    for (p, panel) in panels.data.chunks_exact(depth * PANEL).enumerate() {
         let col = p * PANEL;
         for r0 in (0..count).step_by(GEMM_ROWS) {
             // Rows past the end repeat the last one; their results are dropped.
-            let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row((r0 + r).min(count - 1)));
+            let last = |r: usize| (r0 + r).min(count - 1);
             let bias: [[f32; LANES]; 2] = std::array::from_fn(|v| {
                 bias[col + v * LANES..][..LANES]
                     .try_into()
                     .expect("LANES values")
             });
             let mut acc = [bias; GEMM_ROWS];
-            tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
+            if bf16 {
+                let xs: [&[u32]; GEMM_ROWS] =
+                    std::array::from_fn(|r| &x_pairs[last(r) * depth..][..depth]);
+                tile_bf16(&mut acc, xs, panel, depth);
+            } else {
+                let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row(last(r)));
+                tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
+            }
             for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
                 let acc = acc.as_flattened_mut();
                 match epilogue {
@@ -486,6 +536,66 @@ fn linear_rows(
                     }
                 }
                 out[(r0 + r) * n + col..][..PANEL].copy_from_slice(acc);
+            }
+        }
+    }
+}
+
+/// [`tile`] for a packed bf16 weight: `acc[r] += Σ_i a[r][i] · panel[i]` where every word is a
+/// pair of bf16 values, summed pairwise by `vdpbf16ps` into f32 accumulators.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
+#[inline(always)]
+fn tile_bf16<const R: usize>(
+    acc: &mut [[[f32; LANES]; 2]; R],
+    a: [&[u32]; R],
+    panel: &[f32],
+    steps: usize,
+) {
+    use std::arch::x86_64::{__m512bh, _mm512_dpbf16_ps, _mm512_set1_epi32};
+    assert!(panel.len() >= steps * PANEL && a.iter().all(|a| a.len() >= steps));
+    // SAFETY: avx512bf16 (and so avx512f) is enabled for the whole build (cfg above); reads
+    // stay below `steps` words of each row of `a` and `steps` rows of PANEL words of `panel`,
+    // as asserted. The transmutes reinterpret 512 bits of words as 32 bf16 values.
+    unsafe {
+        let mut c: [[simd::F; 2]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
+        let mut bp = panel.as_ptr();
+        for i in 0..steps {
+            let b: [__m512bh; 2] =
+                std::array::from_fn(|v| std::mem::transmute(simd::load(bp.add(v * LANES))));
+            for (c, a) in c.iter_mut().zip(&a) {
+                let x: __m512bh =
+                    std::mem::transmute(_mm512_set1_epi32(*a.get_unchecked(i) as i32));
+                c[0] = _mm512_dpbf16_ps(c[0], x, b[0]);
+                c[1] = _mm512_dpbf16_ps(c[1], x, b[1]);
+            }
+            bp = bp.add(PANEL);
+        }
+        for (acc, c) in acc.iter_mut().zip(&c) {
+            for (acc, &c) in acc.iter_mut().zip(c) {
+                simd::store(acc.as_mut_ptr(), c);
+            }
+        }
+    }
+}
+
+/// Portable [`tile_bf16`] (for builds without AVX512_BF16, where the loader does not pack
+/// bf16 weights; kept so that such weights still compute correctly): the same pairwise
+/// products in f32.
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
+fn tile_bf16<const R: usize>(
+    acc: &mut [[[f32; LANES]; 2]; R],
+    a: [&[u32]; R],
+    panel: &[f32],
+    steps: usize,
+) {
+    let unpack = |w: u32| [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)];
+    for (i, row) in panel.chunks_exact(PANEL).take(steps).enumerate() {
+        for (acc, a) in acc.iter_mut().zip(&a) {
+            let [x0, x1] = unpack(a[i]);
+            for (acc, w) in acc.as_flattened_mut().iter_mut().zip(row) {
+                let [w0, w1] = unpack(w.to_bits());
+                *acc = madd(x1, w1, madd(x0, w0, *acc));
             }
         }
     }

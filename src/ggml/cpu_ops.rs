@@ -23,6 +23,8 @@ pub(super) struct Src<'a> {
     pub data: &'a [f32],
     pub ne: [usize; 4],
     pub nb: [usize; 4],
+    /// Only f32, or i32 for a weight packed as pairs of bf16 (read through `data` as words).
+    pub dtype: DType,
 }
 
 /// How a kernel's result is shared between threads: each thread gets a disjoint range of
@@ -43,6 +45,8 @@ struct Kernel {
     run: KernelFn,
     /// Whether the operands may be strided views (with contiguous rows).
     strided: bool,
+    /// Whether the first operand may be a weight packed as bf16 pairs (i32 words).
+    packed_weights: bool,
     param: f32,
 }
 
@@ -50,42 +54,49 @@ static GELU_ERF: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::gelu_erf_rows,
     strided: false,
+    packed_weights: false,
     param: 0.0,
 };
 static CONV_SAME: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::conv_same_planes,
     strided: false,
+    packed_weights: false,
     param: 0.0,
 };
 static BILINEAR_ALIGNED: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::bilinear_align_corners_planes,
     strided: false,
+    packed_weights: true,
     param: 0.0,
 };
 static LINEAR: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_bias_rows,
     strided: true,
+    packed_weights: true,
     param: 0.0,
 };
 static LINEAR_GELU: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_bias_gelu_rows,
     strided: true,
+    packed_weights: true,
     param: 0.0,
 };
 static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_scaled_residual_rows,
     strided: true,
+    packed_weights: true,
     param: 0.0,
 };
 static ATTENTION: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::attention_tokens,
     strided: true,
+    packed_weights: false,
     param: 0.0,
 };
 
@@ -103,6 +114,7 @@ fn layer_norm_kernel(eps: f32) -> &'static Kernel {
         unit: Unit::Row,
         run: cpu_kernels::layer_norm_rows,
         strided: true,
+        packed_weights: false,
         param: eps,
     }));
     kernels.push(kernel);
@@ -145,6 +157,7 @@ unsafe extern "C" fn run_kernel(
                 data: std::slice::from_raw_parts((*s).data as *const f32, sys::ggml_nbytes(s) / 4),
                 ne: shape(s),
                 nb: (*s).nb.map(|b| b / 4),
+                dtype: DType::from_id((*s).type_).unwrap_or(DType::F32),
             })
             .collect();
         let out = std::slice::from_raw_parts_mut(
@@ -183,6 +196,25 @@ pub fn pack_linear_panels(w: &[f32], k: usize, n: usize) -> Result<(Vec<f32>, [i
     Ok((cpu_kernels::pack_panels(w, k, n), shape))
 }
 
+/// Whether this build computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
+/// x86-64 with AVX512_BF16 enabled at compile time (e.g. AMD Zen 4, Intel Sapphire Rapids with
+/// `-C target-cpu=native`), where one instruction does twice the multiply-adds of an f32 FMA.
+pub const LINEAR_BF16: bool = cfg!(all(target_arch = "x86_64", target_feature = "avx512bf16"));
+
+/// As [`pack_linear_panels`], rounding the weight to bf16 and storing pairs of consecutive
+/// inputs as one i32 word: ggml shape [[`LINEAR_PANEL`], ceil(k / 2), n / [`LINEAR_PANEL`]]. The
+/// product then rounds the layer's input to bf16 as well and accumulates in f32: about 2^-9
+/// relative error per product, for twice the speed of f32 where [`LINEAR_BF16`] holds.
+pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32>, [i64; 3])> {
+    pack_linear_panels(w, k, n)?;
+    let shape = [
+        LINEAR_PANEL as i64,
+        k.div_ceil(2) as i64,
+        (n / LINEAR_PANEL) as i64,
+    ];
+    Ok((cpu_kernels::pack_panels_bf16(w, k, n), shape))
+}
+
 impl Context {
     /// A linear layer on the CPU with a packed weight: `x` [K, T] times the weight packed by
     /// [`pack_linear_panels`] ([PANEL, K, N / PANEL]) plus `bias` [N], then GELU (erf form)
@@ -212,7 +244,12 @@ impl Context {
                 "packed weights are only computed by the CPU kernels; this context is not marked for them".into(),
             ));
         }
-        if pn[0] != LINEAR_PANEL as i64 || pn[3] != 1 {
+        let depth = match panels.dtype() {
+            DType::F32 => xn[0],
+            DType::I32 => (xn[0] + 1) / 2,
+            _ => -1,
+        };
+        if pn[0] != LINEAR_PANEL as i64 || pn[3] != 1 || depth < 0 {
             return Err(invalid(format!(
                 "weight {} is not a packing into panels of {LINEAR_PANEL}",
                 panels.describe()
@@ -224,11 +261,14 @@ impl Context {
                 x.describe()
             )));
         }
-        if xn[0] != pn[1] || xn[2] != 1 || xn[3] != 1 || bias.ne() != [n, 1, 1, 1] {
+        if depth != pn[1] || xn[2] != 1 || xn[3] != 1 || bias.ne() != [n, 1, 1, 1] {
             return Err(Error::ShapeMismatch {
                 op,
                 operands: vec![panels.describe(), x.describe(), bias.describe()],
-                reason: format!("expected x [{}, T] and a bias of {n} values", pn[1]),
+                reason: format!(
+                    "expected x [K, T] of the packed depth {} and a bias of {n} values",
+                    pn[1]
+                ),
             });
         }
         Ok([n, xn[1], 1, 1])
@@ -287,8 +327,17 @@ impl Context {
         srcs: &[&Tensor],
         ne: [i64; 4],
     ) -> Result<Tensor> {
-        for src in srcs {
-            super::ops::require_dtype(op, src, &[DType::F32])?;
+        for (i, src) in srcs.iter().enumerate() {
+            let packed = i == 0 && kernel.packed_weights;
+            super::ops::require_dtype(
+                op,
+                src,
+                if packed {
+                    &[DType::F32, DType::I32]
+                } else {
+                    &[DType::F32]
+                },
+            )?;
             let rows_contiguous = src.nb()[0] == 4 && src.nb().iter().all(|b| b % 4 == 0);
             if !(src.is_contiguous() || kernel.strided && rows_contiguous) {
                 return Err(Error::NotContiguous {
@@ -518,6 +567,51 @@ mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
             assert!(diff < 1e-4, "k {k}, n {n}, t {t}, gelu {gelu}: {diff}");
+        }
+    }
+
+    /// bf16 products: exact against the same sums over operands rounded to bf16 (f64 on the
+    /// host), odd depths included (the last pair is padded with zero).
+    #[test]
+    fn packed_bf16_linear_matches_bf16_rounded_sums() {
+        let backend = Backend::cpu(2).unwrap();
+        let round = |v: f32| half::bf16::from_f32(v).to_f32() as f64;
+        for (k, n, t) in [
+            (7usize, super::LINEAR_PANEL, 5usize),
+            (66, 2 * super::LINEAR_PANEL, 29),
+        ] {
+            let (w, x, b) = (values(k * n, 5), values(k * t, 6), values(n, 7));
+            let (packed, shape) = super::pack_linear_panels_bf16(&w, k, n).unwrap();
+            let ctx = Context::metadata(8).unwrap();
+            ctx.use_cpu_kernels(true);
+            let panels = ctx.new_tensor(DType::I32, &shape).unwrap();
+            let bias = ctx.new_tensor(DType::F32, &[n as i64]).unwrap();
+            let input = ctx.new_tensor(DType::F32, &[k as i64, t as i64]).unwrap();
+            for tensor in [&panels, &bias, &input] {
+                tensor.mark_input();
+            }
+            let y = ctx.linear_panels(&panels, &input, &bias, false).unwrap();
+            y.mark_output();
+            let graph = ctx.new_graph(8).unwrap();
+            graph.expand(&y).unwrap();
+            let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+            let run = gallocr.alloc(&graph).unwrap();
+            run.write(&panels, &packed).unwrap();
+            run.write(&bias, &b).unwrap();
+            run.write(&input, &x).unwrap();
+            run.compute(&backend).unwrap();
+            let got = run.read::<f32>(&y).unwrap();
+            for (i, &g) in got.iter().enumerate() {
+                let (row, col) = (i / n, i % n);
+                let want = b[col] as f64
+                    + (0..k)
+                        .map(|j| round(x[row * k + j]) * round(w[col * k + j]))
+                        .sum::<f64>();
+                assert!(
+                    (g as f64 - want).abs() < 1e-4,
+                    "k {k} ({row}, {col}): {g} vs {want}"
+                );
+            }
         }
     }
 
