@@ -381,6 +381,34 @@ fn mirror_uploads_host_weights_once_and_stays_on_gallocr() {
     );
 }
 
+/// The default policy mirrors host weights (constants) but routes a host tensor that is a
+/// graph input: its data may change before the next compute, so a copy would go stale.
+#[test]
+fn auto_mirrors_host_weights_and_routes_a_host_input() {
+    let server = RpcServer::start();
+    let rpc = server.backend();
+    let g = crash_graph(NormParams::Host, &rpc);
+    let mut exec = executor(rpc.clone(), Policy::default());
+    let report = compute_and_check(&mut exec, &g);
+    assert_eq!(
+        report.decision,
+        Decision::Mirror { uploaded: 2 },
+        "{}",
+        report.summary()
+    );
+
+    let weights = Weights::new(NormParams::Host, &rpc);
+    weights.b.mark_input();
+    let g = CrashGraph::over(&weights);
+    let mut exec = executor(rpc, Policy::Auto);
+    let report = compute_and_check(&mut exec, &g);
+    assert!(
+        matches!(report.decision, Decision::Sched { wrapped: 2, .. }),
+        "{}",
+        report.summary()
+    );
+}
+
 #[test]
 fn mirror_prepares_every_graph_rebuilt_over_the_same_weights() {
     // A model keeps its weights and builds a new graph per input; a new graph's nodes may

@@ -20,7 +20,7 @@ pub struct Args {
     runs: usize,
     #[arg(long, default_value_t = 504)]
     process_res: usize,
-    #[arg(long, default_value = "route")]
+    #[arg(long, default_value = "auto")]
     policy: Policy,
     /// Load with the crashing engine's layout (camera token and final norm in host memory,
     /// no buffer), to measure what `--policy route` and `mirror` cost.

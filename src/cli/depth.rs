@@ -32,8 +32,9 @@ pub struct Args {
     /// Longest side of the processed image (a multiple of 14 is reached by resizing).
     #[arg(long, default_value_t = 504)]
     process_res: usize,
-    /// What to do with operands the device cannot read: route, mirror, strict.
-    #[arg(long, default_value = "route")]
+    /// What to do with operands the device cannot read: auto (mirror constant weights once,
+    /// route anything else), route, mirror, strict.
+    #[arg(long, default_value = "auto")]
     policy: Policy,
     #[command(flatten)]
     device: DeviceArgs,

@@ -19,9 +19,15 @@ pub use report::{Decision, Report};
 /// What to do when an operand is not resident on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Policy {
+    /// `mirror` when every non-resident operand is constant (weights: not a graph input),
+    /// otherwise `route`. Measured on an H200 with DA3-large's three host-side weights:
+    /// mirror 21.0 ms per image, route 24.2 ms (the scheduler's per-compute split and copies),
+    /// every weight resident 20.9 ms. Inputs are never mirrored: a copy made once would go
+    /// stale when the input is written again.
+    #[default]
+    Auto,
     /// Send the graph to ggml's scheduler over {device, CPU}, after giving host memory a real
     /// CPU buffer so the scheduler sees it and copies it (per compute).
-    #[default]
     Route,
     /// Upload each non-resident operand once to the device, keep the copy, stay on gallocr.
     Mirror,
@@ -36,12 +42,13 @@ impl std::str::FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
+            "auto" => Ok(Policy::Auto),
             "route" => Ok(Policy::Route),
             "mirror" => Ok(Policy::Mirror),
             "strict" => Ok(Policy::Strict),
             "unchecked" => Ok(Policy::Unchecked),
             other => Err(format!(
-                "unknown residency policy `{other}` (route, mirror, strict, unchecked)"
+                "unknown residency policy `{other}` (auto, route, mirror, strict, unchecked)"
             )),
         }
     }
@@ -74,6 +81,10 @@ pub fn choose(policy: Policy, pass: &PassResult) -> Strategy {
             then_sched: !pass.unsupported_ops().is_empty(),
         },
         Policy::Route => Strategy::Route,
+        Policy::Auto if pass.non_resident().iter().any(|f| f.input) => Strategy::Route,
+        Policy::Auto => Strategy::MirrorAll {
+            then_sched: !pass.unsupported_ops().is_empty(),
+        },
     }
 }
 
@@ -107,6 +118,7 @@ mod tests {
                 consumer: "y".into(),
                 consumer_op: "MUL".into(),
                 issue: issue.clone(),
+                input: false,
             })
             .collect();
         PassResult {
@@ -135,7 +147,8 @@ mod tests {
         pass_with(&[Issue::UnsupportedOp])
     }
 
-    const POLICIES: [Policy; 4] = [
+    const POLICIES: [Policy; 5] = [
+        Policy::Auto,
         Policy::Route,
         Policy::Mirror,
         Policy::Strict,
@@ -152,6 +165,7 @@ mod tests {
     #[test]
     fn hazards_are_handled_as_each_policy_says() {
         let expected = [
+            (Policy::Auto, Strategy::MirrorAll { then_sched: false }),
             (Policy::Route, Strategy::Route),
             (Policy::Mirror, Strategy::MirrorAll { then_sched: false }),
             (Policy::Strict, Strategy::Refuse),
@@ -168,6 +182,7 @@ mod tests {
     #[test]
     fn unsupported_op_sends_mirror_on_to_the_scheduler() {
         let expected = [
+            (Policy::Auto, Strategy::MirrorAll { then_sched: true }),
             (Policy::Route, Strategy::Route),
             (Policy::Mirror, Strategy::MirrorAll { then_sched: true }),
             (Policy::Strict, Strategy::Refuse),
@@ -181,8 +196,20 @@ mod tests {
     }
 
     #[test]
+    fn auto_routes_a_non_resident_input_and_mirrors_only_constants() {
+        let mut pass = hazards();
+        assert_eq!(
+            choose(Policy::Auto, &pass),
+            Strategy::MirrorAll { then_sched: false }
+        );
+        pass.findings[1].input = true;
+        assert_eq!(choose(Policy::Auto, &pass), Strategy::Route);
+    }
+
+    #[test]
     fn policy_parses_from_its_cli_name() {
         for (name, policy) in [
+            ("auto", Policy::Auto),
             ("route", Policy::Route),
             ("mirror", Policy::Mirror),
             ("strict", Policy::Strict),
@@ -193,7 +220,7 @@ mod tests {
         assert!("gallocr"
             .parse::<Policy>()
             .unwrap_err()
-            .contains("route, mirror, strict, unchecked"));
-        assert_eq!(Policy::default(), Policy::Route);
+            .contains("auto, route, mirror, strict, unchecked"));
+        assert_eq!(Policy::default(), Policy::Auto);
     }
 }

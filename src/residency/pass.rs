@@ -64,6 +64,9 @@ pub struct Finding {
     pub consumer: String,
     pub consumer_op: String,
     pub issue: Issue,
+    /// The operand is a graph input, written before each compute: a copy made once would go
+    /// stale, so it must be read where it lives on every compute (routed).
+    pub input: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +149,7 @@ pub fn check(graph: &Graph, target: &dyn Target) -> PassResult {
                 consumer: node.name(),
                 consumer_op: node.op_name().to_owned(),
                 issue: Issue::UnsupportedOp,
+                input: false,
             });
         }
         for src in node.sources() {
@@ -172,6 +176,7 @@ pub fn check(graph: &Graph, target: &dyn Target) -> PassResult {
                 consumer: node.name(),
                 consumer_op: node.op_name().to_owned(),
                 issue,
+                input: owner.flags().input || src.flags().input,
             });
         }
     }
@@ -289,6 +294,7 @@ mod tests {
             consumer: consumer.into(),
             consumer_op: op.into(),
             issue,
+            input: false,
         }
     }
 
