@@ -271,7 +271,9 @@ impl<'f> Loader<'f> {
         let info = self.info(name)?;
         self.used.insert(name.to_owned());
         let file = self.file().expect("info found a file");
-        to_f32(name, info.dtype, file.tensor_data(info)?)
+        let values = to_f32(name, info.dtype, file.tensor_data(info)?);
+        file.release_tensor_data(info);
+        values
     }
 
     /// Allocates the declared tensors on `backend` and copies their data there.
@@ -302,6 +304,7 @@ impl<'f> Loader<'f> {
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
             }
+            file.release_tensor_data(info);
         }
         let mut unused: Vec<String> = file
             .tensors()

@@ -1235,6 +1235,23 @@ impl GgufFile {
         self.header.tensors.get(i)
     }
 
+    /// Lets the pages of `info`'s bytes leave this process's resident memory (they are read
+    /// again from the file if touched later): a loader that copies each tensor out of the
+    /// mapping then holds one tensor of the file resident at a time, not the whole file. No
+    /// effect on files read into memory or on other systems than Unix.
+    pub fn release_tensor_data(&self, info: &TensorInfo) {
+        #[cfg(unix)]
+        if let (Backing::Mmap(map), Ok(bytes)) = (&self.data, self.tensor_data(info)) {
+            let offset = bytes.as_ptr() as usize - map.as_ptr() as usize;
+            // SAFETY: a read-only file mapping: MADV_DONTNEED drops its pages and a later read
+            // faults the same bytes in again from the file, as after an eviction under memory
+            // pressure, so no slice handed out sees its contents change.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len())
+            };
+        }
+    }
+
     /// The raw bytes of a tensor, borrowed from the file.
     ///
     /// `info` should come from this file's [`tensors`](Self::tensors); an info from
