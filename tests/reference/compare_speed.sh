@@ -14,6 +14,8 @@ PY=${1:?usage: compare_speed.sh PYTHON [presets] [threads] [device]}
 PRESETS=${2:-"da3-small da3-base"}
 THREADS=${3:-2}
 DEVICE=${4:-cpu}
+# f16 files run the fast mode (bf16 products on CPUs with AVX512_BF16).
+TYPES=${TYPES:-"f32 f16 q8_0"}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT_DIR=${OUT_DIR:-$ROOT/target/speed}
 mkdir -p "$OUT_DIR"
@@ -23,13 +25,13 @@ TORCH_DEVICE=$([ "$DEVICE" = cpu ] && echo cpu || echo cuda)
 printf '%-10s %-6s %12s %12s %12s %8s %12s %16s %22s %9s\n' preset type ours_ms official_ms official_depth_ms ratio \
   ours_rss_mib official_rss_mib official_depth_rss_mib rss_ratio
 for preset in $PRESETS; do
-  for type in f32 q8_0; do
+  for type in $TYPES; do
     model="$OUT_DIR/$preset-$type.gguf"
     [ -f "$model" ] || target/release/examples/write_synthetic "$preset" "$model" "$type" > /dev/null
     target/release/da3 bench --model "$model" --device "$DEVICE" --threads "$THREADS" --runs 10 --json "$OUT_DIR/ours-$preset-$type.json" > /dev/null
   done
   "$PY" tests/reference/bench_official.py "$preset" --device "$TORCH_DEVICE" --threads "$THREADS" --runs 10 --json "$OUT_DIR/official-$preset.json" > /dev/null 2>&1
-  for type in f32 q8_0; do
+  for type in $TYPES; do
     "$PY" - "$OUT_DIR/ours-$preset-$type.json" "$OUT_DIR/official-$preset.json" "$preset" "$type" <<'PYEOF'
 import json, sys
 ours, off = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
