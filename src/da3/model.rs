@@ -250,6 +250,7 @@ impl Model {
         // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
         // attention); a graph for another device keeps to ops every backend has.
         ctx.use_cpu_kernels(self.executor.device().is_cpu());
+        ctx.use_bf16_products(self.weights.bf16_products);
         let image = ctx
             .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
             .named("image");

@@ -57,6 +57,9 @@ pub struct LoadedWeights {
     pub device_bytes: usize,
     /// File tensors the architecture did not use.
     pub unused: Vec<String>,
+    /// Some linear weights compute with bf16 products (a half-precision file on a CPU that
+    /// has them): the model's fast mode, which its other CPU kernels then follow.
+    pub bf16_products: bool,
 }
 
 fn pad4(ne: &[u64]) -> [u64; 4] {
@@ -313,11 +316,16 @@ impl<'f> Loader<'f> {
             .filter(|n| !self.used.contains(n))
             .collect();
         unused.sort();
+        let bf16_products = self
+            .pending
+            .iter()
+            .any(|p| matches!(p.packed, Some((_, _, true))));
         Ok(LoadedWeights {
             device_ctx: self.device_ctx,
             host_ctx: self.host_ctx,
             device_bytes,
             unused,
+            bf16_products,
         })
     }
 }

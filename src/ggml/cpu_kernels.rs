@@ -284,6 +284,123 @@ pub(super) fn attention_tokens(
     }
 }
 
+/// [`attention_tokens`] with bf16 products: Q, K, the probabilities and V rounded to bf16
+/// pairs along each product's summed dimension, sums and softmax in f32.
+pub(super) fn attention_tokens_bf16(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    _ne: [usize; 4],
+    tokens: Range<usize>,
+    _param: f32,
+) {
+    let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
+    let [d, _, heads, _] = q.ne;
+    let [dv, tk, _, _] = v.ne;
+    let (d2, tk2) = (d.div_ceil(2), tk.div_ceil(2));
+    let scale = 1.0 / (d as f32).sqrt();
+    let tk_pad = tk.div_ceil(SCORE_SPAN) * SCORE_SPAN;
+    let pair_at =
+        |row: &[f32], i: usize| bf16_pair(row[2 * i], row.get(2 * i + 1).copied().unwrap_or(0.0));
+    // Words of bf16 pairs, in f32 slots for the tile: kt[i][j] = (k_j[2i], k_j[2i + 1]),
+    // vp[j][c] = (v_2j[c], v_2j+1[c]).
+    let mut kt = vec![0.0f32; d2 * tk_pad];
+    let mut vp = vec![0.0f32; tk2 * dv];
+    let (mut qp, mut pp) = (vec![0u32; QT * d2], vec![0u32; QT * tk2]);
+    let mut scores = vec![0.0f32; QT * tk_pad];
+    let mut acc = vec![0.0f32; QT * dv];
+    for h in 0..heads {
+        let k_row = |j: usize| &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
+        for j in 0..tk {
+            let row = k_row(j);
+            for i in 0..d2 {
+                kt[i * tk_pad + j] = f32::from_bits(pair_at(row, i));
+            }
+        }
+        let v_row = |j: usize| &v.data[j * v.nb[1] + h * v.nb[2]..][..dv];
+        for (j2, dst) in vp.chunks_exact_mut(dv).enumerate() {
+            let (lo, hi) = (v_row(2 * j2), (2 * j2 + 1 < tk).then(|| v_row(2 * j2 + 1)));
+            for (c, w) in dst.iter_mut().enumerate() {
+                *w = f32::from_bits(bf16_pair(lo[c], hi.map_or(0.0, |hi| hi[c])));
+            }
+        }
+        let mut t0 = tokens.start;
+        while t0 < tokens.end {
+            let n = QT.min(tokens.end - t0);
+            for (r, dst) in qp.chunks_exact_mut(d2).take(n).enumerate() {
+                to_bf16_pairs(&q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d], dst);
+            }
+            for r0 in (0..n).step_by(SCORE_ROWS) {
+                let rows: [&[u32]; SCORE_ROWS] =
+                    std::array::from_fn(|r| &qp[(r0 + r).min(n - 1) * d2..][..d2]);
+                for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
+                    let mut tile_acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
+                    tile_bf16(&mut tile_acc, rows, &kt[j0..], (d2, tk_pad));
+                    for (r, t) in tile_acc.iter().enumerate().take(n - r0) {
+                        scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN]
+                            .copy_from_slice(t.as_flattened());
+                    }
+                }
+            }
+            let mut sums = [0.0f32; QT];
+            for (r, (s, dst)) in scores
+                .chunks_exact_mut(tk_pad)
+                .zip(pp.chunks_exact_mut(tk2))
+                .take(n)
+                .enumerate()
+            {
+                sums[r] = softmax_in_place(&mut s[..tk], scale);
+                to_bf16_pairs(&s[..tk], dst);
+            }
+            for r0 in (0..n).step_by(VALUE_ROWS) {
+                let rows: [&[u32]; VALUE_ROWS] =
+                    std::array::from_fn(|r| &pp[(r0 + r).min(n - 1) * tk2..][..tk2]);
+                let mut c0 = 0;
+                while c0 < dv {
+                    c0 += if dv - c0 >= VALUE_VECTORS * LANES {
+                        values_block_bf16::<VALUE_VECTORS>(
+                            &mut acc,
+                            rows,
+                            &vp,
+                            (tk2, dv),
+                            n,
+                            r0,
+                            c0,
+                        )
+                    } else {
+                        values_block_bf16::<1>(&mut acc, rows, &vp, (tk2, dv), n, r0, c0)
+                    };
+                }
+            }
+            for (r, sum) in sums.iter().enumerate().take(n) {
+                let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
+                for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
+                    *o = a / sum;
+                }
+            }
+            t0 += n;
+        }
+    }
+}
+
+/// Rows `r0..r0 + VALUE_ROWS` (probabilities as bf16 pairs) and columns `c0..c0 + C * LANES`
+/// of the weighted values in bf16; returns the columns done.
+fn values_block_bf16<const C: usize>(
+    acc: &mut [f32],
+    rows: [&[u32]; VALUE_ROWS],
+    vp: &[f32],
+    (steps, dv): (usize, usize),
+    n: usize,
+    r0: usize,
+    c0: usize,
+) -> usize {
+    let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
+    tile_bf16(&mut sums, rows, &vp[c0..], (steps, dv));
+    for (r, s) in sums.iter().enumerate().take(n - r0) {
+        acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
+    }
+    C * LANES
+}
+
 /// `scores[r][j] = q_r · k_j` for the first `n` rows, keys from `kt` [d][tk_pad].
 fn attention_scores<'a>(
     scores: &mut [f32],
@@ -438,6 +555,21 @@ fn bf16_bits(x: f32) -> u32 {
     (bits + 0x7fff + ((bits >> 16) & 1)) >> 16
 }
 
+/// `src` as bf16 pairs into `dst` (`dst[i]` = (src[2i], src[2i + 1]), zero past the end):
+/// the same bits as converting the values in order, written word by word. Branch-free over
+/// whole pairs, so the loop vectorises.
+fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
+    let whole = src.len() / 2;
+    for (w, pair) in dst.iter_mut().zip(src.chunks_exact(2)) {
+        *w = bf16_bits(pair[0]) | bf16_bits(pair[1]) << 16;
+    }
+    if let (Some(w), [.., last]) = (dst.get_mut(whole), src) {
+        if src.len() % 2 == 1 {
+            *w = bf16_bits(*last);
+        }
+    }
+}
+
 /// Two values as one word of bf16 pairs: `lo` in the low half, as `vdpbf16ps` pairs them.
 fn bf16_pair(lo: f32, hi: f32) -> u32 {
     bf16_bits(lo) | bf16_bits(hi) << 16
@@ -487,17 +619,10 @@ fn linear_rows(
     // A bf16 weight: this thread's input rows as bf16 pairs too, once for every panel.
     let bf16 = panels.dtype == DType::I32;
     let depth = if bf16 { k.div_ceil(2) } else { k };
-    let x_pairs: Vec<u32> = if bf16 {
-        (0..count)
-            .flat_map(|r| {
-                let row = x_row(r);
-                (0..depth)
-                    .map(move |i| bf16_pair(row[2 * i], row.get(2 * i + 1).copied().unwrap_or(0.0)))
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let mut x_pairs: Vec<u32> = vec![0; if bf16 { count * depth } else { 0 }];
+    for (r, dst) in x_pairs.chunks_exact_mut(depth.max(1)).enumerate() {
+        to_bf16_pairs(x_row(r), dst);
+    }
     // Each panel (at most a few hundred KB) stays in L2 while the thread's rows sweep past it.
     for (p, panel) in panels.data.chunks_exact(depth * PANEL).enumerate() {
         let col = p * PANEL;
@@ -513,7 +638,7 @@ fn linear_rows(
             if bf16 {
                 let xs: [&[u32]; GEMM_ROWS] =
                     std::array::from_fn(|r| &x_pairs[last(r) * depth..][..depth]);
-                tile_bf16(&mut acc, xs, panel, depth);
+                tile_bf16(&mut acc, xs, panel, (depth, PANEL));
             } else {
                 let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row(last(r)));
                 tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
@@ -541,35 +666,40 @@ fn linear_rows(
     }
 }
 
-/// [`tile`] for a packed bf16 weight: `acc[r] += Σ_i a[r][i] · panel[i]` where every word is a
-/// pair of bf16 values, summed pairwise by `vdpbf16ps` into f32 accumulators.
+/// [`tile`] over bf16 pairs: `acc[r] += Σ_i a[r][i] · b_i` where every word of `a` and of
+/// `b` (read through f32 slots) is a pair of bf16 values, summed pairwise by `vdpbf16ps` into
+/// f32 accumulators; step `i` reads C vectors of `b` at `i * stride`.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
 #[inline(always)]
-fn tile_bf16<const R: usize>(
-    acc: &mut [[[f32; LANES]; 2]; R],
+fn tile_bf16<const R: usize, const C: usize>(
+    acc: &mut [[[f32; LANES]; C]; R],
     a: [&[u32]; R],
-    panel: &[f32],
-    steps: usize,
+    b: &[f32],
+    (steps, stride): (usize, usize),
 ) {
     use std::arch::x86_64::{__m512bh, _mm512_dpbf16_ps, _mm512_set1_epi32};
-    assert!(panel.len() >= steps * PANEL && a.iter().all(|a| a.len() >= steps));
+    if steps == 0 {
+        return;
+    }
+    assert!(b.len() >= (steps - 1) * stride + C * LANES && a.iter().all(|a| a.len() >= steps));
     // SAFETY: avx512bf16 (and so avx512f) is enabled for the whole build (cfg above); reads
-    // stay below `steps` words of each row of `a` and `steps` rows of PANEL words of `panel`,
-    // as asserted. The transmutes reinterpret 512 bits of words as 32 bf16 values.
+    // stay below `steps` words of each row of `a` and below the asserted bound of `b`. The
+    // transmutes reinterpret 512 bits of words as 32 bf16 values.
     unsafe {
-        let mut c: [[simd::F; 2]; R] =
+        let mut c: [[simd::F; C]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let mut bp = panel.as_ptr();
+        let mut bp = b.as_ptr();
         for i in 0..steps {
-            let b: [__m512bh; 2] =
+            let bv: [__m512bh; C] =
                 std::array::from_fn(|v| std::mem::transmute(simd::load(bp.add(v * LANES))));
             for (c, a) in c.iter_mut().zip(&a) {
                 let x: __m512bh =
                     std::mem::transmute(_mm512_set1_epi32(*a.get_unchecked(i) as i32));
-                c[0] = _mm512_dpbf16_ps(c[0], x, b[0]);
-                c[1] = _mm512_dpbf16_ps(c[1], x, b[1]);
+                for (c, &bv) in c.iter_mut().zip(&bv) {
+                    *c = _mm512_dpbf16_ps(*c, x, bv);
+                }
             }
-            bp = bp.add(PANEL);
+            bp = bp.add(stride);
         }
         for (acc, c) in acc.iter_mut().zip(&c) {
             for (acc, &c) in acc.iter_mut().zip(c) {
@@ -579,18 +709,19 @@ fn tile_bf16<const R: usize>(
     }
 }
 
-/// Portable [`tile_bf16`] (for builds without AVX512_BF16, where the loader does not pack
-/// bf16 weights; kept so that such weights still compute correctly): the same pairwise
-/// products in f32.
+/// Portable [`tile_bf16`] (for builds without AVX512_BF16, where nothing asks for bf16
+/// products; kept so that such operands still compute correctly): the same pairwise products
+/// in f32.
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
-fn tile_bf16<const R: usize>(
-    acc: &mut [[[f32; LANES]; 2]; R],
+fn tile_bf16<const R: usize, const C: usize>(
+    acc: &mut [[[f32; LANES]; C]; R],
     a: [&[u32]; R],
-    panel: &[f32],
-    steps: usize,
+    b: &[f32],
+    (steps, stride): (usize, usize),
 ) {
     let unpack = |w: u32| [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)];
-    for (i, row) in panel.chunks_exact(PANEL).take(steps).enumerate() {
+    for i in 0..steps {
+        let row = &b[i * stride..][..C * LANES];
         for (acc, a) in acc.iter_mut().zip(&a) {
             let [x0, x1] = unpack(a[i]);
             for (acc, w) in acc.as_flattened_mut().iter_mut().zip(row) {

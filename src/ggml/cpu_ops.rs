@@ -92,6 +92,13 @@ static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
     packed_weights: true,
     param: 0.0,
 };
+static ATTENTION_BF16: Kernel = Kernel {
+    unit: Unit::Plane,
+    run: cpu_kernels::attention_tokens_bf16,
+    strided: true,
+    packed_weights: false,
+    param: 0.0,
+};
 static ATTENTION: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::attention_tokens,
@@ -389,12 +396,12 @@ impl Context {
     /// Only for the cases [`Context::cpu_attention_applies`] accepts.
     pub(super) fn cpu_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let (qn, vn) = (q.ne(), v.ne());
-        self.cpu_op(
-            "attention",
-            &ATTENTION,
-            &[q, k, v],
-            [vn[0], qn[2], qn[1], 1],
-        )
+        let kernel = if self.bf16_products() {
+            &ATTENTION_BF16
+        } else {
+            &ATTENTION
+        };
+        self.cpu_op("attention", kernel, &[q, k, v], [vn[0], qn[2], qn[1], 1])
     }
 
     /// Whether [`Context::cpu_attention`] computes this attention: one batch of f32 heads of
@@ -746,6 +753,51 @@ mod tests {
             let scale = 1.0 / (d as f32).sqrt();
             let diff = max_difference(&shapes, |g, t| g.attention(&t[0], &t[1], &t[2], scale));
             assert!(diff < 1e-5, "D {d}, {tq} x {tk}, {heads} heads: {diff}");
+        }
+    }
+
+    /// bf16 products in attention stay within bf16 rounding of the exact path (and change
+    /// nothing on a CPU without them).
+    #[test]
+    fn bf16_attention_stays_close_to_f32() {
+        let backend = Backend::cpu(2).unwrap();
+        let (d, tq, tk, heads) = (64i64, 30i64, 61i64, 2i64);
+        let outputs: Vec<Vec<f32>> = [false, true]
+            .into_iter()
+            .map(|bf16| {
+                let ctx = Context::metadata(16).unwrap();
+                ctx.use_cpu_kernels(true);
+                ctx.use_bf16_products(bf16);
+                let q = ctx.new_tensor(DType::F32, &[d, tq, heads]).unwrap();
+                let k = ctx.new_tensor(DType::F32, &[d, tk, heads]).unwrap();
+                let v = ctx.new_tensor(DType::F32, &[d, tk, heads]).unwrap();
+                for t in [&q, &k, &v] {
+                    t.mark_input();
+                }
+                let y = ctx.attention(&q, &k, &v, 1.0 / 8.0).unwrap();
+                y.mark_output();
+                let graph = ctx.new_graph(16).unwrap();
+                graph.expand(&y).unwrap();
+                let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+                let run = gallocr.alloc(&graph).unwrap();
+                for (i, t) in [&q, &k, &v].into_iter().enumerate() {
+                    run.write(t, &values(t.nelements() as usize, 20 + i as u32))
+                        .unwrap();
+                }
+                run.compute(&backend).unwrap();
+                run.read::<f32>(&y).unwrap()
+            })
+            .collect();
+        let diff = outputs[0]
+            .iter()
+            .zip(&outputs[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        if super::LINEAR_BF16 {
+            // Values in [-2, 2): bf16 keeps 8 bits, products err by about 2^-8 of their size.
+            assert!(diff > 0.0 && diff < 3e-2, "{diff}");
+        } else {
+            assert_eq!(diff, 0.0);
         }
     }
 
