@@ -169,7 +169,7 @@ impl Context {
     pub(crate) fn cpu_kernels(&self) -> bool {
         self.inner.cpu_kernels.get()
     }
-    /// Lets the CPU kernels built from now on (attention) multiply in bf16 with f32 sums
+    /// Lets the CPU kernels built from now on (attention, convolution) multiply in bf16 with f32 sums
     /// where the CPU has bf16 products ([`crate::ggml::LINEAR_BF16`]): about twice as fast,
     /// with about 2^-9 relative error per product. Has no effect elsewhere.
     pub fn use_bf16_products(&self, on: bool) {

@@ -45,6 +45,39 @@ impl Conv {
         }
     }
 
+    /// [`Conv::fill_band`] as words of bf16 pairs: row `p` holds rows `2p` and `2p + 1` of the
+    /// band (the second zero past the last), pixel by pixel, in f32 slots.
+    fn fill_pair_band(&self, band: &mut [f32], input: &[f32], oy: usize) {
+        let (pad_x, pad_y) = (self.kw / 2, self.kh / 2);
+        let taps = self.k_len / self.kw;
+        let row = |ck: usize| -> Option<&[f32]> {
+            let (c, ky) = (ck / self.kh, ck % self.kh);
+            let iy = (oy + ky).wrapping_sub(pad_y);
+            (ck < taps && iy < self.h).then(|| &input[(c * self.h + iy) * self.w..][..self.w])
+        };
+        for (p, dst) in band.chunks_exact_mut(self.padded_w).enumerate() {
+            let dst = &mut dst[pad_x..pad_x + self.w];
+            match (row(2 * p), row(2 * p + 1)) {
+                (Some(lo), Some(hi)) => {
+                    for ((d, &l), &h) in dst.iter_mut().zip(lo).zip(hi) {
+                        *d = f32::from_bits(bf16_bits(l) | bf16_bits(h) << 16);
+                    }
+                }
+                (Some(lo), None) => {
+                    for (d, &l) in dst.iter_mut().zip(lo) {
+                        *d = f32::from_bits(bf16_bits(l));
+                    }
+                }
+                (None, Some(hi)) => {
+                    for (d, &h) in dst.iter_mut().zip(hi) {
+                        *d = f32::from_bits(bf16_bits(h) << 16);
+                    }
+                }
+                (None, None) => dst.fill(0.0),
+            }
+        }
+    }
+
     /// The input rows that output row `oy` reads, one per (channel, ky), zero-padded.
     fn fill_band(&self, band: &mut [f32], input: &[f32], oy: usize) {
         let (pad_x, pad_y) = (self.kw / 2, self.kh / 2);
@@ -77,17 +110,67 @@ pub(super) fn conv_same_planes(
     channels: Range<usize>,
     _param: f32,
 ) {
+    conv_planes(srcs, out, channels, false)
+}
+
+/// [`conv_same_planes`] with bf16 products: the input rows of each pair of (channel, ky)
+/// taps, and the matching weights, as bf16 pairs; sums in f32.
+pub(super) fn conv_same_planes_bf16(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    _ne: [usize; 4],
+    channels: Range<usize>,
+    _param: f32,
+) {
+    conv_planes(srcs, out, channels, true)
+}
+
+/// A kernel row's operands: f32 weights over an f32 band, or bf16 pairs over a pair band.
+#[derive(Clone, Copy)]
+enum Taps<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u32]),
+}
+
+fn conv_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>, bf16: bool) {
     let (kernel, input) = (&srcs[0], &srcs[1]);
     let bias = |o: usize| srcs.get(2).map_or(0.0, |b| b.data[o]);
     let conv = Conv::new(kernel, input);
     let plane_len = conv.w * conv.h;
-    let mut band = vec![0.0; conv.padded_w * conv.k_len / conv.kw];
+    let taps = conv.k_len / conv.kw;
+    // bf16: weights of this thread's channels as pairs of consecutive (channel, ky) rows at
+    // the same kx, so that a step of the tile is one kx over one pair of band rows.
+    let pair_rows = taps.div_ceil(2);
+    let pair_len = pair_rows * conv.kw;
+    let mut pair_weights = vec![0u32; if bf16 { channels.len() * pair_len } else { 0 }];
+    for (o, dst) in channels
+        .clone()
+        .zip(pair_weights.chunks_exact_mut(pair_len.max(1)))
+    {
+        let w = &kernel.data[o * conv.k_len..][..conv.k_len];
+        for (i, word) in dst.iter_mut().enumerate() {
+            let (p, kx) = (i / conv.kw, i % conv.kw);
+            let hi = (2 * p + 1 < taps).then(|| w[(2 * p + 1) * conv.kw + kx]);
+            *word = bf16_pair(w[2 * p * conv.kw + kx], hi.unwrap_or(0.0));
+        }
+    }
+    let band_rows = if bf16 { pair_rows } else { taps };
+    let mut band = vec![0.0; conv.padded_w * band_rows];
     for oy in 0..conv.h {
-        conv.fill_band(&mut band, input.data, oy);
+        if bf16 {
+            conv.fill_pair_band(&mut band, input.data, oy);
+        } else {
+            conv.fill_band(&mut band, input.data, oy);
+        }
         let mut o = channels.start;
         while o < channels.end {
-            let planes = &mut out[(o - channels.start) * plane_len..];
-            let weights = &kernel.data[o * conv.k_len..];
+            let i = o - channels.start;
+            let planes = &mut out[i * plane_len..];
+            let weights = if bf16 {
+                Taps::Bf16(&pair_weights[i * pair_len..])
+            } else {
+                Taps::F32(&kernel.data[o * conv.k_len..])
+            };
             let left = channels.end - o;
             o += if left >= CONV_CHANNELS {
                 conv_row::<CONV_CHANNELS>(&conv, planes, weights, o, &bias, &band, oy)
@@ -102,12 +185,12 @@ pub(super) fn conv_same_planes(
     }
 }
 
-/// Row `oy` of `R` output channels from `o` (the first planes of `planes`, weights from
-/// `weights`); returns `R`.
+/// Row `oy` of `R` output channels from `o` (the first planes of `planes`, their weights
+/// first in `weights`); returns `R`.
 fn conv_row<const R: usize>(
     conv: &Conv,
     planes: &mut [f32],
-    weights: &[f32],
+    weights: Taps<'_>,
     o: usize,
     bias: &impl Fn(usize) -> f32,
     band: &[f32],
@@ -115,17 +198,21 @@ fn conv_row<const R: usize>(
 ) -> usize {
     let plane_len = conv.w * conv.h;
     let rows = band.len() / conv.padded_w;
-    let a: [&[f32]; R] = std::array::from_fn(|r| &weights[r * conv.k_len..][..conv.k_len]);
     for x0 in (0..conv.w).step_by(CONV_SPAN) {
         let mut acc: [[[f32; LANES]; CONV_VECTORS]; R] =
             std::array::from_fn(|r| [[bias(o + r); LANES]; CONV_VECTORS]);
-        tile(
-            &mut acc,
-            a,
-            &band[x0..],
-            (rows, conv.padded_w),
-            (conv.kw, 1),
-        );
+        let steps = ((rows, conv.padded_w), (conv.kw, 1));
+        match weights {
+            Taps::F32(w) => {
+                let a: [&[f32]; R] = std::array::from_fn(|r| &w[r * conv.k_len..][..conv.k_len]);
+                tile(&mut acc, a, &band[x0..], steps.0, steps.1);
+            }
+            Taps::Bf16(w) => {
+                let len = rows * conv.kw;
+                let a: [&[u32]; R] = std::array::from_fn(|r| &w[r * len..][..len]);
+                tile_bf16(&mut acc, a, &band[x0..], steps.0, steps.1);
+            }
+        }
         let n = CONV_SPAN.min(conv.w - x0);
         for (r, acc) in acc.iter().enumerate() {
             planes[r * plane_len + oy * conv.w + x0..][..n]
@@ -334,7 +421,7 @@ pub(super) fn attention_tokens_bf16(
                     std::array::from_fn(|r| &qp[(r0 + r).min(n - 1) * d2..][..d2]);
                 for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
                     let mut tile_acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-                    tile_bf16(&mut tile_acc, rows, &kt[j0..], (d2, tk_pad));
+                    tile_bf16(&mut tile_acc, rows, &kt[j0..], (d2, tk_pad), (1, 0));
                     for (r, t) in tile_acc.iter().enumerate().take(n - r0) {
                         scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN]
                             .copy_from_slice(t.as_flattened());
@@ -394,7 +481,7 @@ fn values_block_bf16<const C: usize>(
     c0: usize,
 ) -> usize {
     let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
-    tile_bf16(&mut sums, rows, &vp[c0..], (steps, dv));
+    tile_bf16(&mut sums, rows, &vp[c0..], (steps, dv), (1, 0));
     for (r, s) in sums.iter().enumerate().take(n - r0) {
         acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
     }
@@ -638,7 +725,7 @@ fn linear_rows(
             if bf16 {
                 let xs: [&[u32]; GEMM_ROWS] =
                     std::array::from_fn(|r| &x_pairs[last(r) * depth..][..depth]);
-                tile_bf16(&mut acc, xs, panel, (depth, PANEL));
+                tile_bf16(&mut acc, xs, panel, (depth, PANEL), (1, 0));
             } else {
                 let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row(last(r)));
                 tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
@@ -668,38 +755,45 @@ fn linear_rows(
 
 /// [`tile`] over bf16 pairs: `acc[r] += Σ_i a[r][i] · b_i` where every word of `a` and of
 /// `b` (read through f32 slots) is a pair of bf16 values, summed pairwise by `vdpbf16ps` into
-/// f32 accumulators; step `i` reads C vectors of `b` at `i * stride`.
+/// f32 accumulators; steps walk `b` as [`tile`]'s do.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
 #[inline(always)]
 fn tile_bf16<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
     a: [&[u32]; R],
     b: &[f32],
-    (steps, stride): (usize, usize),
+    (outer, outer_stride): (usize, usize),
+    (inner, inner_stride): (usize, usize),
 ) {
     use std::arch::x86_64::{__m512bh, _mm512_dpbf16_ps, _mm512_set1_epi32};
+    let steps = outer * inner;
     if steps == 0 {
         return;
     }
-    assert!(b.len() >= (steps - 1) * stride + C * LANES && a.iter().all(|a| a.len() >= steps));
+    let last_read = (outer - 1) * outer_stride + (inner - 1) * inner_stride + C * LANES;
+    assert!(b.len() >= last_read && a.iter().all(|a| a.len() >= steps));
     // SAFETY: avx512bf16 (and so avx512f) is enabled for the whole build (cfg above); reads
     // stay below `steps` words of each row of `a` and below the asserted bound of `b`. The
     // transmutes reinterpret 512 bits of words as 32 bf16 values.
     unsafe {
         let mut c: [[simd::F; C]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let mut bp = b.as_ptr();
-        for i in 0..steps {
-            let bv: [__m512bh; C] =
-                std::array::from_fn(|v| std::mem::transmute(simd::load(bp.add(v * LANES))));
-            for (c, a) in c.iter_mut().zip(&a) {
-                let x: __m512bh =
-                    std::mem::transmute(_mm512_set1_epi32(*a.get_unchecked(i) as i32));
-                for (c, &bv) in c.iter_mut().zip(&bv) {
-                    *c = _mm512_dpbf16_ps(*c, x, bv);
+        let mut step = 0;
+        for o in 0..outer {
+            let mut bp = b.as_ptr().add(o * outer_stride);
+            for _ in 0..inner {
+                let bv: [__m512bh; C] =
+                    std::array::from_fn(|v| std::mem::transmute(simd::load(bp.add(v * LANES))));
+                for (c, a) in c.iter_mut().zip(&a) {
+                    let x: __m512bh =
+                        std::mem::transmute(_mm512_set1_epi32(*a.get_unchecked(step) as i32));
+                    for (c, &bv) in c.iter_mut().zip(&bv) {
+                        *c = _mm512_dpbf16_ps(*c, x, bv);
+                    }
                 }
+                bp = bp.add(inner_stride);
+                step += 1;
             }
-            bp = bp.add(stride);
         }
         for (acc, c) in acc.iter_mut().zip(&c) {
             for (acc, &c) in acc.iter_mut().zip(c) {
@@ -717,11 +811,12 @@ fn tile_bf16<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
     a: [&[u32]; R],
     b: &[f32],
-    (steps, stride): (usize, usize),
+    (outer, outer_stride): (usize, usize),
+    (inner, inner_stride): (usize, usize),
 ) {
     let unpack = |w: u32| [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)];
-    for i in 0..steps {
-        let row = &b[i * stride..][..C * LANES];
+    for i in 0..outer * inner {
+        let row = &b[(i / inner) * outer_stride + (i % inner) * inner_stride..][..C * LANES];
         for (acc, a) in acc.iter_mut().zip(&a) {
             let [x0, x1] = unpack(a[i]);
             for (acc, w) in acc.as_flattened_mut().iter_mut().zip(row) {

@@ -64,6 +64,13 @@ static CONV_SAME: Kernel = Kernel {
     packed_weights: false,
     param: 0.0,
 };
+static CONV_SAME_BF16: Kernel = Kernel {
+    unit: Unit::Plane,
+    run: cpu_kernels::conv_same_planes_bf16,
+    strided: false,
+    packed_weights: false,
+    param: 0.0,
+};
 static BILINEAR_ALIGNED: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::bilinear_align_corners_planes,
@@ -461,7 +468,12 @@ impl Context {
         let (kn, inp) = (kernel.ne(), input.ne());
         let mut srcs = vec![kernel, input];
         srcs.extend(bias);
-        self.cpu_op("conv_2d", &CONV_SAME, &srcs, [inp[0], inp[1], kn[3], 1])
+        let kernel = if self.bf16_products() {
+            &CONV_SAME_BF16
+        } else {
+            &CONV_SAME
+        };
+        self.cpu_op("conv_2d", kernel, &srcs, [inp[0], inp[1], kn[3], 1])
     }
 }
 
@@ -798,6 +810,58 @@ mod tests {
             assert!(diff > 0.0 && diff < 3e-2, "{diff}");
         } else {
             assert_eq!(diff, 0.0);
+        }
+    }
+
+    /// bf16 convolution stays within bf16 rounding of the f32 kernel (and changes nothing on
+    /// a CPU without bf16 products); odd tap counts leave a half-empty last pair.
+    #[test]
+    fn bf16_convolution_stays_close_to_f32() {
+        let backend = Backend::cpu(2).unwrap();
+        for (w, h, ic, oc, k) in [(50i64, 7i64, 3i64, 5i64, 3i64), (20, 4, 4, 9, 1)] {
+            let outputs: Vec<Vec<f32>> = [false, true]
+                .into_iter()
+                .map(|bf16| {
+                    let ctx = Context::metadata(16).unwrap();
+                    ctx.use_cpu_kernels(true);
+                    ctx.use_bf16_products(bf16);
+                    let kernel = ctx.new_tensor(DType::F32, &[k, k, ic, oc]).unwrap();
+                    let input = ctx.new_tensor(DType::F32, &[w, h, ic, 1]).unwrap();
+                    let bias = ctx.new_tensor(DType::F32, &[oc]).unwrap();
+                    for t in [&kernel, &input, &bias] {
+                        t.mark_input();
+                    }
+                    let pad = (k / 2) as i32;
+                    let y = ctx
+                        .conv_2d_bias(&kernel, &input, &bias, (1, 1), (pad, pad), (1, 1))
+                        .unwrap();
+                    y.mark_output();
+                    let graph = ctx.new_graph(16).unwrap();
+                    graph.expand(&y).unwrap();
+                    let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+                    let run = gallocr.alloc(&graph).unwrap();
+                    for (i, t) in [&kernel, &input, &bias].into_iter().enumerate() {
+                        run.write(t, &values(t.nelements() as usize, 30 + i as u32))
+                            .unwrap();
+                    }
+                    run.compute(&backend).unwrap();
+                    run.read::<f32>(&y).unwrap()
+                })
+                .collect();
+            let diff = outputs[0]
+                .iter()
+                .zip(&outputs[1])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            if super::LINEAR_BF16 {
+                // Sums of up to 27 products of values in [-2, 2), each off by about 2^-8.
+                assert!(
+                    diff > 0.0 && diff < 0.1,
+                    "{w}x{h}x{ic} -> {oc}, {k}x{k}: {diff}"
+                );
+            } else {
+                assert_eq!(diff, 0.0);
+            }
         }
     }
 
