@@ -76,14 +76,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
 
     let started = Instant::now();
-    model.infer(&image, args.process_res)?;
+    let first = model.infer(&image, args.process_res)?;
     let first_s = started.elapsed().as_secs_f64();
     let mut times = Vec::with_capacity(args.runs);
+    let mut last = None;
     for _ in 0..args.runs {
         let started = Instant::now();
-        model.infer(&image, args.process_res)?;
+        last = Some(model.infer(&image, args.process_res)?);
         times.push(started.elapsed().as_secs_f64());
     }
+    // Reused graphs, allocations and device-side replays must not change the result.
+    let last = last.expect("at least one run");
+    let drift = first
+        .depth
+        .iter()
+        .zip(&last.depth)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let depth_mean = last.depth.iter().map(|&d| d as f64).sum::<f64>() / last.depth.len() as f64;
     times.sort_by(f64::total_cmp);
     let (median, p90, min) = (percentile(&times, 0.5), percentile(&times, 0.9), times[0]);
     let (free_after, _) = model.device().device().memory();
@@ -111,6 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         min * 1e3,
         args.runs
     );
+    println!("depth      mean {depth_mean:.6}, last run vs first: max abs difference {drift:.3e}");
     if let Some(rss) = rss {
         println!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
     }
@@ -125,6 +136,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let json = serde_json::json!({
             "model": args.model.describe(),
             "preset": model.config().name,
+            "depth_mean": depth_mean,
+            "depth_drift_first_to_last": drift,
             "device": device_name,
             "threads": args.device.threads,
             "input": [image.width, image.height],
