@@ -59,7 +59,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(15);
     for t in slow.iter().take(top) {
-        println!("  {:<28} {:<12} {:>7.2} ms", t.name, t.op, t.seconds * 1e3);
+        let [out, a, b] = t.shapes;
+        println!(
+            "  {:<28} {:<12} {:>7.2} ms  {out:?} <- {a:?} {b:?}",
+            t.name,
+            t.op,
+            t.seconds * 1e3
+        );
     }
     Ok(())
 }

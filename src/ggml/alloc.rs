@@ -166,6 +166,8 @@ impl Allocation<'_> {
 pub struct NodeTime {
     pub name: String,
     pub op: &'static str,
+    /// The node's shape and its first two operands' (what a profile needs to tell nodes apart).
+    pub shapes: [[i64; 4]; 3],
     pub seconds: f64,
 }
 
@@ -205,9 +207,12 @@ impl Allocation<'_> {
                 sys::ggml_graph_add_node(single, node.raw().as_ptr());
                 let started = std::time::Instant::now();
                 let status = sys::ggml_backend_graph_compute(backend.as_ptr(), single);
+                let sources = node.sources();
+                let shape_of = |i: usize| sources.get(i).map_or([0; 4], |s| s.ne());
                 times.push(NodeTime {
                     name: node.name(),
                     op: node.op_name(),
+                    shapes: [node.ne(), shape_of(0), shape_of(1)],
                     seconds: started.elapsed().as_secs_f64(),
                 });
                 status

@@ -293,16 +293,60 @@ pub(super) fn bilinear_align_corners_planes(
     let [iw, ih, _, _] = srcs[0].ne;
     let (ow, oh) = (ne[0], ne[1]);
     let (xs, ys) = (bilinear_taps(ow, iw), bilinear_taps(oh, ih));
+    // Separable: every input row resampled across once (the gathers), then each output row
+    // is a blend of two of those rows, a loop that vectorises.
+    let mut across = vec![0.0f32; ih * ow];
     for (plane, out) in planes.zip(out.chunks_exact_mut(ow * oh)) {
         let src = &srcs[0].data[plane * iw * ih..][..iw * ih];
+        for (row, dst) in src.chunks_exact(iw).zip(across.chunks_exact_mut(ow)) {
+            for (&(x0, x1, dx), d) in xs.iter().zip(dst) {
+                *d = madd(row[x1] - row[x0], dx, row[x0]);
+            }
+        }
         for (&(y0, y1, dy), out) in ys.iter().zip(out.chunks_exact_mut(ow)) {
-            let (r0, r1) = (&src[y0 * iw..][..iw], &src[y1 * iw..][..iw]);
-            for (&(x0, x1, dx), o) in xs.iter().zip(out) {
-                let (a, b, c, d) = (r0[x0], r0[x1], r1[x0], r1[x1]);
-                *o = a * (1.0 - dx) * (1.0 - dy)
-                    + b * dx * (1.0 - dy)
-                    + c * (1.0 - dx) * dy
-                    + d * dx * dy;
+            let (r0, r1) = (&across[y0 * ow..][..ow], &across[y1 * ow..][..ow]);
+            for ((o, &a), &b) in out.iter_mut().zip(r0).zip(r1) {
+                *o = madd(b - a, dy, a);
+            }
+        }
+    }
+}
+
+/// Rows `rows` of `[a | b]`: each output row is a row of `srcs[0]` then one of `srcs[1]`.
+pub(super) fn concat_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    _param: f32,
+) {
+    let (a, b) = (&srcs[0], &srcs[1]);
+    let (na, nb) = (a.ne[0], b.ne[0]);
+    for (r, dst) in rows.zip(out.chunks_exact_mut(ne[0])) {
+        dst[..na].copy_from_slice(&a.data[r * a.nb[1]..][..na]);
+        dst[na..].copy_from_slice(&b.data[r * b.nb[1]..][..nb]);
+    }
+}
+
+/// Rows `rows` of a transposed matrix made contiguous: `srcs[0]` is the view [n0, n1] whose
+/// element (i, j) lies at `i * nb[0] + j`, so output row `j` gathers column `j` of the
+/// matrix underneath.
+pub(super) fn transpose_rows(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    _param: f32,
+) {
+    // Tiles of 16 source rows: the lines read for one output row serve the next 15 too.
+    const TILE: usize = 16;
+    let src = &srcs[0];
+    let (n0, stride) = (ne[0], src.nb[0]);
+    for i0 in (0..n0).step_by(TILE) {
+        let i1 = (i0 + TILE).min(n0);
+        for (j, dst) in rows.clone().zip(out.chunks_exact_mut(n0)) {
+            for (i, d) in (i0..i1).zip(&mut dst[i0..i1]) {
+                *d = src.data[i * stride + j];
             }
         }
     }

@@ -35,6 +35,16 @@ enum Unit {
     Plane,
 }
 
+/// The views a kernel reads its operands through.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Contiguous,
+    /// Strided views whose rows are contiguous.
+    RowsContiguous,
+    /// Any strides in whole values (the transpose kernel).
+    Any,
+}
+
 /// Writes units `units` of the result (of shape `ne`) into `out`, which holds exactly those;
 /// `param` is the kernel's scalar parameter (an epsilon), unused by most.
 type KernelFn =
@@ -43,8 +53,8 @@ type KernelFn =
 struct Kernel {
     unit: Unit,
     run: KernelFn,
-    /// Whether the operands may be strided views (with contiguous rows).
-    strided: bool,
+    /// What views the operands may be.
+    layout: Layout,
     /// Whether the first operand may be a weight packed as bf16 pairs (i32 words).
     packed_weights: bool,
     param: f32,
@@ -53,63 +63,77 @@ struct Kernel {
 static GELU_ERF: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::gelu_erf_rows,
-    strided: false,
+    layout: Layout::Contiguous,
     packed_weights: false,
     param: 0.0,
 };
 static CONV_SAME: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::conv_same_planes,
-    strided: false,
+    layout: Layout::Contiguous,
     packed_weights: false,
     param: 0.0,
 };
 static CONV_SAME_BF16: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::conv_same_planes_bf16,
-    strided: false,
+    layout: Layout::Contiguous,
+    packed_weights: false,
+    param: 0.0,
+};
+static CONCAT_ROWS: Kernel = Kernel {
+    unit: Unit::Row,
+    run: cpu_kernels::concat_rows,
+    layout: Layout::RowsContiguous,
+    packed_weights: false,
+    param: 0.0,
+};
+static TRANSPOSE: Kernel = Kernel {
+    unit: Unit::Row,
+    run: cpu_kernels::transpose_rows,
+    layout: Layout::Any,
     packed_weights: false,
     param: 0.0,
 };
 static BILINEAR_ALIGNED: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::bilinear_align_corners_planes,
-    strided: false,
+    layout: Layout::Contiguous,
     packed_weights: true,
     param: 0.0,
 };
 static LINEAR: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_bias_rows,
-    strided: true,
+    layout: Layout::RowsContiguous,
     packed_weights: true,
     param: 0.0,
 };
 static LINEAR_GELU: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_bias_gelu_rows,
-    strided: true,
+    layout: Layout::RowsContiguous,
     packed_weights: true,
     param: 0.0,
 };
 static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
     unit: Unit::Row,
     run: cpu_kernels::linear_scaled_residual_rows,
-    strided: true,
+    layout: Layout::RowsContiguous,
     packed_weights: true,
     param: 0.0,
 };
 static ATTENTION_BF16: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::attention_tokens_bf16,
-    strided: true,
+    layout: Layout::RowsContiguous,
     packed_weights: false,
     param: 0.0,
 };
 static ATTENTION: Kernel = Kernel {
     unit: Unit::Plane,
     run: cpu_kernels::attention_tokens,
-    strided: true,
+    layout: Layout::RowsContiguous,
     packed_weights: false,
     param: 0.0,
 };
@@ -127,7 +151,7 @@ fn layer_norm_kernel(eps: f32) -> &'static Kernel {
     let kernel: &'static Kernel = Box::leak(Box::new(Kernel {
         unit: Unit::Row,
         run: cpu_kernels::layer_norm_rows,
-        strided: true,
+        layout: Layout::RowsContiguous,
         packed_weights: false,
         param: eps,
     }));
@@ -353,7 +377,13 @@ impl Context {
                 },
             )?;
             let rows_contiguous = src.nb()[0] == 4 && src.nb().iter().all(|b| b % 4 == 0);
-            if !(src.is_contiguous() || kernel.strided && rows_contiguous) {
+            let values = src.nb().iter().all(|b| b % 4 == 0);
+            let fits = match kernel.layout {
+                Layout::Contiguous => src.is_contiguous(),
+                Layout::RowsContiguous => src.is_contiguous() || rows_contiguous,
+                Layout::Any => values,
+            };
+            if !fits {
                 return Err(Error::NotContiguous {
                     op,
                     operand: src.describe(),
@@ -389,6 +419,38 @@ impl Context {
         };
         // Named after the op, so that profiles tell the custom nodes apart.
         Ok(self.result(raw, op, srcs)?.named(op))
+    }
+
+    /// Whether [`Context::cpu_concat_rows`] joins these: f32 matrices with contiguous rows.
+    pub(super) fn cpu_concat_rows_applies(a: &Tensor, b: &Tensor) -> bool {
+        let matrix = |t: &Tensor| {
+            t.dtype() == DType::F32 && t.nb()[0] == 4 && t.ne()[2] == 1 && t.ne()[3] == 1
+        };
+        matrix(a) && matrix(b)
+    }
+
+    /// Rows of `a` followed by the rows of `b` (concat along dim 0) as row copies; ggml's
+    /// kernel computes an index per value.
+    pub(super) fn cpu_concat_rows(&self, a: &Tensor, b: &Tensor, ne: [i64; 4]) -> Result<Tensor> {
+        self.cpu_op("concat", &CONCAT_ROWS, &[a, b], ne)
+    }
+
+    /// Whether [`Context::cpu_transpose`] makes `a` contiguous: the transpose of a contiguous
+    /// f32 matrix.
+    pub(super) fn cpu_transpose_applies(a: &Tensor) -> bool {
+        let [n0, n1, n2, n3] = a.ne();
+        a.dtype() == DType::F32
+            && n2 == 1
+            && n3 == 1
+            && a.nb()[1] == 4
+            && a.nb()[0] == 4 * n1 as usize
+            && n0 > 1
+    }
+
+    /// A contiguous copy of a transposed matrix, by cache-sized tiles; ggml's copy walks the
+    /// source with a stride per value.
+    pub(super) fn cpu_transpose(&self, a: &Tensor) -> Result<Tensor> {
+        self.cpu_op("cont", &TRANSPOSE, &[a], a.ne())
     }
 
     /// GELU (erf form) vectorised; ggml's CPU kernel calls the scalar `erff` per value.
@@ -730,6 +792,16 @@ mod tests {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0, f32::max);
         assert!(diff < 1e-4, "{diff}");
+    }
+
+    #[test]
+    fn row_concat_and_transpose_match_ggml() {
+        let diff = max_difference(&[&[5, 7], &[3, 7]], |g, t| g.concat(&t[0], &t[1], 0));
+        assert_eq!(diff, 0.0, "concat");
+        for ne in [[37i64, 6], [16, 16], [2, 41]] {
+            let diff = max_difference(&[&ne], |g, t| g.cont(&g.transpose(&t[0])?));
+            assert_eq!(diff, 0.0, "transpose of {ne:?}");
+        }
     }
 
     #[test]

@@ -771,6 +771,9 @@ impl Context {
     }
     /// A contiguous copy.
     pub fn cont(&self, a: &Tensor) -> Result<Tensor> {
+        if self.cpu_kernels() && Self::cpu_transpose_applies(a) {
+            return self.cpu_transpose(a);
+        }
         self.reserve_like(a)?;
         // SAFETY: no preconditions.
         let raw = unsafe { sys::ggml_cont(self.raw(), a.as_ptr()) };
@@ -801,6 +804,9 @@ impl Context {
         }
         let mut ne = an;
         ne[dim] += bn[dim];
+        if self.cpu_kernels() && dim == 0 && Self::cpu_concat_rows_applies(a, b) {
+            return self.cpu_concat_rows(a, b, ne);
+        }
         self.reserve_result(a.dtype(), ne)?;
         // SAFETY: same type, other dims equal, dim in range (ggml_concat's assertions).
         let raw = unsafe { sys::ggml_concat(self.raw(), a.as_ptr(), b.as_ptr(), dim as i32) };
