@@ -876,36 +876,51 @@ fn tile_bf16<const R: usize, const C: usize>(
 /// registers when it is written over arrays (the product ran ten times slower), so the x86
 /// variants use intrinsics.
 mod simd {
+    /// One x86 vector width: its type, lanes, registers and the four intrinsics used.
+    macro_rules! x86_vectors {
+        ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $load:ident, $store:ident) => {
+            use std::arch::x86_64::*;
+            pub type F = $f;
+            pub const LANES: usize = $lanes;
+            pub const REGISTERS: usize = $registers;
+            #[inline(always)]
+            pub fn splat(x: f32) -> F {
+                // SAFETY: the module exists only where the build enables this feature.
+                unsafe { $splat(x) }
+            }
+            #[inline(always)]
+            pub fn fma(a: F, b: F, c: F) -> F {
+                // SAFETY: the module exists only where the build enables this feature.
+                unsafe { $fma(a, b, c) }
+            }
+            /// # Safety
+            /// `p` is valid for reading LANES values.
+            #[inline(always)]
+            pub unsafe fn load(p: *const f32) -> F {
+                // SAFETY: as the caller promises.
+                unsafe { $load(p) }
+            }
+            /// # Safety
+            /// `p` is valid for writing LANES values.
+            #[inline(always)]
+            pub unsafe fn store(p: *mut f32, v: F) {
+                // SAFETY: as the caller promises.
+                unsafe { $store(p, v) }
+            }
+        };
+    }
+
     #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
     mod imp {
-        use std::arch::x86_64::*;
-        pub type F = __m512;
-        pub const LANES: usize = 16;
-        pub const REGISTERS: usize = 32;
-        #[inline(always)]
-        pub fn splat(x: f32) -> F {
-            // SAFETY: the module exists only where the build enables this feature.
-            unsafe { _mm512_set1_ps(x) }
-        }
-        #[inline(always)]
-        pub fn fma(a: F, b: F, c: F) -> F {
-            // SAFETY: the module exists only where the build enables this feature.
-            unsafe { _mm512_fmadd_ps(a, b, c) }
-        }
-        /// # Safety
-        /// `p` is valid for reading LANES values.
-        #[inline(always)]
-        pub unsafe fn load(p: *const f32) -> F {
-            // SAFETY: as the caller promises.
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        /// # Safety
-        /// `p` is valid for writing LANES values.
-        #[inline(always)]
-        pub unsafe fn store(p: *mut f32, v: F) {
-            // SAFETY: as the caller promises.
-            unsafe { _mm512_storeu_ps(p, v) }
-        }
+        x86_vectors!(
+            __m512,
+            16,
+            32,
+            _mm512_set1_ps,
+            _mm512_fmadd_ps,
+            _mm512_loadu_ps,
+            _mm512_storeu_ps
+        );
     }
 
     #[cfg(all(
@@ -915,34 +930,15 @@ mod simd {
         not(target_feature = "avx512f")
     ))]
     mod imp {
-        use std::arch::x86_64::*;
-        pub type F = __m256;
-        pub const LANES: usize = 8;
-        pub const REGISTERS: usize = 16;
-        #[inline(always)]
-        pub fn splat(x: f32) -> F {
-            // SAFETY: the module exists only where the build enables this feature.
-            unsafe { _mm256_set1_ps(x) }
-        }
-        #[inline(always)]
-        pub fn fma(a: F, b: F, c: F) -> F {
-            // SAFETY: the module exists only where the build enables this feature.
-            unsafe { _mm256_fmadd_ps(a, b, c) }
-        }
-        /// # Safety
-        /// `p` is valid for reading LANES values.
-        #[inline(always)]
-        pub unsafe fn load(p: *const f32) -> F {
-            // SAFETY: as the caller promises.
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        /// # Safety
-        /// `p` is valid for writing LANES values.
-        #[inline(always)]
-        pub unsafe fn store(p: *mut f32, v: F) {
-            // SAFETY: as the caller promises.
-            unsafe { _mm256_storeu_ps(p, v) }
-        }
+        x86_vectors!(
+            __m256,
+            8,
+            16,
+            _mm256_set1_ps,
+            _mm256_fmadd_ps,
+            _mm256_loadu_ps,
+            _mm256_storeu_ps
+        );
     }
 
     #[cfg(not(all(

@@ -565,12 +565,24 @@ mod tests {
         shapes: &[&[i64]],
         op: impl Fn(&Context, &[Tensor]) -> Result<Tensor>,
     ) -> f32 {
+        max_difference_between(shapes, op, |ctx, cpu_kernels| {
+            ctx.use_cpu_kernels(cpu_kernels)
+        })
+    }
+
+    /// As [`max_difference`], between contexts set up by `setup(ctx, false)` and
+    /// `setup(ctx, true)`.
+    fn max_difference_between(
+        shapes: &[&[i64]],
+        op: impl Fn(&Context, &[Tensor]) -> Result<Tensor>,
+        setup: impl Fn(&Context, bool),
+    ) -> f32 {
         let backend = Backend::cpu(2).unwrap();
         let results: Vec<Vec<f32>> = [false, true]
             .into_iter()
-            .map(|cpu_kernels| {
+            .map(|variant| {
                 let ctx = Context::metadata(64).unwrap();
-                ctx.use_cpu_kernels(cpu_kernels);
+                setup(&ctx, variant);
                 let inputs: Vec<Tensor> = shapes
                     .iter()
                     .map(|ne| ctx.new_tensor(DType::F32, ne).unwrap())
@@ -840,100 +852,45 @@ mod tests {
         }
     }
 
-    /// bf16 products in attention stay within bf16 rounding of the exact path (and change
-    /// nothing on a CPU without them).
-    #[test]
-    fn bf16_attention_stays_close_to_f32() {
-        let backend = Backend::cpu(2).unwrap();
-        let (d, tq, tk, heads) = (64i64, 30i64, 61i64, 2i64);
-        let outputs: Vec<Vec<f32>> = [false, true]
-            .into_iter()
-            .map(|bf16| {
-                let ctx = Context::metadata(16).unwrap();
-                ctx.use_cpu_kernels(true);
-                ctx.use_bf16_products(bf16);
-                let q = ctx.new_tensor(DType::F32, &[d, tq, heads]).unwrap();
-                let k = ctx.new_tensor(DType::F32, &[d, tk, heads]).unwrap();
-                let v = ctx.new_tensor(DType::F32, &[d, tk, heads]).unwrap();
-                for t in [&q, &k, &v] {
-                    t.mark_input();
-                }
-                let y = ctx.attention(&q, &k, &v, 1.0 / 8.0).unwrap();
-                y.mark_output();
-                let graph = ctx.new_graph(16).unwrap();
-                graph.expand(&y).unwrap();
-                let mut gallocr = Gallocr::for_backend(&backend).unwrap();
-                let run = gallocr.alloc(&graph).unwrap();
-                for (i, t) in [&q, &k, &v].into_iter().enumerate() {
-                    run.write(t, &values(t.nelements() as usize, 20 + i as u32))
-                        .unwrap();
-                }
-                run.compute(&backend).unwrap();
-                run.read::<f32>(&y).unwrap()
-            })
-            .collect();
-        let diff = outputs[0]
-            .iter()
-            .zip(&outputs[1])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+    /// The largest difference between the CPU kernels without and with bf16 products.
+    fn bf16_difference(
+        shapes: &[&[i64]],
+        op: impl Fn(&Context, &[Tensor]) -> Result<Tensor>,
+    ) -> f32 {
+        max_difference_between(shapes, op, |ctx, bf16| {
+            ctx.use_cpu_kernels(true);
+            ctx.use_bf16_products(bf16);
+        })
+    }
+
+    /// Within `bound` of f32 where the CPU has bf16 products; identical where it has none.
+    fn assert_bf16_close(diff: f32, bound: f32, what: &str) {
         if super::LINEAR_BF16 {
-            // Values in [-2, 2): bf16 keeps 8 bits, products err by about 2^-8 of their size.
-            assert!(diff > 0.0 && diff < 3e-2, "{diff}");
+            assert!(diff > 0.0 && diff < bound, "{what}: {diff}");
         } else {
-            assert_eq!(diff, 0.0);
+            assert_eq!(diff, 0.0, "{what}");
         }
     }
 
-    /// bf16 convolution stays within bf16 rounding of the f32 kernel (and changes nothing on
-    /// a CPU without bf16 products); odd tap counts leave a half-empty last pair.
+    /// Values in [-2, 2): bf16 keeps 8 bits, so each product errs by about 2^-8 of its size.
+    #[test]
+    fn bf16_attention_stays_close_to_f32() {
+        let (d, tq, tk, heads) = (64, 30, 61, 2);
+        let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
+        let diff = bf16_difference(&shapes, |g, t| g.attention(&t[0], &t[1], &t[2], 0.125));
+        assert_bf16_close(diff, 3e-2, "attention");
+    }
+
+    /// Odd tap counts leave a half-empty last pair; sums of up to 27 products.
     #[test]
     fn bf16_convolution_stays_close_to_f32() {
-        let backend = Backend::cpu(2).unwrap();
         for (w, h, ic, oc, k) in [(50i64, 7i64, 3i64, 5i64, 3i64), (20, 4, 4, 9, 1)] {
-            let outputs: Vec<Vec<f32>> = [false, true]
-                .into_iter()
-                .map(|bf16| {
-                    let ctx = Context::metadata(16).unwrap();
-                    ctx.use_cpu_kernels(true);
-                    ctx.use_bf16_products(bf16);
-                    let kernel = ctx.new_tensor(DType::F32, &[k, k, ic, oc]).unwrap();
-                    let input = ctx.new_tensor(DType::F32, &[w, h, ic, 1]).unwrap();
-                    let bias = ctx.new_tensor(DType::F32, &[oc]).unwrap();
-                    for t in [&kernel, &input, &bias] {
-                        t.mark_input();
-                    }
-                    let pad = (k / 2) as i32;
-                    let y = ctx
-                        .conv_2d_bias(&kernel, &input, &bias, (1, 1), (pad, pad), (1, 1))
-                        .unwrap();
-                    y.mark_output();
-                    let graph = ctx.new_graph(16).unwrap();
-                    graph.expand(&y).unwrap();
-                    let mut gallocr = Gallocr::for_backend(&backend).unwrap();
-                    let run = gallocr.alloc(&graph).unwrap();
-                    for (i, t) in [&kernel, &input, &bias].into_iter().enumerate() {
-                        run.write(t, &values(t.nelements() as usize, 30 + i as u32))
-                            .unwrap();
-                    }
-                    run.compute(&backend).unwrap();
-                    run.read::<f32>(&y).unwrap()
-                })
-                .collect();
-            let diff = outputs[0]
-                .iter()
-                .zip(&outputs[1])
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
-            if super::LINEAR_BF16 {
-                // Sums of up to 27 products of values in [-2, 2), each off by about 2^-8.
-                assert!(
-                    diff > 0.0 && diff < 0.1,
-                    "{w}x{h}x{ic} -> {oc}, {k}x{k}: {diff}"
-                );
-            } else {
-                assert_eq!(diff, 0.0);
-            }
+            let shapes: [&[i64]; 3] = [&[k, k, ic, oc], &[w, h, ic, 1], &[oc]];
+            let pad = (k / 2) as i32;
+            let diff = bf16_difference(&shapes, |g, t| {
+                g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), (pad, pad), (1, 1))
+            });
+            assert_bf16_close(diff, 0.1, &format!("{w}x{h}x{ic} -> {oc}, {k}x{k}"));
         }
     }
 
