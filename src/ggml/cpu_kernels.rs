@@ -877,7 +877,13 @@ fn tile_bf16<const R: usize, const C: usize>(
 /// variants use intrinsics.
 mod simd {
     /// One x86 vector width: its type, lanes, registers and the four intrinsics used.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(all(
+        target_arch = "x86_64",
+        any(
+            target_feature = "avx512f",
+            all(target_feature = "avx2", target_feature = "fma")
+        )
+    ))]
     macro_rules! x86_vectors {
         ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $load:ident, $store:ident) => {
             use std::arch::x86_64::*;
