@@ -205,12 +205,12 @@ fn conv_row<const R: usize>(
         match weights {
             Taps::F32(w) => {
                 let a: [&[f32]; R] = std::array::from_fn(|r| &w[r * conv.k_len..][..conv.k_len]);
-                tile(&mut acc, a, &band[x0..], steps.0, steps.1);
+                tile(F32, &mut acc, a, &band[x0..], steps.0, steps.1);
             }
             Taps::Bf16(w) => {
                 let len = rows * conv.kw;
                 let a: [&[u32]; R] = std::array::from_fn(|r| &w[r * len..][..len]);
-                tile_bf16(&mut acc, a, &band[x0..], steps.0, steps.1);
+                tile(Bf16Pairs, &mut acc, a, &band[x0..], steps.0, steps.1);
             }
         }
         let n = CONV_SPAN.min(conv.w - x0);
@@ -465,7 +465,14 @@ pub(super) fn attention_tokens_bf16(
                     std::array::from_fn(|r| &qp[(r0 + r).min(n - 1) * d2..][..d2]);
                 for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
                     let mut tile_acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-                    tile_bf16(&mut tile_acc, rows, &kt[j0..], (d2, tk_pad), (1, 0));
+                    tile(
+                        Bf16Pairs,
+                        &mut tile_acc,
+                        rows,
+                        &kt[j0..],
+                        (d2, tk_pad),
+                        (1, 0),
+                    );
                     for (r, t) in tile_acc.iter().enumerate().take(n - r0) {
                         scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN]
                             .copy_from_slice(t.as_flattened());
@@ -525,7 +532,7 @@ fn values_block_bf16<const C: usize>(
     c0: usize,
 ) -> usize {
     let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
-    tile_bf16(&mut sums, rows, &vp[c0..], (steps, dv), (1, 0));
+    tile(Bf16Pairs, &mut sums, rows, &vp[c0..], (steps, dv), (1, 0));
     for (r, s) in sums.iter().enumerate().take(n - r0) {
         acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
     }
@@ -546,7 +553,7 @@ fn attention_scores<'a>(
         let rows: [&[f32]; SCORE_ROWS] = std::array::from_fn(|r| q_row((r0 + r).min(n - 1)));
         for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
             let mut acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-            tile(&mut acc, rows, &kt[j0..], (d, tk_pad), (1, 0));
+            tile(F32, &mut acc, rows, &kt[j0..], (d, tk_pad), (1, 0));
             for (r, acc) in acc.iter().enumerate().take(n - r0) {
                 scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN].copy_from_slice(acc.as_flattened());
             }
@@ -594,7 +601,7 @@ fn values_block<const C: usize>(
     let rows: [&[f32]; VALUE_ROWS] =
         std::array::from_fn(|r| &p[(r0 + r).min(n - 1) * tk_pad..][..tk]);
     let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
-    tile(&mut sums, rows, &v[c0..], (tk, v_stride), (1, 0));
+    tile(F32, &mut sums, rows, &v[c0..], (tk, v_stride), (1, 0));
     for (r, s) in sums.iter().enumerate().take(n - r0) {
         acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
     }
@@ -769,10 +776,10 @@ fn linear_rows(
             if bf16 {
                 let xs: [&[u32]; GEMM_ROWS] =
                     std::array::from_fn(|r| &x_pairs[last(r) * depth..][..depth]);
-                tile_bf16(&mut acc, xs, panel, (depth, PANEL), (1, 0));
+                tile(Bf16Pairs, &mut acc, xs, panel, (depth, PANEL), (1, 0));
             } else {
                 let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row(last(r)));
-                tile(&mut acc, xs, panel, (k, PANEL), (1, 0));
+                tile(F32, &mut acc, xs, panel, (k, PANEL), (1, 0));
             }
             for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
                 let acc = acc.as_flattened_mut();
@@ -792,80 +799,6 @@ fn linear_rows(
                     }
                 }
                 out[(r0 + r) * n + col..][..PANEL].copy_from_slice(acc);
-            }
-        }
-    }
-}
-
-/// [`tile`] over bf16 pairs: `acc[r] += Σ_i a[r][i] · b_i` where every word of `a` and of
-/// `b` (read through f32 slots) is a pair of bf16 values, summed pairwise by `vdpbf16ps` into
-/// f32 accumulators; steps walk `b` as [`tile`]'s do.
-#[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
-#[inline(always)]
-fn tile_bf16<const R: usize, const C: usize>(
-    acc: &mut [[[f32; LANES]; C]; R],
-    a: [&[u32]; R],
-    b: &[f32],
-    (outer, outer_stride): (usize, usize),
-    (inner, inner_stride): (usize, usize),
-) {
-    use std::arch::x86_64::{__m512bh, _mm512_dpbf16_ps, _mm512_set1_epi32};
-    let steps = outer * inner;
-    if steps == 0 {
-        return;
-    }
-    let last_read = (outer - 1) * outer_stride + (inner - 1) * inner_stride + C * LANES;
-    assert!(b.len() >= last_read && a.iter().all(|a| a.len() >= steps));
-    // SAFETY: avx512bf16 (and so avx512f) is enabled for the whole build (cfg above); reads
-    // stay below `steps` words of each row of `a` and below the asserted bound of `b`. The
-    // transmutes reinterpret 512 bits of words as 32 bf16 values.
-    unsafe {
-        let mut c: [[simd::F; C]; R] =
-            std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let mut step = 0;
-        for o in 0..outer {
-            let mut bp = b.as_ptr().add(o * outer_stride);
-            for _ in 0..inner {
-                let bv: [__m512bh; C] =
-                    std::array::from_fn(|v| std::mem::transmute(simd::load(bp.add(v * LANES))));
-                for (c, a) in c.iter_mut().zip(&a) {
-                    let x: __m512bh =
-                        std::mem::transmute(_mm512_set1_epi32(*a.get_unchecked(step) as i32));
-                    for (c, &bv) in c.iter_mut().zip(&bv) {
-                        *c = _mm512_dpbf16_ps(*c, x, bv);
-                    }
-                }
-                bp = bp.add(inner_stride);
-                step += 1;
-            }
-        }
-        for (acc, c) in acc.iter_mut().zip(&c) {
-            for (acc, &c) in acc.iter_mut().zip(c) {
-                simd::store(acc.as_mut_ptr(), c);
-            }
-        }
-    }
-}
-
-/// Portable [`tile_bf16`] (for builds without AVX512_BF16, where nothing asks for bf16
-/// products; kept so that such operands still compute correctly): the same pairwise products
-/// in f32.
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
-fn tile_bf16<const R: usize, const C: usize>(
-    acc: &mut [[[f32; LANES]; C]; R],
-    a: [&[u32]; R],
-    b: &[f32],
-    (outer, outer_stride): (usize, usize),
-    (inner, inner_stride): (usize, usize),
-) {
-    let unpack = |w: u32| [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)];
-    for i in 0..outer * inner {
-        let row = &b[(i / inner) * outer_stride + (i % inner) * inner_stride..][..C * LANES];
-        for (acc, a) in acc.iter_mut().zip(&a) {
-            let [x0, x1] = unpack(a[i]);
-            for (acc, w) in acc.as_flattened_mut().iter_mut().zip(row) {
-                let [w0, w1] = unpack(w.to_bits());
-                *acc = madd(x1, w1, madd(x0, w0, *acc));
             }
         }
     }
@@ -984,6 +917,95 @@ mod simd {
     }
 
     pub use imp::*;
+
+    /// The lanes of a vector, and back (for the bf16 fallback).
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
+    #[inline(always)]
+    pub fn lanes(v: F) -> [f32; LANES] {
+        // SAFETY: a vector is LANES plain f32 values.
+        unsafe { std::mem::transmute::<F, [f32; LANES]>(v) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
+    #[inline(always)]
+    pub fn from_lanes(values: [f32; LANES]) -> F {
+        // SAFETY: as above.
+        unsafe { std::mem::transmute::<[f32; LANES], F>(values) }
+    }
+}
+
+/// How the register tile multiplies: f32 FMAs, or pairs of bf16 summed into f32.
+trait Products: Copy {
+    /// A value of a row of `a`: an f32, or a word holding two bf16.
+    type Scalar: Copy;
+    type Splat: Copy;
+    fn splat(x: Self::Scalar) -> Self::Splat;
+    /// `acc + x · b`, with `b` read as this product's operands.
+    fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F;
+}
+
+/// f32 products: one FMA per lane.
+#[derive(Clone, Copy)]
+struct F32;
+
+impl Products for F32 {
+    type Scalar = f32;
+    type Splat = simd::F;
+    #[inline(always)]
+    fn splat(x: f32) -> simd::F {
+        simd::splat(x)
+    }
+    #[inline(always)]
+    fn madd(acc: simd::F, x: simd::F, b: simd::F) -> simd::F {
+        simd::fma(x, b, acc)
+    }
+}
+
+/// bf16 products: every word of `a` and of `b` (read through f32 slots) is a pair of bf16,
+/// multiplied pairwise and summed into an f32 lane (`vdpbf16ps`: twice the multiply-adds of
+/// an f32 FMA).
+#[derive(Clone, Copy)]
+struct Bf16Pairs;
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
+impl Products for Bf16Pairs {
+    type Scalar = u32;
+    type Splat = std::arch::x86_64::__m512bh;
+    #[inline(always)]
+    fn splat(x: u32) -> Self::Splat {
+        // SAFETY: avx512f is enabled for the whole build (avx512bf16 implies it); the
+        // transmute reads 16 words as 32 bf16 values.
+        unsafe { std::mem::transmute(std::arch::x86_64::_mm512_set1_epi32(x as i32)) }
+    }
+    #[inline(always)]
+    fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F {
+        // SAFETY: avx512bf16 is enabled for the whole build; as above for the transmute.
+        unsafe { std::arch::x86_64::_mm512_dpbf16_ps(acc, x, std::mem::transmute(b)) }
+    }
+}
+
+/// Without AVX512_BF16 nothing asks for bf16 products; kept so that such operands still
+/// compute correctly: the same pairwise products, lane by lane in f32.
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
+impl Products for Bf16Pairs {
+    type Scalar = u32;
+    type Splat = [f32; 2];
+    fn splat(x: u32) -> [f32; 2] {
+        bf16_unpack(x)
+    }
+    fn madd(acc: simd::F, [x0, x1]: [f32; 2], b: simd::F) -> simd::F {
+        let mut lanes = simd::lanes(acc);
+        for (a, b) in lanes.iter_mut().zip(simd::lanes(b)) {
+            let [b0, b1] = bf16_unpack(b.to_bits());
+            *a = madd(x1, b1, madd(x0, b0, *a));
+        }
+        simd::from_lanes(lanes)
+    }
+}
+
+/// The two bf16 values of a word, as f32.
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
+fn bf16_unpack(w: u32) -> [f32; 2] {
+    [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]
 }
 
 /// A register tile: `acc[r][c..c + LANES] (+)= Σ_i a[r][i] b_i[c..c + LANES]` for `R` rows
@@ -993,9 +1015,10 @@ mod simd {
 /// One kernel serves the matrix product (inner 1), the direct convolution (a kernel row of
 /// taps, one value apart, per input row) and both products of attention.
 #[inline(always)]
-fn tile<const R: usize, const C: usize>(
+fn tile<P: Products, const R: usize, const C: usize>(
+    _products: P,
     acc: &mut [[[f32; LANES]; C]; R],
-    a: [&[f32]; R],
+    a: [&[P::Scalar]; R],
     b: &[f32],
     (outer, outer_stride): (usize, usize),
     (inner, inner_stride): (usize, usize),
@@ -1012,16 +1035,16 @@ fn tile<const R: usize, const C: usize>(
     unsafe {
         let mut c: [[simd::F; C]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let a_ptr: [*const f32; R] = std::array::from_fn(|r| a[r].as_ptr());
+        let a_ptr: [*const P::Scalar; R] = std::array::from_fn(|r| a[r].as_ptr());
         let mut step = 0;
         for o in 0..outer {
             let mut bp = b.as_ptr().add(o * outer_stride);
             for _ in 0..inner {
                 let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
                 for (c, a) in c.iter_mut().zip(&a_ptr) {
-                    let x = simd::splat(*a.add(step));
+                    let x = P::splat(*a.add(step));
                     for (c, &bv) in c.iter_mut().zip(&bv) {
-                        *c = simd::fma(x, bv, *c);
+                        *c = P::madd(*c, x, bv);
                     }
                 }
                 bp = bp.add(inner_stride);
