@@ -974,12 +974,22 @@ impl Products for Bf16Pairs {
     fn splat(x: u32) -> Self::Splat {
         // SAFETY: avx512f is enabled for the whole build (avx512bf16 implies it); the
         // transmute reads 16 words as 32 bf16 values.
-        unsafe { std::mem::transmute(std::arch::x86_64::_mm512_set1_epi32(x as i32)) }
+        unsafe {
+            std::mem::transmute::<std::arch::x86_64::__m512i, Self::Splat>(
+                std::arch::x86_64::_mm512_set1_epi32(x as i32),
+            )
+        }
     }
     #[inline(always)]
     fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F {
         // SAFETY: avx512bf16 is enabled for the whole build; as above for the transmute.
-        unsafe { std::arch::x86_64::_mm512_dpbf16_ps(acc, x, std::mem::transmute(b)) }
+        unsafe {
+            std::arch::x86_64::_mm512_dpbf16_ps(
+                acc,
+                x,
+                std::mem::transmute::<simd::F, Self::Splat>(b),
+            )
+        }
     }
 }
 
@@ -1091,8 +1101,8 @@ pub(super) fn linear_scaled_residual_rows(
 }
 
 /// LayerNorm of rows `rows` of `srcs[0]` (rows of `ne[0]` values, strided over up to three
-/// dims) with weight `srcs[1]` and bias `srcs[2]`, epsilon `eps`: mean and variance in one
-/// pass over a row held in L1, then one fused scale and shift.
+/// dims) with weight `srcs[1]` and bias `srcs[2]`, epsilon `eps`: the mean, then the
+/// variance, over a row held in L1 (in f64 lanes), then one fused scale and shift.
 pub(super) fn layer_norm_rows(
     srcs: &[Src<'_>],
     out: &mut [f32],
