@@ -23,8 +23,15 @@ struct Pending {
     tensor: Tensor,
     name: String,
     convert: bool,
-    /// (inputs, outputs, in bf16) of a linear weight to store packed for the CPU kernel.
-    packed: Option<(usize, usize, bool)>,
+    /// How a linear weight is stored packed for the CPU kernel, if it is.
+    packed: Option<Packing>,
+}
+
+/// The two layouts of a packed linear weight (see [`Loader::pack_linears`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Packing {
+    F32,
+    Bf16,
 }
 
 /// Where declared tensors come from.
@@ -152,8 +159,8 @@ impl<'f> Loader<'f> {
     }
 
     /// Declares the weight of a linear layer, PyTorch shape [n_out, n_in]; returns it and
-    /// whether it is stored packed (see [`Loader::pack_linears`]): f32 in the file, in device
-    /// memory, and a whole number of panels of outputs.
+    /// whether it is stored packed (see [`Loader::pack_linears`]: f32, f16 or bf16 in the
+    /// file, in device memory, and a whole number of panels of outputs).
     fn linear_weight(
         &mut self,
         name: &str,
@@ -163,7 +170,7 @@ impl<'f> Loader<'f> {
         self.declare(name, &[n_out, n_in], Role::Matmul, self.pack_linears)
     }
 
-    /// [`Loader::tensor`], packing a two-dimensional f32 weight for the CPU's matrix-product
+    /// [`Loader::tensor`], packing a two-dimensional weight for the CPU's matrix-product
     /// kernel where `pack` asks for it and the weight allows it.
     fn declare(
         &mut self,
@@ -204,26 +211,26 @@ impl<'f> Loader<'f> {
         let host = self.host_names.contains(name);
         let packed = match (shape, dtype) {
             (_, _) if !pack || host => None,
-            (&[n_out, n_in], DType::F32) if n_out.is_multiple_of(LINEAR_PANEL) => {
-                Some((n_in, n_out, false))
-            }
-            (&[n_out, n_in], DType::F16 | DType::BF16)
-                if LINEAR_BF16 && n_out.is_multiple_of(LINEAR_PANEL) =>
-            {
-                Some((n_in, n_out, true))
+            (&[n_out, _], _) if !n_out.is_multiple_of(LINEAR_PANEL) => None,
+            ([_, _], DType::F32) => Some(Packing::F32),
+            (&[_, n_in], DType::F16 | DType::BF16) if LINEAR_BF16 && n_in % 2 == 0 => {
+                Some(Packing::Bf16)
             }
             _ => None,
         };
-        let (dtype, ne): (DType, Vec<i64>) = match packed {
-            Some((n_in, n_out, bf16)) => (
-                if bf16 { DType::I32 } else { DType::F32 },
-                vec![
-                    LINEAR_PANEL as i64,
-                    if bf16 { n_in.div_ceil(2) } else { n_in } as i64,
-                    (n_out / LINEAR_PANEL) as i64,
-                ],
-            ),
-            None => (dtype, expected.iter().map(|&d| d as i64).collect()),
+        let (dtype, ne): (DType, Vec<i64>) = match (packed, shape) {
+            (Some(packing), &[n_out, n_in]) => {
+                let bf16 = packing == Packing::Bf16;
+                (
+                    if bf16 { DType::I32 } else { DType::F32 },
+                    vec![
+                        LINEAR_PANEL as i64,
+                        if bf16 { n_in / 2 } else { n_in } as i64,
+                        (n_out / LINEAR_PANEL) as i64,
+                    ],
+                )
+            }
+            _ => (dtype, expected.iter().map(|&d| d as i64).collect()),
         };
         let ctx = if host {
             self.host_ctx.as_ref().expect("created with host names")
@@ -295,12 +302,17 @@ impl<'f> Loader<'f> {
             } else {
                 &self.device_ctx
             };
-            if let Some((n_in, n_out, bf16)) = p.packed {
+            if let Some(packing) = p.packed {
+                // The file's ggml shape is [n_in, n_out], checked when declared.
+                let (n_in, n_out) = (info.shape()[0] as usize, info.shape()[1] as usize);
                 let plain = to_f32(&p.name, info.dtype, data)?;
-                if bf16 {
-                    ctx.write(&p.tensor, &pack_linear_panels_bf16(&plain, n_in, n_out)?.0)?;
-                } else {
-                    ctx.write(&p.tensor, &pack_linear_panels(&plain, n_in, n_out)?.0)?;
+                match packing {
+                    Packing::F32 => {
+                        ctx.write(&p.tensor, &pack_linear_panels(&plain, n_in, n_out)?.0)?
+                    }
+                    Packing::Bf16 => {
+                        ctx.write(&p.tensor, &pack_linear_panels_bf16(&plain, n_in, n_out)?.0)?
+                    }
                 }
             } else if p.convert {
                 ctx.write(&p.tensor, &to_f32(&p.name, info.dtype, data)?)?;
@@ -316,10 +328,7 @@ impl<'f> Loader<'f> {
             .filter(|n| !self.used.contains(n))
             .collect();
         unused.sort();
-        let bf16_products = self
-            .pending
-            .iter()
-            .any(|p| matches!(p.packed, Some((_, _, true))));
+        let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16));
         Ok(LoadedWeights {
             device_ctx: self.device_ctx,
             host_ctx: self.host_ctx,

@@ -713,17 +713,16 @@ fn bf16_pair(lo: f32, hi: f32) -> u32 {
     bf16_bits(lo) | bf16_bits(hi) << 16
 }
 
-/// [`pack_panels`] in bf16: `n / PANEL` blocks of [ceil(k / 2)][PANEL] words, each the pair
-/// (w[j][2i], w[j][2i + 1]), zero past `k`.
+/// [`pack_panels`] in bf16 for an even `k`: `n / PANEL` blocks of [k / 2][PANEL] words, each
+/// the pair (w[j][2i], w[j][2i + 1]).
 pub(super) fn pack_panels_bf16(w: &[f32], k: usize, n: usize) -> Vec<i32> {
-    let k2 = k.div_ceil(2);
-    let at = |j: usize, i: usize| if i < k { w[j * k + i] } else { 0.0 };
+    let k2 = k / 2;
     let mut packed = vec![0; k2 * n];
     for (p, panel) in packed.chunks_exact_mut(k2 * PANEL).enumerate() {
         for (i, row) in panel.chunks_exact_mut(PANEL).enumerate() {
             for (c, word) in row.iter_mut().enumerate() {
                 let j = p * PANEL + c;
-                *word = bf16_pair(at(j, 2 * i), at(j, 2 * i + 1)) as i32;
+                *word = bf16_pair(w[j * k + 2 * i], w[j * k + 2 * i + 1]) as i32;
             }
         }
     }
@@ -732,7 +731,7 @@ pub(super) fn pack_panels_bf16(w: &[f32], k: usize, n: usize) -> Vec<i32> {
 
 /// What is applied to a product before it is stored.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Epilogue {
+enum Epilogue {
     Bias,
     BiasGelu,
     ScaledResidual,
@@ -756,7 +755,7 @@ fn linear_rows(
     let x_row = |r: usize| &x.data[(rows.start + r) * x.nb[1]..][..k];
     // A bf16 weight: this thread's input rows as bf16 pairs too, once for every panel.
     let bf16 = panels.dtype == DType::I32;
-    let depth = if bf16 { k.div_ceil(2) } else { k };
+    let depth = if bf16 { k / 2 } else { k };
     let mut x_pairs: Vec<u32> = vec![0; if bf16 { count * depth } else { 0 }];
     for (r, dst) in x_pairs.chunks_exact_mut(depth.max(1)).enumerate() {
         to_bf16_pairs(x_row(r), dst);

@@ -215,7 +215,13 @@ pub const LINEAR_PANEL: usize = cpu_kernels::PANEL;
 /// [n, k]), for [`Context::linear_panels`]: the result has ggml shape
 /// [[`LINEAR_PANEL`], k, n / [`LINEAR_PANEL`]]. `n` must be a multiple of [`LINEAR_PANEL`].
 pub fn pack_linear_panels(w: &[f32], k: usize, n: usize) -> Result<(Vec<f32>, [i64; 3])> {
-    let op = "pack_linear_panels";
+    check_linear_weight("pack_linear_panels", w, k, n)?;
+    let shape = [LINEAR_PANEL as i64, k as i64, (n / LINEAR_PANEL) as i64];
+    Ok((cpu_kernels::pack_panels(w, k, n), shape))
+}
+
+/// `w` holds an `n` x `k` weight whose outputs fill whole panels.
+fn check_linear_weight(op: &'static str, w: &[f32], k: usize, n: usize) -> Result<()> {
     if k == 0 || n == 0 || !n.is_multiple_of(LINEAR_PANEL) {
         return Err(Error::InvalidArgument {
             op,
@@ -230,8 +236,7 @@ pub fn pack_linear_panels(w: &[f32], k: usize, n: usize) -> Result<(Vec<f32>, [i
             reason: format!("{} values for a {n} x {k} weight", w.len()),
         });
     }
-    let shape = [LINEAR_PANEL as i64, k as i64, (n / LINEAR_PANEL) as i64];
-    Ok((cpu_kernels::pack_panels(w, k, n), shape))
+    Ok(())
 }
 
 /// Whether this build computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
@@ -240,14 +245,23 @@ pub fn pack_linear_panels(w: &[f32], k: usize, n: usize) -> Result<(Vec<f32>, [i
 pub const LINEAR_BF16: bool = cfg!(all(target_arch = "x86_64", target_feature = "avx512bf16"));
 
 /// As [`pack_linear_panels`], rounding the weight to bf16 and storing pairs of consecutive
-/// inputs as one i32 word: ggml shape [[`LINEAR_PANEL`], ceil(k / 2), n / [`LINEAR_PANEL`]]. The
+/// inputs as one i32 word: ggml shape [[`LINEAR_PANEL`], k / 2, n / [`LINEAR_PANEL`]], `k` even. The
 /// product then rounds the layer's input to bf16 as well and accumulates in f32: about 2^-9
 /// relative error per product, for twice the speed of f32 where [`LINEAR_BF16`] holds.
 pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32>, [i64; 3])> {
-    pack_linear_panels(w, k, n)?;
+    let op = "pack_linear_panels_bf16";
+    check_linear_weight(op, w, k, n)?;
+    // Pairs of inputs fill whole words: an odd depth would leave the packing unable to tell
+    // K from K + 1, and a mismatched input would go unnoticed.
+    if !k.is_multiple_of(2) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("{k} inputs: bf16 pairs need an even number"),
+        });
+    }
     let shape = [
         LINEAR_PANEL as i64,
-        k.div_ceil(2) as i64,
+        (k / 2) as i64,
         (n / LINEAR_PANEL) as i64,
     ];
     Ok((cpu_kernels::pack_panels_bf16(w, k, n), shape))
@@ -282,12 +296,13 @@ impl Context {
                 "packed weights are only computed by the CPU kernels; this context is not marked for them".into(),
             ));
         }
-        let depth = match panels.dtype() {
-            DType::F32 => xn[0],
-            DType::I32 => (xn[0] + 1) / 2,
-            _ => -1,
+        // Inputs per output: one per row of a panel in f32, two per word in bf16.
+        let inputs = match panels.dtype() {
+            DType::F32 => pn[1],
+            DType::I32 => 2 * pn[1],
+            _ => 0,
         };
-        if pn[0] != LINEAR_PANEL as i64 || pn[3] != 1 || depth < 0 {
+        if pn[0] != LINEAR_PANEL as i64 || pn[3] != 1 || inputs == 0 {
             return Err(invalid(format!(
                 "weight {} is not a packing into panels of {LINEAR_PANEL}",
                 panels.describe()
@@ -299,13 +314,12 @@ impl Context {
                 x.describe()
             )));
         }
-        if depth != pn[1] || xn[2] != 1 || xn[3] != 1 || bias.ne() != [n, 1, 1, 1] {
+        if xn[0] != inputs || xn[2] != 1 || xn[3] != 1 || bias.ne() != [n, 1, 1, 1] {
             return Err(Error::ShapeMismatch {
                 op,
                 operands: vec![panels.describe(), x.describe(), bias.describe()],
                 reason: format!(
-                    "expected x [K, T] of the packed depth {} and a bias of {n} values",
-                    pn[1]
+                    "expected x [{inputs}, T] (the packed depth) and a bias of {n} values"
                 ),
             });
         }
@@ -609,13 +623,27 @@ mod tests {
             .fold(0.0, f32::max)
     }
 
-    /// `x W^T + b` (then GELU) with a packed weight against ggml's product of the plain one.
+    /// The three epilogues of a packed product against ggml's ops on the plain weight.
+    #[derive(Clone, Copy, Debug)]
+    enum Epilogue {
+        Bias,
+        Gelu,
+        ScaledResidual,
+    }
+
+    /// `x W^T + b`, then GELU or a layer-scaled residual, with a packed weight against
+    /// ggml's product of the plain one.
     #[test]
     fn packed_linear_matches_ggml_product() {
         let backend = Backend::cpu(2).unwrap();
         let p = super::LINEAR_PANEL as i64;
-        // Row counts below, at and past the register tile; odd depths; one and three panels.
-        for (k, n, t, gelu) in [(7, p, 1, false), (33, 3 * p, 29, true), (130, p, 13, false)] {
+        // Row counts below, at and past the register tile; odd depths; one to three panels.
+        for (k, n, t, epilogue) in [
+            (7, p, 1, Epilogue::Bias),
+            (33, 3 * p, 29, Epilogue::Gelu),
+            (130, p, 13, Epilogue::Bias),
+            (19, 2 * p, 17, Epilogue::ScaledResidual),
+        ] {
             let w = values((k * n) as usize, 1);
             let (packed, shape) = super::pack_linear_panels(&w, k as usize, n as usize).unwrap();
             let ctx = Context::metadata(16).unwrap();
@@ -624,20 +652,28 @@ mod tests {
             let panels = ctx.new_tensor(DType::F32, &shape).unwrap();
             let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
             let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
-            for input in [&plain, &panels, &bias, &x] {
+            let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
+            let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
+            for input in [&plain, &panels, &bias, &x, &scale, &residual] {
                 input.mark_input();
             }
-            let reference = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
-            let reference = if gelu {
-                // ggml's own GELU: the context's CPU kernel is the one under test elsewhere.
-                ctx.use_cpu_kernels(false);
-                let g = ctx.gelu_erf(&reference).unwrap();
-                ctx.use_cpu_kernels(true);
-                g
-            } else {
-                reference
+            let product = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
+            let (reference, packed_out) = match epilogue {
+                Epilogue::Bias => (product, ctx.linear_panels(&panels, &x, &bias, false)),
+                Epilogue::Gelu => {
+                    // ggml's own GELU: the context's CPU kernel is tested on its own.
+                    ctx.use_cpu_kernels(false);
+                    let g = ctx.gelu_erf(&product).unwrap();
+                    ctx.use_cpu_kernels(true);
+                    (g, ctx.linear_panels(&panels, &x, &bias, true))
+                }
+                Epilogue::ScaledResidual => (
+                    ctx.add(&residual, &ctx.mul(&product, &scale).unwrap())
+                        .unwrap(),
+                    ctx.linear_panels_residual(&panels, &x, &bias, &scale, &residual),
+                ),
             };
-            let packed_out = ctx.linear_panels(&panels, &x, &bias, gelu).unwrap();
+            let packed_out = packed_out.unwrap();
             let graph = ctx.new_graph(16).unwrap();
             for out in [&reference, &packed_out] {
                 out.mark_output();
@@ -647,8 +683,12 @@ mod tests {
             let run = gallocr.alloc(&graph).unwrap();
             run.write(&plain, &w).unwrap();
             run.write(&panels, &packed).unwrap();
-            run.write(&bias, &values(n as usize, 2)).unwrap();
-            run.write(&x, &values((k * t) as usize, 3)).unwrap();
+            for (i, input) in [&bias, &x, &scale, &residual].into_iter().enumerate() {
+                if graph.contains(input) {
+                    run.write(input, &values(input.nelements() as usize, 2 + i as u32))
+                        .unwrap();
+                }
+            }
             run.compute(&backend).unwrap();
             let (a, b) = (
                 run.read::<f32>(&reference).unwrap(),
@@ -659,18 +699,18 @@ mod tests {
                 .zip(&b)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
-            assert!(diff < 1e-4, "k {k}, n {n}, t {t}, gelu {gelu}: {diff}");
+            assert!(diff < 1e-4, "k {k}, n {n}, t {t}, {epilogue:?}: {diff}");
         }
     }
 
     /// bf16 products: exact against the same sums over operands rounded to bf16 (f64 on the
-    /// host), odd depths included (the last pair is padded with zero).
+    /// host).
     #[test]
     fn packed_bf16_linear_matches_bf16_rounded_sums() {
         let backend = Backend::cpu(2).unwrap();
         let round = |v: f32| half::bf16::from_f32(v).to_f32() as f64;
         for (k, n, t) in [
-            (7usize, super::LINEAR_PANEL, 5usize),
+            (8usize, super::LINEAR_PANEL, 5usize),
             (66, 2 * super::LINEAR_PANEL, 29),
         ] {
             let (w, x, b) = (values(k * n, 5), values(k * t, 6), values(n, 7));
@@ -735,6 +775,26 @@ mod tests {
         let plain = ctx.new_tensor(DType::F32, &[4, p as i64]).unwrap();
         let err = ctx.linear_panels(&plain, &x, &bias, false).unwrap_err();
         assert!(err.to_string().contains("panels"), "{err}");
+        // The residual must have the result's shape, the scale one value per output.
+        let short_residual = ctx.new_tensor(DType::F32, &[p as i64, 2]).unwrap();
+        let err = ctx
+            .linear_panels_residual(&panels, &x, &bias, &bias, &short_residual)
+            .unwrap_err();
+        assert!(err.to_string().contains("residual"), "{err}");
+        // A bf16 packing of depth 4 holds 2 words per row: x must still have 4 inputs, and
+        // odd depths are refused when packing.
+        assert!(super::pack_linear_panels_bf16(&vec![0.0; 3 * p], 3, p).is_err());
+        let (_, bf16_shape) = super::pack_linear_panels_bf16(&vec![0.0; 4 * p], 4, p).unwrap();
+        assert_eq!(bf16_shape[1], 2);
+        let bf16_panels = ctx.new_tensor(DType::I32, &bf16_shape).unwrap();
+        assert!(ctx.linear_panels(&bf16_panels, &x, &bias, false).is_ok());
+        for depth in [3, 5] {
+            let x = ctx.new_tensor(DType::F32, &[depth, 3]).unwrap();
+            let err = ctx
+                .linear_panels(&bf16_panels, &x, &bias, false)
+                .unwrap_err();
+            assert!(err.to_string().contains("packed depth"), "{depth}: {err}");
+        }
     }
 
     #[test]
@@ -749,61 +809,6 @@ mod tests {
             g.layer_norm(&heads, &t[1], &t[2], 1e-6)
         });
         assert!(diff < 1e-5, "strided rows: {diff}");
-    }
-
-    #[test]
-    fn packed_linear_with_scaled_residual_matches_ggml() {
-        let backend = Backend::cpu(2).unwrap();
-        let (k, n, t) = (19i64, 2 * super::LINEAR_PANEL as i64, 17i64);
-        let w = values((k * n) as usize, 4);
-        let (packed, shape) = super::pack_linear_panels(&w, k as usize, n as usize).unwrap();
-        let ctx = Context::metadata(16).unwrap();
-        ctx.use_cpu_kernels(true);
-        let plain = ctx.new_tensor(DType::F32, &[k, n]).unwrap();
-        let panels = ctx.new_tensor(DType::F32, &shape).unwrap();
-        let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
-        let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
-        let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
-        let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
-        let inputs = [&plain, &panels, &bias, &scale, &x, &residual];
-        for input in inputs {
-            input.mark_input();
-        }
-        let product = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
-        let reference = ctx
-            .add(&residual, &ctx.mul(&product, &scale).unwrap())
-            .unwrap();
-        let fused = ctx
-            .linear_panels_residual(&panels, &x, &bias, &scale, &residual)
-            .unwrap();
-        let graph = ctx.new_graph(16).unwrap();
-        for out in [&reference, &fused] {
-            out.mark_output();
-            graph.expand(out).unwrap();
-        }
-        let mut gallocr = Gallocr::for_backend(&backend).unwrap();
-        let run = gallocr.alloc(&graph).unwrap();
-        for (i, input) in inputs.iter().enumerate() {
-            let data = if i == 1 {
-                packed.clone()
-            } else if i == 0 {
-                w.clone()
-            } else {
-                values(input.nelements() as usize, 10 + i as u32)
-            };
-            run.write(input, &data).unwrap();
-        }
-        run.compute(&backend).unwrap();
-        let (a, b) = (
-            run.read::<f32>(&reference).unwrap(),
-            run.read::<f32>(&fused).unwrap(),
-        );
-        let diff = a
-            .iter()
-            .zip(&b)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(diff < 1e-4, "{diff}");
     }
 
     #[test]

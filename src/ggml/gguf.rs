@@ -1979,6 +1979,9 @@ mod tests {
             expected_offset = align_up(expected_offset + info.nbytes(), 32).unwrap();
             assert_eq!(f.tensor_data(info).unwrap(), data.as_slice());
             assert_eq!(f.tensor(name), Some(info));
+            // Released pages are read again from the file: the bytes do not change.
+            f.release_tensor_data(info);
+            assert_eq!(f.tensor_data(info).unwrap(), data.as_slice());
         }
         assert_eq!(f.tensor("q4_K.w").unwrap().ne, [512, 2, 1, 2]);
         assert_eq!(f.tensor("nope"), None);
