@@ -23,7 +23,7 @@ pub struct LoadOptions {
     pub host_only: Vec<String>,
     /// Keep intermediate stages readable (for parity tests), at some memory cost.
     pub probes: bool,
-    /// Print the planner's one-line decision (once per graph).
+    /// Log the planner's one-line decision (`log::info!`, once per graph).
     pub log_decisions: bool,
 }
 

@@ -47,7 +47,7 @@ impl Executor {
             log: true,
         })
     }
-    /// Stops the one-line decision log on stderr.
+    /// Stops logging the one-line decision (`log::info!`, once per graph).
     pub fn quiet(mut self) -> Self {
         self.log = false;
         self
@@ -219,7 +219,7 @@ impl Executor {
             Decision::Refused => unreachable!("plan returns refusals as errors"),
         };
         if self.log && self.logged.insert(key) {
-            eprintln!("{}", report.summary());
+            log::info!("{}", report.summary());
         }
         Ok(Run { inner, report })
     }

@@ -5,9 +5,13 @@
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
+/// `tests/fixtures/NAME` of the repository (found from the library's or the CLI's crate).
 pub fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
+        .ancestors()
+        .map(|dir| dir.join("tests/fixtures"))
+        .find(|dir| dir.is_dir())
+        .expect("tests/fixtures in the repository")
         .join(name)
 }
 
@@ -200,37 +204,4 @@ pub fn correlation(a: &[f32], b: &[f32]) -> f64 {
         vb += y * y;
     }
     cov / (va * vb).sqrt()
-}
-
-/// How one run of the `da3` binary ended.
-pub struct Run {
-    pub code: Option<i32>,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-impl Run {
-    /// Everything a failed assertion should show.
-    pub fn context(&self) -> String {
-        format!(
-            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Runs `da3 ARGS` in `cwd` (the binary this test target was built with).
-pub fn da3_in<S: AsRef<std::ffi::OsStr>>(cwd: &Path, args: &[S]) -> Run {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
-        .args(args)
-        .current_dir(cwd)
-        // A crashing child must not attach a debugger for a backtrace.
-        .env("GGML_NO_BACKTRACE", "1")
-        .output()
-        .expect("da3 starts");
-    Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }

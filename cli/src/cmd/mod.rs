@@ -18,12 +18,23 @@ mod rpc_server;
 #[command(
     name = "da3",
     version,
-    about = "Depth Anything 3 on ggml, with a residency-aware planner"
+    about = "Depth Anything 3 on ggml: depth, confidence and camera pose from photos",
+    long_about = "Depth Anything 3 on ggml: depth, confidence and camera pose from photos.\n\n\
+        Get depth from a photo:\n  \
+        da3 depth --model depth-anything-small-f32.gguf --input photo.jpg --png depth.png\n\n\
+        Models: the GGUF files published for depth-anything.cpp, or `da3 convert` on an \
+        official checkpoint folder.",
+    arg_required_else_help = true
 )]
 struct Cli {
-    /// Without a subcommand: `repro` on the built-in model.
     #[command(subcommand)]
-    command: Option<Command>,
+    command: Command,
+    /// More log output (-v: debug, -vv: trace).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -46,13 +57,8 @@ enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    // No subcommand: the README's run command, `repro` with its defaults.
-    let command = cli.command.unwrap_or_else(|| {
-        Cli::parse_from(["da3", "repro"])
-            .command
-            .expect("repro parses")
-    });
-    let result = match command {
+    init_logger(cli.verbose, cli.quiet);
+    let result = match cli.command {
         Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(args),
         Command::Convert(args) => convert::run(args),
@@ -71,4 +77,19 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The library logs through `log`; by default the CLI shows its warnings and the planner's
+/// one-line decisions (info), `-q` only errors, `-v`/`-vv` more. `RUST_LOG` overrides.
+fn init_logger(verbose: u8, quiet: bool) {
+    let level = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn,da3=info,da3_cli=info",
+        (false, 1) => "debug",
+        (false, _) => "trace",
+    };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format_target(false)
+        .format_timestamp(None)
+        .init();
 }

@@ -212,8 +212,8 @@ fn repro_unchecked_child_fails_and_routed_plan_matches_cpu() {
 }
 
 #[test]
-fn repro_without_arguments_runs_the_default_scenario() {
-    let run = da3(&[]);
+fn repro_with_defaults_runs_the_crash_scenario() {
+    let run = da3(&["repro"]);
     assert_success(&run);
     assert!(run.stdout.contains("policy Route"), "{}", run.context());
     assert!(max_rel(&run.stdout) <= 1e-5, "{}", run.context());

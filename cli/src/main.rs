@@ -1,7 +1,7 @@
 //! The `da3` command: depth estimation with Depth Anything 3 on ggml, and the tools around it.
 
-mod cli;
+mod cmd;
 
 fn main() -> std::process::ExitCode {
-    cli::main()
+    cmd::main()
 }

@@ -1,0 +1,41 @@
+//! Helpers of the CLI's tests: the library's fixture helpers, and running the `da3` binary.
+#![allow(dead_code, unused_imports)]
+
+#[path = "../../../tests/common/mod.rs"]
+mod fixtures;
+pub use fixtures::*;
+
+use std::path::Path;
+
+/// How one run of the `da3` binary ended.
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// Everything a failed assertion should show.
+    pub fn context(&self) -> String {
+        format!(
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs `da3 ARGS` in `cwd` (the binary this test target was built with).
+pub fn da3_in<S: AsRef<std::ffi::OsStr>>(cwd: &Path, args: &[S]) -> Run {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(args)
+        .current_dir(cwd)
+        // A crashing child must not attach a debugger for a backtrace.
+        .env("GGML_NO_BACKTRACE", "1")
+        .output()
+        .expect("da3 starts");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
