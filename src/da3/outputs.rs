@@ -56,20 +56,89 @@ impl Pose {
     }
 }
 
-/// Outputs at the processed resolution, rows top to bottom.
-#[derive(Debug, Clone)]
+/// Outputs at the processed resolution, row-major, rows top to bottom.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
+    /// Width of the processed image (a multiple of the patch size).
     pub width: usize,
+    /// Height of the processed image.
     pub height: usize,
+    /// Depth per pixel (relative for DA3 any-view models, metres-like for metric models);
+    /// sky regions filled as the official code does for mono and metric models.
     pub depth: Vec<f32>,
+    /// Confidence of the depth per pixel (models with a confidence output).
     pub confidence: Option<Vec<f32>>,
+    /// Sky probability per pixel (mono and metric models).
     pub sky: Option<Vec<f32>>,
+    /// Camera intrinsics and extrinsics (DualDPT models with a camera decoder).
     pub pose: Option<Pose>,
     /// Intermediate stages, when loaded with probes.
     pub probes: Vec<(String, Vec<f32>)>,
 }
 
 impl Prediction {
+    /// Writes the depth as PFM (float32, rows bottom to top, as the format wants).
+    pub fn save_pfm(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        write_pfm(path.as_ref(), &self.depth, self.width, self.height)
+    }
+
+    /// Writes the depth as an 8-bit PNG, scaled to its range, near = bright.
+    pub fn save_png(&self, path: impl AsRef<Path>, colormap: Colormap) -> Result<(), Error> {
+        write_png(
+            path.as_ref(),
+            &self.depth,
+            self.width,
+            self.height,
+            colormap,
+        )
+    }
+
+    /// Writes the confidence as PFM; an error when the model has no confidence output.
+    pub fn save_confidence_pfm(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let values = self
+            .confidence
+            .as_ref()
+            .ok_or_else(|| Error::Input("this model has no confidence output".to_owned()))?;
+        write_pfm(path.as_ref(), values, self.width, self.height)
+    }
+
+    /// Writes the sky probability as PFM; an error when the model has no sky head.
+    pub fn save_sky_pfm(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let values = self.sky.as_ref().ok_or_else(|| {
+            Error::Input("this model has no sky head (only mono/metric models do)".to_owned())
+        })?;
+        write_pfm(path.as_ref(), values, self.width, self.height)
+    }
+
+    /// Writes the camera pose as JSON (`width`, `height`, `intrinsics`,
+    /// `extrinsics_world_to_camera`); an error when the model has no camera decoder.
+    pub fn save_pose_json(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let pose = self.pose.as_ref().ok_or_else(|| {
+            Error::Input("this model has no camera decoder (only DualDPT models do)".to_owned())
+        })?;
+        let json = serde_json::json!({
+            "width": self.width,
+            "height": self.height,
+            "intrinsics": pose.intrinsics,
+            "extrinsics_world_to_camera": pose.extrinsics,
+        });
+        write_atomically(path.as_ref(), |out| {
+            serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
+            out.write_all(b"\n")
+        })
+    }
+
+    /// The smallest and largest finite depth.
+    pub fn depth_range(&self) -> (f32, f32) {
+        self.depth
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+                (a.min(v), b.max(v))
+            })
+    }
+
+    /// An intermediate stage by name (models loaded with probes).
     pub fn probe(&self, name: &str) -> Option<&[f32]> {
         self.probes
             .iter()
@@ -162,9 +231,12 @@ pub fn write_pfm(path: &Path, values: &[f32], width: usize, height: usize) -> Re
 }
 
 /// Colour maps for 8-bit depth images.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Colormap {
+    /// Grey levels, near = white.
     Gray,
+    /// Google's Turbo rainbow map, near = red.
+    #[default]
     Turbo,
 }
 

@@ -141,6 +141,14 @@ impl RgbImage8 {
         Ok(img)
     }
 
+    /// Converts a decoded image as PIL's `convert("RGB")` does (alpha dropped, grey
+    /// replicated).
+    pub fn from_dynamic(image: &image::DynamicImage) -> Result<Self, PreprocessError> {
+        let rgb = image.to_rgb8();
+        let (width, height) = (rgb.width() as usize, rgb.height() as usize);
+        Self::new(width, height, rgb.into_raw())
+    }
+
     /// Checks that the image is non-empty, not oversized, and its buffer length matches.
     pub fn validate(&self) -> Result<(), PreprocessError> {
         let expected = rgb_len(self.width, self.height)?;

@@ -1,9 +1,8 @@
 //! `da3 bench`: load time, first and steady-state compute, memory, residency decision.
 
 use super::common::{load_input, DeviceArgs, ModelArgs};
-use da3::da3::outputs::write_atomically;
-use da3::da3::LoadOptions;
-use da3::residency::Policy;
+use da3::outputs::write_atomically;
+use da3::{LoadOptions, Policy};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -51,9 +50,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--runs must be at least 1");
     }
     let image = load_input(args.input.as_ref())?;
-    let (device, cpu) = args.device.backends()?;
+    let device = args.device.device.resolve()?;
     let device_name = device.name();
-    let (free_before, total) = device.device().memory();
+    let (free_before, total) = device.memory();
     let started = Instant::now();
     let host_only = if args.crash_layout {
         super::repro::CRASH_LAYOUT
@@ -63,26 +62,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         Vec::new()
     };
-    let mut model = args.model.load(
-        device,
-        cpu,
-        &LoadOptions {
-            policy: args.policy,
-            host_only,
-            ..Default::default()
-        },
-    )?;
+    let model = args.model.load(&LoadOptions {
+        policy: args.policy,
+        host_only,
+        process_res: args.process_res,
+        ..args.device.options()
+    })?;
+    let mut model = model.session()?;
     let load_s = started.elapsed().as_secs_f64();
-    let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
+    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
 
     let started = Instant::now();
-    let first = model.infer(&image, args.process_res)?;
+    let first = model.predict_rgb(&image)?;
     let first_s = started.elapsed().as_secs_f64();
     let mut times = Vec::with_capacity(args.runs);
     let mut last = None;
     for _ in 0..args.runs {
         let started = Instant::now();
-        last = Some(model.infer(&image, args.process_res)?);
+        last = Some(model.predict_rgb(&image)?);
         times.push(started.elapsed().as_secs_f64());
     }
     // Reused graphs, allocations and device-side replays must not change the result.
@@ -103,7 +100,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!(
         "model      {} ({})",
         args.model.describe(),
-        model.config().name
+        model.model().config().name
     );
     println!(
         "device     {device_name}, {} threads, {}x{} -> {}x{}",
@@ -135,7 +132,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "model": args.model.describe(),
-            "preset": model.config().name,
+            "preset": model.model().config().name,
             "depth_mean": depth_mean,
             "depth_drift_first_to_last": drift,
             "device": device_name,

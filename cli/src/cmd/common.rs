@@ -1,9 +1,8 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
-use da3::da3::preprocess::{load_image, RgbImage8};
-use da3::da3::{convert, synthetic, LoadOptions, Model};
-use da3::ggml::{Backend, Device};
+use da3::preprocess::{load_image, RgbImage8};
+use da3::{Device, LoadOptions, Model};
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -11,28 +10,20 @@ pub struct DeviceArgs {
     /// Where to compute: `auto` (a GPU if ggml has one, else the CPU), `cpu`, a device name
     /// from `da3 devices` (e.g. `CUDA0`, `MTL0`), or `rpc:HOST:PORT` for a `da3 rpc-server`.
     #[arg(long, default_value = "auto")]
-    pub device: String,
+    pub device: Device,
     /// CPU threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
 impl DeviceArgs {
-    /// The compute backend and the CPU backend the planner falls back to.
-    pub fn backends(&self) -> anyhow::Result<(Backend, Backend)> {
-        let cpu = Backend::cpu(self.threads)?;
-        let device = match self.device.as_str() {
-            "auto" => Device::best(),
-            "cpu" | "CPU" => return Ok((cpu.clone(), cpu)),
-            spec => match spec.strip_prefix("rpc:") {
-                Some(endpoint) => Device::rpc(endpoint)?,
-                None => Device::by_name(spec).with_context(|| format!("--device {spec}"))?,
-            },
-        };
-        if device.kind() == da3::ggml::DeviceKind::Cpu {
-            return Ok((cpu.clone(), cpu));
+    /// Load options for this device choice.
+    pub fn options(&self) -> LoadOptions {
+        LoadOptions {
+            device: self.device.clone(),
+            threads: self.threads,
+            ..LoadOptions::default()
         }
-        Ok((Backend::new(device)?, cpu))
     }
 }
 
@@ -45,20 +36,27 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn load(
-        &self,
-        device: Backend,
-        cpu: Backend,
-        options: &LoadOptions,
-    ) -> anyhow::Result<Model> {
+    pub fn load(&self, options: &LoadOptions) -> anyhow::Result<Model> {
         match &self.model {
-            Some(path) => Model::load(path, device, cpu, options)
+            Some(path) => Model::load(path, options)
                 .with_context(|| format!("loading model {}", path.display())),
             None => {
-                let file = convert::builtin_model_file()?;
-                Ok(Model::from_gguf(&file, device, cpu, options)?)
+                let file = da3::convert::builtin_model_file()?;
+                Ok(Model::from_gguf(&file, options)?)
             }
         }
+    }
+    /// Like [`ModelArgs::load`], warning loudly when the built-in model stands in for a real
+    /// one (its depth means nothing).
+    pub fn load_for_results(&self, options: &LoadOptions) -> anyhow::Result<Model> {
+        if self.model.is_none() {
+            log::warn!(
+                "no --model given: using the BUILT-IN da3-tiny with synthetic, UNTRAINED \
+                 weights; its depth is meaningless. Pass --model FILE.gguf (a \
+                 depth-anything.cpp GGUF file, or `da3 convert` of an official checkpoint)."
+            );
+        }
+        self.load(options)
     }
     pub fn describe(&self) -> String {
         match &self.model {
@@ -72,6 +70,6 @@ impl ModelArgs {
 pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
     match input {
         Some(path) => Ok(load_image(path)?),
-        None => Ok(synthetic::image(640, 427)),
+        None => Ok(da3::synthetic::image(640, 427)),
     }
 }

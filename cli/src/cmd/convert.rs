@@ -1,7 +1,7 @@
 //! `da3 convert`: an official checkpoint directory to a GGUF file.
 
 use anyhow::Context as _;
-use da3::da3::convert::{convert_checkpoint, WeightType};
+use da3::convert::{convert_checkpoint, WeightType};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
