@@ -44,3 +44,8 @@ pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;
 /// The `image` crate this library decodes with (use it to open images for [`Model::predict`]).
 pub use image;
+
+/// The README's Rust code blocks, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
