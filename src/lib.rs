@@ -29,6 +29,8 @@
 //!
 //! The library prints nothing; it logs through the [`log`](https://docs.rs/log) crate.
 
+#![warn(missing_docs)]
+
 #[doc(hidden)]
 pub mod da3;
 pub mod ggml;
