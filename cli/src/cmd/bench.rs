@@ -1,6 +1,6 @@
 //! `da3 bench`: load time, first and steady-state compute, memory, residency decision.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use da3::da3::outputs::write_atomically;
 use da3::da3::LoadOptions;
 use da3::residency::Policy;
@@ -49,6 +49,12 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.runs == 0 {
         anyhow::bail!("--runs must be at least 1");
+    }
+    if let Some(path) = &args.json {
+        check_outputs(
+            &[("--json", path)],
+            &input_files(&args.model, args.input.as_ref()),
+        )?;
     }
     let image = load_input(args.input.as_ref())?;
     let (device, cpu) = args.device.backends()?;

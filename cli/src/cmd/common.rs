@@ -1,10 +1,11 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
+use da3::da3::outputs;
 use da3::da3::preprocess::{load_image, RgbImage8};
 use da3::da3::{convert, synthetic, LoadOptions, Model};
 use da3::ggml::{Backend, Device};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
@@ -74,4 +75,36 @@ pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
         Some(path) => Ok(load_image(path)?),
         None => Ok(synthetic::image(640, 427)),
     }
+}
+
+/// Before any work: every output (`(flag, path)`) can be written (see
+/// [`outputs::check_writable`]), none is one of the `inputs` (`(what, path)`), and no two
+/// outputs are the same file.
+pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
+    for (i, (flag, path)) in outputs.iter().enumerate() {
+        outputs::check_writable(path)
+            .and_then(|()| outputs::check_not_an_input(path, inputs))
+            .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        if let Some((other, _)) = outputs[..i]
+            .iter()
+            .find(|(_, earlier)| earlier == path || outputs::same_file(earlier, path))
+        {
+            anyhow::bail!("{flag} {}: the same file as {other}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The files a run reads, for [`check_outputs`].
+pub fn input_files<'a>(
+    model: &'a ModelArgs,
+    image: Option<&'a PathBuf>,
+) -> Vec<(&'static str, &'a Path)> {
+    [
+        ("the model", model.model.as_ref()),
+        ("the input image", image),
+    ]
+    .into_iter()
+    .filter_map(|(what, path)| Some((what, path?.as_path())))
+    .collect()
 }

@@ -1,6 +1,6 @@
 //! `da3 depth`: depth (and confidence, sky, pose) for one image.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use anyhow::{bail, Context as _};
 use da3::da3::outputs::{fill_sky, write_atomically, write_pfm, write_png};
 use da3::da3::{Colormap, LoadOptions};
@@ -45,16 +45,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
     }
     // Before any computing: an output that cannot be written fails now, not after inference.
-    for (flag, path) in [
+    let outputs: Vec<(&str, &Path)> = [
         ("--pfm", &args.pfm),
         ("--png", &args.png),
         ("--pose", &args.pose),
         ("--sky", &args.sky),
-    ] {
-        if let Some(path) = path {
-            check_output_folder(flag, path)?;
-        }
-    }
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+    .collect();
+    check_outputs(&outputs, &input_files(&args.model, args.input.as_ref()))?;
     let image = load_input(args.input.as_ref())?;
     let (device, cpu) = args.device.backends()?;
     let options = LoadOptions {
@@ -125,20 +125,4 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The folder an output file goes to must exist (the file itself is written atomically later).
-fn check_output_folder(flag: &str, path: &Path) -> anyhow::Result<()> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !folder.is_dir() {
-        bail!(
-            "{flag} {}: the folder {} does not exist",
-            path.display(),
-            folder.display()
-        );
-    }
-    Ok(())
 }

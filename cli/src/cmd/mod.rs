@@ -58,6 +58,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logger(cli.verbose, cli.quiet);
+    remove_temporary_files_on_signals();
     let result = match cli.command {
         Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(args),
@@ -92,4 +93,24 @@ fn init_logger(verbose: u8, quiet: bool) {
         .format_target(false)
         .format_timestamp(None)
         .init();
+}
+
+/// On SIGINT or SIGTERM, removes the temporary files of outputs being written, then dies of
+/// the signal as it would have (so an interrupted run leaves no `.NAME.*.tmp` behind).
+fn remove_temporary_files_on_signals() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(signals) => signals,
+        Err(e) => {
+            log::warn!("cannot watch for SIGINT/SIGTERM ({e}); an interrupted write may leave a temporary file");
+            return;
+        }
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            da3::da3::outputs::remove_temporary_files();
+            let _ = signal_hook::low_level::emulate_default_handler(signal);
+            std::process::exit(128 + signal);
+        }
+    });
 }
