@@ -272,3 +272,178 @@ fn no_model_path_is_written_over_by_convert() {
         &["--output", "/dev/null", "character device"],
     );
 }
+
+// --- images ------------------------------------------------------------------------------------
+
+/// CRC-32 (IEEE), as PNG chunks carry it.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn png_chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8], crc: Option<u32>) {
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    let mut body = kind.to_vec();
+    body.extend_from_slice(data);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&crc.unwrap_or_else(|| crc32(&body)).to_be_bytes());
+}
+
+/// A PNG whose IHDR declares `width` x `height` (RGB8), with a wrong IHDR CRC if asked; the
+/// pixel data is a tiny valid zlib stream, far too short for a large image.
+fn png_with_header(width: u32, height: u32, bad_crc: bool) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&width.to_be_bytes());
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    png_chunk(&mut png, b"IHDR", &ihdr, bad_crc.then_some(0x1234_5678));
+    // zlib: stored block of one zero byte.
+    png_chunk(
+        &mut png,
+        b"IDAT",
+        &[
+            0x78, 0x01, 0x01, 0x01, 0x00, 0xFE, 0xFF, 0x00, 0x00, 0x01, 0x00, 0x01,
+        ],
+        None,
+    );
+    png_chunk(&mut png, b"IEND", &[], None);
+    png
+}
+
+fn encoded(format: image::ImageFormat) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(96, 64, |x, y| {
+        image::Rgb([(x * 2) as u8, (y * 3) as u8, ((x + y) % 256) as u8])
+    });
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut bytes, format).unwrap();
+    bytes.into_inner()
+}
+
+/// `da3 depth --input NAME` (the file made from `bytes`) fails with a one-line error naming
+/// the file and `parts`.
+fn assert_image_refused(name: &str, bytes: &[u8], parts: &[&str]) {
+    let case = Case::new();
+    std::fs::write(case.path(name), bytes).unwrap();
+    let run = case.assert_fails(&depth_args(&["--input", name, "--pfm", "out/d.pfm"]), parts);
+    assert!(run.stderr.contains(name), "{}", run.context());
+    assert_eq!(
+        run.stderr.trim_end().lines().count(),
+        1,
+        "one line\n{}",
+        run.context()
+    );
+    assert!(
+        !run.stderr.contains(" { "),
+        "no debug structs\n{}",
+        run.context()
+    );
+}
+
+#[test]
+fn a_png_with_a_bad_crc_is_one_clean_line() {
+    assert_image_refused(
+        "bad-crc.png",
+        &png_with_header(16, 16, true),
+        &["cannot decode image", "PNG: CRC error", "IHDR chunk"],
+    );
+}
+
+#[test]
+fn truncated_pngs_and_jpegs_are_errors() {
+    let png = encoded(image::ImageFormat::Png);
+    assert_image_refused("cut.png", &png[..png.len() / 2], &["PNG", "end of file"]);
+    let jpeg = encoded(image::ImageFormat::Jpeg);
+    // The whole JPEG decodes; cut anywhere in the image data, it does not.
+    let case = Case::new();
+    std::fs::write(case.path("whole.jpg"), &jpeg).unwrap();
+    let run = case.run(&depth_args(&["--input", "whole.jpg", "--pfm", "out/d.pfm"]));
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    for cut in [jpeg.len() - 2, jpeg.len() - 100, jpeg.len() / 2] {
+        assert_image_refused(
+            "cut.jpg",
+            &jpeg[..cut],
+            &["JPEG", "no end-of-image marker", "truncated"],
+        );
+    }
+}
+
+#[test]
+fn images_over_the_limits_are_refused_from_their_header() {
+    assert_image_refused(
+        "huge.png",
+        &png_with_header(20_000, 20_000, false),
+        &["too large", "20000x20000", "limit of 50000000"],
+    );
+    assert_image_refused(
+        "wide.png",
+        &png_with_header(100_000, 10, false),
+        &["too large", "limit of 32768 px"],
+    );
+}
+
+#[test]
+fn a_directory_or_a_text_file_is_not_an_image() {
+    let case = Case::new();
+    std::fs::create_dir(case.path("photos")).unwrap();
+    let run = case.assert_fails(
+        &depth_args(&["--input", "photos", "--pfm", "out/d.pfm"]),
+        &["photos", "is a directory"],
+    );
+    assert_eq!(
+        run.stderr.trim_end().lines().count(),
+        1,
+        "{}",
+        run.context()
+    );
+    assert_image_refused("notes.png", b"hello\n", &["notes.png"]);
+}
+
+// --- bounds ------------------------------------------------------------------------------------
+
+#[test]
+fn process_res_and_threads_have_limits() {
+    let case = Case::new();
+    for res in ["100000", "2049"] {
+        let started = std::time::Instant::now();
+        case.assert_fails(
+            &[
+                "depth",
+                "--device",
+                "cpu",
+                "--process-res",
+                res,
+                "--pfm",
+                "out/d.pfm",
+            ],
+            &["--process-res", res, "limit of 2048"],
+        );
+        assert!(started.elapsed().as_secs() < 10, "refused before any work");
+    }
+    case.assert_fails(
+        &depth_args(&["--threads", "100000", "--pfm", "out/d.pfm"]),
+        &["--threads 100000", "at most"],
+    );
+    case.assert_fails(
+        &[
+            "bench",
+            "--device",
+            "cpu",
+            "--process-res",
+            "5000",
+            "--runs",
+            "1",
+        ],
+        &["--process-res 5000", "limit of 2048"],
+    );
+}

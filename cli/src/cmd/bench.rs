@@ -57,6 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
     }
     let image = load_input(args.input.as_ref())?;
+    // Sizes are checked before the model is loaded or anything is allocated for them.
+    da3::da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let (device, cpu) = args.device.backends()?;
     let device_name = device.name();
     let (free_before, total) = device.device().memory();

@@ -7,13 +7,16 @@ use da3::da3::{convert, synthetic, LoadOptions, Model};
 use da3::ggml::{Backend, Device};
 use std::path::{Path, PathBuf};
 
+/// Most CPU threads `--threads` takes (ggml's own limit), and at most 4 per available CPU.
+pub const MAX_THREADS: usize = 512;
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// Where to compute: `auto` (a GPU if ggml has one, else the CPU), `cpu`, a device name
     /// from `da3 devices` (e.g. `CUDA0`, `MTL0`), or `rpc:HOST:PORT` for a `da3 rpc-server`.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; at most 4 per core, and 512).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
@@ -21,6 +24,14 @@ pub struct DeviceArgs {
 impl DeviceArgs {
     /// The compute backend and the CPU backend the planner falls back to.
     pub fn backends(&self) -> anyhow::Result<(Backend, Backend)> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let limit = (4 * cpus).min(MAX_THREADS);
+        if self.threads > limit {
+            anyhow::bail!(
+                "--threads {}: at most {limit} (4 per CPU available here, {cpus}, and never more than {MAX_THREADS})",
+                self.threads
+            );
+        }
         let cpu = Backend::cpu(self.threads)?;
         let device = match self.device.as_str() {
             "auto" => Device::best(),

@@ -29,7 +29,8 @@ pub struct Args {
     /// Sky map as PFM (mono/metric models).
     #[arg(long)]
     sky: Option<PathBuf>,
-    /// Longest side of the processed image (a multiple of 14 is reached by resizing).
+    /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
+    /// resizing).
     #[arg(long, default_value_t = 504)]
     process_res: usize,
     /// What to do with operands the device cannot read: auto (mirror constant weights once,
@@ -56,6 +57,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     .collect();
     check_outputs(&outputs, &input_files(&args.model, args.input.as_ref()))?;
     let image = load_input(args.input.as_ref())?;
+    // Sizes are checked before the model is loaded or anything is allocated for them.
+    da3::da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let (device, cpu) = args.device.backends()?;
     let options = LoadOptions {
         policy: args.policy,

@@ -71,9 +71,15 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("Error: {error}");
+            let mut shown = error.to_string();
+            eprintln!("Error: {shown}");
             for cause in error.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                // Many errors repeat their source in their own message: print it once.
+                let cause = cause.to_string();
+                if !shown.contains(&cause) {
+                    eprintln!("  caused by: {cause}");
+                }
+                shown = cause;
             }
             ExitCode::FAILURE
         }
