@@ -1,6 +1,6 @@
 //! `da3 bench`: load time, first and steady-state compute, memory, residency decision.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use da3::outputs::write_atomically;
 use da3::{LoadOptions, Policy};
 use std::path::PathBuf;
@@ -49,7 +49,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }
+    if let Some(path) = &args.json {
+        check_outputs(
+            &[("--json", path)],
+            &input_files(&args.model, args.input.as_ref()),
+        )?;
+    }
     let image = load_input(args.input.as_ref())?;
+    // Sizes are checked before the model is loaded or anything is allocated for them.
+    da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
+    let load_options = args.device.options()?;
     let device = args.device.device.resolve()?;
     let device_name = device.name();
     let (free_before, total) = device.memory();
@@ -66,7 +76,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         policy: args.policy,
         host_only,
         process_res: args.process_res,
-        ..args.device.options()
+        ..load_options
     })?;
     let mut model = model.session()?;
     let load_s = started.elapsed().as_secs_f64();

@@ -1,9 +1,13 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
+use da3::outputs;
 use da3::preprocess::{load_image, RgbImage8};
 use da3::{Device, LoadOptions, Model};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// Most CPU threads `--threads` takes (ggml's own limit), and at most 4 per available CPU.
+pub const MAX_THREADS: usize = 512;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
@@ -11,19 +15,28 @@ pub struct DeviceArgs {
     /// from `da3 devices` (e.g. `CUDA0`, `MTL0`), or `rpc:HOST:PORT` for a `da3 rpc-server`.
     #[arg(long, default_value = "auto")]
     pub device: Device,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: all cores; at most 4 per core, and 512).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
 impl DeviceArgs {
-    /// Load options for this device choice.
-    pub fn options(&self) -> LoadOptions {
-        LoadOptions {
+    /// Load options for this device choice; refuses thread counts that would only thrash
+    /// (more than 4 per available CPU, or ggml's limit of 512) before anything is loaded.
+    pub fn options(&self) -> anyhow::Result<LoadOptions> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let limit = (4 * cpus).min(MAX_THREADS);
+        if self.threads > limit {
+            anyhow::bail!(
+                "--threads {}: at most {limit} (4 per CPU available here, {cpus}, and never more than {MAX_THREADS})",
+                self.threads
+            );
+        }
+        Ok(LoadOptions {
             device: self.device.clone(),
             threads: self.threads,
             ..LoadOptions::default()
-        }
+        })
     }
 }
 
@@ -72,4 +85,36 @@ pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
         Some(path) => Ok(load_image(path)?),
         None => Ok(da3::synthetic::image(640, 427)),
     }
+}
+
+/// Before any work: every output (`(flag, path)`) can be written (see
+/// [`outputs::check_writable`]), none is one of the `inputs` (`(what, path)`), and no two
+/// outputs are the same file.
+pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
+    for (i, (flag, path)) in outputs.iter().enumerate() {
+        outputs::check_writable(path)
+            .and_then(|()| outputs::check_not_an_input(path, inputs))
+            .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        if let Some((other, _)) = outputs[..i]
+            .iter()
+            .find(|(_, earlier)| earlier == path || outputs::same_file(earlier, path))
+        {
+            anyhow::bail!("{flag} {}: the same file as {other}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The files a run reads, for [`check_outputs`].
+pub fn input_files<'a>(
+    model: &'a ModelArgs,
+    image: Option<&'a PathBuf>,
+) -> Vec<(&'static str, &'a Path)> {
+    [
+        ("the model", model.model.as_ref()),
+        ("the input image", image),
+    ]
+    .into_iter()
+    .filter_map(|(what, path)| Some((what, path?.as_path())))
+    .collect()
 }

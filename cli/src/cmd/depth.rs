@@ -1,6 +1,6 @@
 //! `da3 depth`: depth (and confidence, sky, pose) for one image.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use anyhow::{bail, Context as _};
 use da3::{Colormap, LoadOptions, Policy};
 use std::path::{Path, PathBuf};
@@ -27,7 +27,8 @@ pub struct Args {
     /// Sky map as PFM (mono/metric models).
     #[arg(long)]
     sky: Option<PathBuf>,
-    /// Longest side of the processed image (a multiple of 14 is reached by resizing).
+    /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
+    /// resizing).
     #[arg(long, default_value_t = 504)]
     process_res: usize,
     /// What to do with operands the device cannot read: auto (mirror constant weights once,
@@ -43,21 +44,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
     }
     // Before any computing: an output that cannot be written fails now, not after inference.
-    for (flag, path) in [
+    let outputs: Vec<(&str, &Path)> = [
         ("--pfm", &args.pfm),
         ("--png", &args.png),
         ("--pose", &args.pose),
         ("--sky", &args.sky),
-    ] {
-        if let Some(path) = path {
-            check_output_folder(flag, path)?;
-        }
-    }
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+    .collect();
+    check_outputs(&outputs, &input_files(&args.model, args.input.as_ref()))?;
     let image = load_input(args.input.as_ref())?;
+    // Sizes are checked before the model is loaded or anything is allocated for them.
+    da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
-        ..args.device.options()
+        ..args.device.options()?
     };
     let model = args.model.load_for_results(&options)?;
     let config = model.config();
@@ -106,20 +110,4 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The folder an output file goes to must exist (the file itself is written atomically later).
-fn check_output_folder(flag: &str, path: &Path) -> anyhow::Result<()> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !folder.is_dir() {
-        bail!(
-            "{flag} {}: the folder {} does not exist",
-            path.display(),
-            folder.display()
-        );
-    }
-    Ok(())
 }

@@ -22,7 +22,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         None => convert::builtin_model_file()?,
     };
-    let model = Model::from_gguf(&file, &args.device.options())?;
+    let model = Model::from_gguf(&file, &args.device.options()?)?;
     let c = model.config().clone();
     println!("model        {}", args.model.describe());
     println!(

@@ -96,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         device: da3::Device::Cpu,
         threads: args.threads,
     };
-    let reference = args.model.load(&cpu_only.options())?;
+    let reference = args.model.load(&cpu_only.options()?)?;
     let expected = reference
         .session()?
         .predict_at(&image, args.process_res)?
@@ -117,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         policy: args.policy,
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
         log_decisions: false,
-        ..device_args.options()
+        ..device_args.options()?
     };
     let model = args.model.load(&options)?;
     let separate_memory = model.device().kind() != DeviceKind::Cpu;
@@ -142,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // On a GPU the kernels differ from the CPU's; the exact check is against the same device
     // with every weight resident.
     let resident_cmp = if separate_memory {
-        let resident = args.model.load(&device_args.options())?;
+        let resident = args.model.load(&device_args.options()?)?;
         let resident_depth = resident.session()?.forward(&processed)?.depth;
         let c = compare(&prediction.depth, &resident_depth);
         println!(
@@ -322,7 +322,7 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
     let options = LoadOptions {
         policy: Policy::Unchecked,
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
-        ..device_args.options()
+        ..device_args.options()?
     };
     let model = args.model.load(&options)?;
     let image = load_input(args.input.as_ref())?;
