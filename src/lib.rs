@@ -6,6 +6,9 @@
 //!   and the one compute entry point built on it;
 //! - [`da3`]: the Depth Anything 3 model: GGUF loading, preprocessing, graph, outputs.
 
+// Only the safe layer may hold `unsafe` code; the compiler enforces it for the rest.
+#[deny(unsafe_code)]
 pub mod da3;
 pub mod ggml;
+#[deny(unsafe_code)]
 pub mod residency;
