@@ -35,8 +35,10 @@ mod error;
 pub mod gguf;
 mod graph;
 mod ops;
+pub mod process;
 mod quant;
 pub mod rpc;
+pub mod rpc_guard;
 mod sched;
 mod tensor;
 
