@@ -190,6 +190,35 @@ pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
         .map_err(open_err)?
         .with_guessed_format()
         .map_err(open_err)?;
+    decode(reader, path)
+}
+
+/// Decodes PNG or JPEG bytes (format sniffed from the content) as [`load_image`] decodes a
+/// file; errors name the path `<memory>`.
+pub fn decode_image(bytes: &[u8]) -> Result<RgbImage8, PreprocessError> {
+    let path = Path::new("<memory>");
+    let reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|source| PreprocessError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    decode(reader, path)
+}
+
+/// Bytes a decoder may allocate (a 16384 x 16384 RGBA8 image is exactly this): a header
+/// claiming a larger image is refused before the pixel buffer is allocated.
+const DECODE_ALLOC_LIMIT: u64 = 1 << 30;
+
+fn decode<R: std::io::BufRead + std::io::Seek>(
+    mut reader: image::ImageReader<R>,
+    path: &Path,
+) -> Result<RgbImage8, PreprocessError> {
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_SIDE as u32);
+    limits.max_image_height = Some(MAX_SIDE as u32);
+    limits.max_alloc = Some(DECODE_ALLOC_LIMIT);
+    reader.limits(limits);
     let decoded = reader.decode().map_err(|source| PreprocessError::Decode {
         path: path.to_path_buf(),
         source,
