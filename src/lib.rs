@@ -31,9 +31,12 @@
 
 #![warn(missing_docs)]
 
+// Only the safe layer may hold `unsafe` code; the compiler enforces it for the rest.
 #[doc(hidden)]
+#[deny(unsafe_code)]
 pub mod da3;
 pub mod ggml;
+#[deny(unsafe_code)]
 pub mod residency;
 
 #[doc(hidden)]

@@ -42,12 +42,19 @@ fn peer_image() -> da3::image::DynamicImage {
 #[test]
 fn peer_written_file_predicts_the_official_outputs() {
     let model = peer_model();
-    assert!(model.unused_tensors().is_empty(), "{:?}", model.unused_tensors());
+    assert!(
+        model.unused_tensors().is_empty(),
+        "{:?}",
+        model.unused_tensors()
+    );
     let prediction = model.predict(&peer_image()).unwrap();
     assert_eq!((prediction.width, prediction.height), (504, 378));
     for (ours, file) in [
         (&prediction.depth, "peer-tiny-seed0.depth.f32"),
-        (prediction.confidence.as_ref().unwrap(), "peer-tiny-seed0.conf.f32"),
+        (
+            prediction.confidence.as_ref().unwrap(),
+            "peer-tiny-seed0.conf.f32",
+        ),
     ] {
         let theirs = read_f32(&peer(file));
         assert_eq!(ours.len(), theirs.len());
@@ -58,7 +65,10 @@ fn peer_written_file_predicts_the_official_outputs() {
             .map(|(a, b)| (a - b).abs() / scale)
             .fold(0f32, f32::max);
         let corr = correlation(ours, &theirs);
-        assert!(max_rel <= 1e-3 && corr >= 0.99999, "{file}: max rel {max_rel}, corr {corr}");
+        assert!(
+            max_rel <= 1e-3 && corr >= 0.99999,
+            "{file}: max rel {max_rel}, corr {corr}"
+        );
     }
     let official: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(peer("peer-tiny-seed0.pose.json")).unwrap())
@@ -66,14 +76,22 @@ fn peer_written_file_predicts_the_official_outputs() {
     let pose = prediction.pose.unwrap();
     for (r, row) in pose.extrinsics.iter().enumerate() {
         for (c, &v) in row.iter().enumerate() {
-            let theirs = official["extrinsics_world_to_camera_3x4"][r][c].as_f64().unwrap();
-            assert!((v as f64 - theirs).abs() <= 1e-3, "extrinsics[{r}][{c}] {v} vs {theirs}");
+            let theirs = official["extrinsics_world_to_camera_3x4"][r][c]
+                .as_f64()
+                .unwrap();
+            assert!(
+                (v as f64 - theirs).abs() <= 1e-3,
+                "extrinsics[{r}][{c}] {v} vs {theirs}"
+            );
         }
     }
     for (r, row) in pose.intrinsics.iter().enumerate() {
         for (c, &v) in row.iter().enumerate() {
             let theirs = official["intrinsics_3x3"][r][c].as_f64().unwrap();
-            assert!((v as f64 - theirs).abs() <= 1e-3 * theirs.abs().max(1.0), "K[{r}][{c}]");
+            assert!(
+                (v as f64 - theirs).abs() <= 1e-3 * theirs.abs().max(1.0),
+                "K[{r}][{c}]"
+            );
         }
     }
 }
@@ -150,7 +168,10 @@ fn four_threads_share_one_model_with_sequential_results() {
             .collect();
         for handle in handles {
             for (i, result) in handle.join().unwrap() {
-                assert!(result == sequential[i], "image {i} differs from the sequential run");
+                assert!(
+                    result == sequential[i],
+                    "image {i} differs from the sequential run"
+                );
             }
         }
     });
@@ -194,7 +215,14 @@ fn device_parses_the_cli_spellings() {
             "{text} round trip"
         );
     }
-    for bad in ["rpc:localhost", "rpc::50052", "rpc:host:0", "rpc:host:99999", "", "cu da"] {
+    for bad in [
+        "rpc:localhost",
+        "rpc::50052",
+        "rpc:host:0",
+        "rpc:host:99999",
+        "",
+        "cu da",
+    ] {
         let err = bad.parse::<Device>().unwrap_err().to_string();
         assert!(!err.is_empty(), "{bad}");
     }
@@ -204,6 +232,9 @@ fn device_parses_the_cli_spellings() {
         .to_string()
         .contains("no port"));
     // A name that parses but names no device: a clear error when resolved.
-    let err = Device::Named("CUDA7".into()).resolve().unwrap_err().to_string();
+    let err = Device::Named("CUDA7".into())
+        .resolve()
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("CUDA7") && err.contains("CPU"), "{err}");
 }

@@ -1052,3 +1052,219 @@ fn f32_only_ops_refuse_other_types() {
         "{err}"
     );
 }
+
+// --- compute-time aborts of ggml's CPU kernels, refused when the op is built ---------------------
+
+/// ggml_scale asserts `ggml_is_padded_1d` (a permuted view aborts at graph build); the CPU
+/// kernel aborts on f16 or i32 data and asserts a contiguous `a` (a row-strided view aborted
+/// this test's process before the check existed).
+#[test]
+fn scale_refuses_permuted_views_and_types_the_cpu_cannot_scale() {
+    let c = ctx();
+    let x = f32(&c, &[4, 3, 2], "x");
+    let p = c.permute(&x, [1, 0, 2, 3]).unwrap().named("xp");
+    for result in [c.scale(&p, 2.0), c.scale_bias(&p, 2.0, 1.0)] {
+        assert_err!(result, Error::NotContiguous { .. }, ["`xp`"]);
+    }
+    // Dims 1 and 2 swapped: rows stay contiguous, planes do not follow each other.
+    let q = c.permute(&x, [0, 2, 1, 3]).unwrap().named("xq");
+    assert_err!(
+        c.scale(&q, 2.0),
+        Error::NotContiguous { op: "scale", .. },
+        ["`xq`"]
+    );
+    for dtype in [DType::F16, DType::I32] {
+        let t = c.new_tensor(dtype, &[4, 3]).unwrap().named("t");
+        assert_err!(c.scale(&t, 2.0), Error::DType { op: "scale", .. }, ["`t`"]);
+        assert_err!(
+            c.scale_bias(&t, 2.0, 1.0),
+            Error::DType {
+                op: "scale_bias",
+                ..
+            },
+            ["`t`"]
+        );
+    }
+    let b = c.new_tensor(DType::BF16, &[4, 3]).unwrap();
+    let bt = c.transpose(&b).unwrap().named("bT");
+    assert_err!(c.scale(&bt, 2.0), Error::NotContiguous { .. }, ["`bT`"]);
+    let rows = c.view(&x, &[2, 3], &[16], 0).unwrap().named("rows");
+    assert_err!(c.scale(&rows, 2.0), Error::NotContiguous { .. }, ["`rows`"]);
+}
+
+/// What scale accepts computes: a bf16 tensor, and an f32 view made contiguous.
+#[test]
+fn scale_computes_bf16_and_a_contiguous_copy_of_a_view() {
+    let c = ctx();
+    let x = f32(&c, &[4, 3], "x");
+    x.mark_input();
+    let rows = c.view(&x, &[2, 3], &[16], 0).unwrap(); // the first two values of each row
+    let y = c.scale(&c.cont(&rows).unwrap(), 2.0).unwrap().named("y");
+    y.mark_output();
+    let h = c.new_tensor(DType::BF16, &[4]).unwrap().named("h");
+    h.mark_input();
+    let z = c.scale_bias(&h, 2.0, 1.0).unwrap().named("z");
+    z.mark_output();
+    let graph = c.new_graph(16).unwrap();
+    graph.expand(&y).unwrap();
+    graph.expand(&z).unwrap();
+    let backend = Backend::cpu(1).unwrap();
+    let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+    let run = gallocr.alloc(&graph).unwrap();
+    run.write(&x, &(0..12).map(|v| v as f32).collect::<Vec<_>>())
+        .unwrap();
+    let hv: Vec<half::bf16> = [1.0f32, 2.0, 3.0, 4.0].map(half::bf16::from_f32).to_vec();
+    run.write(&h, &hv).unwrap();
+    run.compute(&backend).unwrap();
+    assert_eq!(
+        run.read::<f32>(&y).unwrap(),
+        vec![0.0, 2.0, 8.0, 10.0, 16.0, 18.0]
+    );
+    let z: Vec<f32> = run
+        .read::<half::bf16>(&z)
+        .unwrap()
+        .iter()
+        .map(|v| v.to_f32())
+        .collect();
+    assert_eq!(z, vec![3.0, 5.0, 7.0, 9.0]);
+}
+
+/// The CPU's unary kernels abort on types other than f32, f16 and bf16.
+#[test]
+fn unary_ops_refuse_integer_data() {
+    let c = ctx();
+    let i = c.new_tensor(DType::I32, &[4, 2]).unwrap().named("idx");
+    let cases: [(&str, Result<Tensor>); 7] = [
+        ("gelu", c.gelu(&i)),
+        ("gelu_erf", c.gelu_erf(&i)),
+        ("silu", c.silu(&i)),
+        ("relu", c.relu(&i)),
+        ("exp", c.exp(&i)),
+        ("tanh", c.tanh(&i)),
+        ("sigmoid", c.sigmoid(&i)),
+    ];
+    for (op, result) in cases {
+        match result {
+            Err(Error::DType { op: got, .. }) => assert_eq!(got, op),
+            other => panic!("{op}: expected a type error, got {other:?}"),
+        }
+    }
+}
+
+/// The CPU's rope kernel aborts on types other than f32 and f16.
+#[test]
+fn rope_refuses_bf16_data() {
+    let c = ctx();
+    let a = c.new_tensor(DType::BF16, &[8, 2, 3]).unwrap().named("q");
+    let pos = c.new_tensor(DType::I32, &[3]).unwrap();
+    assert_err!(
+        c.rope(&a, &pos, 8, RopeMode::Neox, 100.0),
+        Error::DType { op: "rope", .. },
+        ["`q` bf16"]
+    );
+}
+
+/// i32 has no dot product (the CPU kernel would call NULL); `b` must be f32 or the type the
+/// dot product of `a` takes.
+#[test]
+fn mul_mat_refuses_types_without_a_dot_product() {
+    let c = ctx();
+    let ai = c.new_tensor(DType::I32, &[4, 3]).unwrap().named("ai");
+    assert_err!(
+        c.mul_mat(&ai, &f32(&c, &[4, 2], "b")),
+        Error::DType { op: "mul_mat", .. },
+        ["`ai` i32"]
+    );
+    let ah = c.new_tensor(DType::F16, &[4, 3]).unwrap();
+    for dtype in [DType::BF16, DType::I32] {
+        let b = c.new_tensor(dtype, &[4, 2]).unwrap().named("bx");
+        assert_err!(
+            c.mul_mat(&ah, &b),
+            Error::DType { op: "mul_mat", .. },
+            ["`bx`"]
+        );
+    }
+    let bh = c.new_tensor(DType::F16, &[4, 2]).unwrap();
+    assert!(c.mul_mat(&ah, &bh).is_ok());
+}
+
+/// im2col's CPU kernels write f32 columns from f32 input and f16 columns from f16 or f32.
+#[test]
+fn im2col_refuses_column_and_input_types_the_cpu_cannot_convert() {
+    let c = ctx();
+    let kernel = f32(&c, &[3, 3, 2, 4], "k");
+    let input = f32(&c, &[8, 8, 2, 1], "x");
+    assert_err!(
+        c.im2col(&kernel, &input, (1, 1), (0, 0), (1, 1), DType::BF16),
+        Error::InvalidArgument { op: "im2col", .. },
+        ["bf16"]
+    );
+    let half_input = c.new_tensor(DType::F16, &[8, 8, 2, 1]).unwrap().named("xh");
+    assert_err!(
+        c.im2col(&kernel, &half_input, (1, 1), (0, 0), (1, 1), DType::F32),
+        Error::DType { op: "im2col", .. },
+        ["`xh` f16"]
+    );
+    assert!(c
+        .im2col(&kernel, &half_input, (1, 1), (0, 0), (1, 1), DType::F16)
+        .is_ok());
+    let bf_input = c
+        .new_tensor(DType::BF16, &[8, 8, 2, 1])
+        .unwrap()
+        .named("xb");
+    assert_err!(
+        c.conv_2d(&kernel, &bf_input, (1, 1), (0, 0), (1, 1)),
+        Error::DType { op: "im2col", .. },
+        ["`xb` bf16"]
+    );
+}
+
+/// The CPU's pool kernel reads every type but f32 as f16.
+#[test]
+fn pool_2d_refuses_types_it_would_misread() {
+    let c = ctx();
+    for dtype in [DType::BF16, DType::I32] {
+        let a = c.new_tensor(dtype, &[4, 4, 2]).unwrap().named("img");
+        assert_err!(
+            c.pool_2d(&a, Pool::Max, (2, 2), (2, 2), (0.0, 0.0)),
+            Error::DType { op: "pool_2d", .. },
+            ["`img`"]
+        );
+    }
+}
+
+/// The CPU kernel converts q's rows from f32 (an f16 q would be read past its end) and needs
+/// a dot product for k's type and a conversion for v's.
+#[test]
+fn flash_attn_ext_refuses_a_non_f32_q_and_integer_k_or_v() {
+    let c = ctx();
+    let qh = c.new_tensor(DType::F16, &[8, 3, 2]).unwrap().named("qh");
+    let k = f32(&c, &[8, 5, 2], "k");
+    let v = f32(&c, &[8, 5, 2], "v");
+    assert_err!(
+        c.flash_attn_ext(&qh, &k, &v, None, 0.5),
+        Error::DType {
+            op: "flash_attn_ext",
+            ..
+        },
+        ["`qh` f16"]
+    );
+    let q = f32(&c, &[8, 3, 2], "q");
+    let ki = c.new_tensor(DType::I32, &[8, 5, 2]).unwrap().named("ki");
+    assert_err!(
+        c.flash_attn_ext(&q, &ki, &v, None, 0.5),
+        Error::DType {
+            op: "flash_attn_ext",
+            ..
+        },
+        ["`ki` i32"]
+    );
+    assert_err!(
+        c.flash_attn_ext(&q, &k, &ki, None, 0.5),
+        Error::DType {
+            op: "flash_attn_ext",
+            ..
+        },
+        ["`ki` i32"]
+    );
+}

@@ -1,5 +1,7 @@
 //! The `da3` command: depth estimation with Depth Anything 3 on ggml, and the tools around it.
 
+#![deny(unsafe_code)]
+
 mod cmd;
 
 fn main() -> std::process::ExitCode {

@@ -214,7 +214,6 @@ pub const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
 /// [`PreprocessError::Open`], [`PreprocessError::Decode`] or
 /// [`PreprocessError::ImageTooLarge`], naming the path and the cause.
 pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
-    use image::ImageDecoder;
     use std::io::Read;
     let open_err = |source| PreprocessError::Open {
         path: path.to_path_buf(),
@@ -242,11 +241,40 @@ pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
     file.take(MAX_IMAGE_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(open_err)?;
-    let mut reader = image::ImageReader::new(std::io::Cursor::new(&bytes))
+    decode_bytes(&bytes, path)
+}
+
+/// Decodes PNG or JPEG bytes (format sniffed from the content) as [`load_image`] decodes a
+/// file, with the same limits; errors name the path `<memory>`.
+pub fn decode_image(bytes: &[u8]) -> Result<RgbImage8, PreprocessError> {
+    let path = Path::new("<memory>");
+    if bytes.len() as u64 > MAX_IMAGE_FILE_BYTES {
+        return Err(PreprocessError::Decode {
+            path: path.to_path_buf(),
+            reason: format!(
+                "the image is {} bytes, more than the limit of {MAX_IMAGE_FILE_BYTES}",
+                bytes.len()
+            ),
+        });
+    }
+    decode_bytes(bytes, path)
+}
+
+fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage8, PreprocessError> {
+    use image::ImageDecoder;
+    let open_err = |source| PreprocessError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let decode_err = |reason: String| PreprocessError::Decode {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
         .map_err(open_err)?;
     let format = reader.format();
-    if format == Some(image::ImageFormat::Jpeg) && !jpeg_has_end_marker(&bytes) {
+    if format == Some(image::ImageFormat::Jpeg) && !jpeg_has_end_marker(bytes) {
         return Err(decode_err(
             "JPEG: no end-of-image marker after the image data (the file is truncated)".into(),
         ));

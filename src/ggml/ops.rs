@@ -127,8 +127,28 @@ impl Context {
 
     /// `a[K, M] x b[K, N] -> [M, N]` (batched over dims 2 and 3, `a` broadcast over `b`):
     /// each output value is the dot product of a row of `a` and a row of `b`.
+    /// `a` is f32, f16, bf16 or quantised; `b` f32, or of `a`'s type for f16 and bf16.
     pub fn mul_mat(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let (an, bn) = (a.ne(), b.ne());
+        // The CPU kernel calls the type's dot product, which i32 has none of (a NULL call),
+        // and converts `b` from f32 unless it already has the dot product's type.
+        if a.dtype() == DType::I32 {
+            return Err(Error::DType {
+                op: "mul_mat",
+                operand: a.describe(),
+                expected: "f32, f16, bf16 or a quantised type".into(),
+            });
+        }
+        let b_ok = b.dtype() == DType::F32
+            || (matches!(a.dtype(), DType::F16 | DType::BF16) && b.dtype() == a.dtype())
+            || (a.dtype() == DType::F32 && b.dtype() == DType::BF16);
+        if !b_ok {
+            return Err(Error::DType {
+                op: "mul_mat",
+                operand: b.describe(),
+                expected: format!("f32 (or {}) for a {} `a`", a.dtype(), a.dtype()),
+            });
+        }
         if an[0] != bn[0] {
             return Err(mismatch(
                 "mul_mat",
@@ -235,20 +255,31 @@ impl Context {
     pub fn div(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         self.binary("div", a, b, sys::ggml_div)
     }
-    /// `a * s`.
+    /// `a * s`, for a contiguous f32 or bf16 `a` (use [`Context::cont`] on a view first).
     pub fn scale(&self, a: &Tensor, s: f32) -> Result<Tensor> {
+        self.check_scale("scale", a)?;
         self.reserve_like(a)?;
-        // SAFETY: no preconditions beyond live tensors.
+        // SAFETY: `a` is contiguous, so padded-1d (ggml_scale_impl's assertion), and of a
+        // type the CPU kernel takes (its other assertions); live tensors and context.
         let raw = unsafe { sys::ggml_scale(self.raw(), a.as_ptr(), s) };
         self.result(raw, "scale", &[a])
     }
 
-    /// `a * s + b`.
+    /// `a * s + b`; the same preconditions as [`Context::scale`].
     pub fn scale_bias(&self, a: &Tensor, s: f32, b: f32) -> Result<Tensor> {
+        self.check_scale("scale_bias", a)?;
         self.reserve_like(a)?;
-        // SAFETY: no preconditions beyond live tensors.
+        // SAFETY: as in `scale`.
         let raw = unsafe { sys::ggml_scale_bias(self.raw(), a.as_ptr(), s, b) };
         self.result(raw, "scale_bias", &[a])
+    }
+
+    /// ggml_scale_impl asserts `ggml_is_padded_1d(a)` (a permuted view aborts when the op is
+    /// built); the CPU kernel (ops.cpp, `ggml_compute_forward_scale`) aborts on types other
+    /// than f32 and bf16 and asserts a contiguous `a` for both.
+    fn check_scale(&self, op: &'static str, a: &Tensor) -> Result<()> {
+        require_dtype(op, a, &[DType::F32, DType::BF16])?;
+        require_contiguous(op, a)
     }
 
     fn unary(
@@ -260,6 +291,8 @@ impl Context {
             *mut sys::ggml_tensor,
         ) -> *mut sys::ggml_tensor,
     ) -> Result<Tensor> {
+        // The CPU kernels (ops.cpp, unary-ops.cpp) abort on types other than these.
+        require_dtype(op, a, &[DType::F32, DType::F16, DType::BF16])?;
         let rows_contiguous =
             a.ne()[0] == a.dtype().block_size() as i64 || a.nb()[0] == a.dtype().type_size();
         if !rows_contiguous {
@@ -269,7 +302,8 @@ impl Context {
             });
         }
         self.reserve_like(a)?;
-        // SAFETY: rows contiguous (ggml_unary_impl's assertion); live tensors.
+        // SAFETY: rows contiguous (ggml_unary_impl's assertion), a float type the kernels
+        // take; live tensors.
         let raw = unsafe { f(self.raw(), a.as_ptr()) };
         self.result(raw, op, &[a])
     }
@@ -409,6 +443,19 @@ impl Context {
         scale: f32,
     ) -> Result<Tensor> {
         let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
+        // The CPU kernel (ops.cpp, flash_attn_ext_f16_one_chunk) converts q's rows from f32
+        // (another type would be read past its row end), and asserts a dot product for k's type
+        // and a conversion for v's: i32 has neither.
+        require_dtype("flash_attn_ext", q, &[DType::F32])?;
+        for t in [k, v] {
+            if t.dtype() == DType::I32 {
+                return Err(Error::DType {
+                    op: "flash_attn_ext",
+                    operand: t.describe(),
+                    expected: "f32, f16, bf16 or a quantised type".into(),
+                });
+            }
+        }
         // The CPU kernel reads rows in place (q, k and v may be permuted views) but asserts
         // that each row is contiguous.
         for t in [q, k, v] {
@@ -553,6 +600,8 @@ impl Context {
         freq_base: f32,
     ) -> Result<Tensor> {
         require_dtype("rope", pos, &[DType::I32])?;
+        // The CPU kernel (ggml_compute_forward_rope) aborts on other types.
+        require_dtype("rope", a, &[DType::F32, DType::F16])?;
         if a.nb()[0] != a.dtype().type_size() {
             return Err(Error::NotContiguous {
                 op: "rope",
@@ -765,7 +814,7 @@ impl Context {
     /// Swaps dims 0 and 1 (a view).
     pub fn transpose(&self, a: &Tensor) -> Result<Tensor> {
         self.reserve_view()?;
-        // SAFETY: no preconditions.
+        // SAFETY: ggml_transpose asserts nothing (it swaps ne/nb of a view); live tensors.
         let raw = unsafe { sys::ggml_transpose(self.raw(), a.as_ptr()) };
         self.result(raw, "transpose", &[a])
     }
@@ -775,7 +824,8 @@ impl Context {
             return self.cpu_transpose(a);
         }
         self.reserve_like(a)?;
-        // SAFETY: no preconditions.
+        // SAFETY: ggml_cont asserts nothing; the CPU kernel copies any type to itself
+        // (ggml_compute_forward_dup_bytes); live tensors.
         let raw = unsafe { sys::ggml_cont(self.raw(), a.as_ptr()) };
         self.result(raw, "cont", &[a])
     }
@@ -813,6 +863,10 @@ impl Context {
         self.result(raw, "concat", &[a, b])
     }
     /// Rows of `a` picked by i32 indices `rows` (`[n]` or `[n, a.ne2, a.ne3]`).
+    ///
+    /// Not checked (the data decides, after the graph is built): ggml's CPU kernel asserts
+    /// that every index is in `0..a.ne[1]` and aborts the process otherwise. Write only
+    /// indices in range.
     pub fn get_rows(&self, a: &Tensor, rows: &Tensor) -> Result<Tensor> {
         require_dtype("get_rows", rows, &[DType::I32])?;
         let (an, rn) = (a.ne(), rows.ne());
@@ -957,6 +1011,26 @@ impl Context {
             ));
         }
         require_dtype("im2col", kernel, &[DType::F32, DType::F16, DType::BF16])?;
+        // The CPU kernels (ops.cpp, ggml_compute_forward_im2col_f32/_f16) write f32 columns
+        // from an f32 input, f16 columns from f16 or f32, and read the input's rows in place.
+        if ![DType::F32, DType::F16].contains(&dtype) {
+            return Err(Error::InvalidArgument {
+                op: "im2col",
+                reason: format!("columns of type {dtype}; the CPU kernel writes f32 or f16"),
+            });
+        }
+        let inputs: &[DType] = if dtype == DType::F32 {
+            &[DType::F32]
+        } else {
+            &[DType::F32, DType::F16]
+        };
+        require_dtype("im2col", input, inputs)?;
+        if input.nb()[0] != input.dtype().type_size() {
+            return Err(Error::NotContiguous {
+                op: "im2col",
+                operand: input.describe(),
+            });
+        }
         self.reserve_result(dtype, [kn[0] * kn[1] * kn[2], ow, oh, inp[3]])?;
         // SAFETY: channel match and positive output size (ggml_im2col's assertions).
         let raw = unsafe {
@@ -1057,6 +1131,8 @@ impl Context {
         stride: (i32, i32),
         padding: (f32, f32),
     ) -> Result<Tensor> {
+        // The CPU kernel reads f32, and any other type as f16 (bf16 or i32 would be misread).
+        require_dtype("pool_2d", a, &[DType::F32, DType::F16])?;
         if kernel.0 < 1 || kernel.1 < 1 || stride.0 < 1 || stride.1 < 1 {
             return Err(Error::InvalidArgument {
                 op: "pool_2d",

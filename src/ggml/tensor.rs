@@ -43,8 +43,30 @@ pub struct TensorFlags {
     pub param: bool,
 }
 
+mod sealed {
+    /// Only this module's handles implement [`super::TensorView`]: its provided methods
+    /// dereference `raw()`, so an outside impl returning a dangling pointer would make safe
+    /// code read freed memory.
+    pub trait Sealed {}
+    impl Sealed for super::Tensor {}
+    impl Sealed for super::TensorRef<'_> {}
+}
+
 /// Read access shared by [`Tensor`] and [`TensorRef`].
-pub trait TensorView {
+///
+/// The trait is sealed: its methods read through the tensor pointer, so only the handles of
+/// this module, which keep the tensor alive, implement it. An outside impl does not compile:
+///
+/// ```compile_fail,E0277
+/// use da3::ggml::TensorView;
+/// struct Dangling;
+/// impl TensorView for Dangling {
+///     fn raw(&self) -> std::ptr::NonNull<ggml_sys::ggml_tensor> {
+///         std::ptr::NonNull::dangling()
+///     }
+/// }
+/// ```
+pub trait TensorView: sealed::Sealed {
     #[doc(hidden)]
     fn raw(&self) -> NonNull<sys::ggml_tensor>;
 
