@@ -24,29 +24,44 @@ pub enum HeadKind {
 /// Backbone (DINOv2 with DA3's camera token, 2D RoPE, QK-norm and alternating attention).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VitConfig {
+    /// Token width (384 for small, 768 base, 1024 large, 1536 giant).
     pub embed_dim: usize,
+    /// Number of transformer blocks.
     pub depth: usize,
+    /// Attention heads per block (`embed_dim` is a multiple of it).
     pub num_heads: usize,
+    /// Hidden width of the feed-forward block.
     pub mlp_hidden: usize,
+    /// Which feed-forward block the blocks use.
     pub ffn: Ffn,
     /// First block of alternating local/global attention (camera token inserted before it).
     pub alt_start: Option<usize>,
+    /// First block applying 2D RoPE to q and k (`None`: no RoPE).
     pub rope_start: Option<usize>,
+    /// First block with LayerNorm on q and k (`None`: none).
     pub qknorm_start: Option<usize>,
+    /// RoPE base frequency.
     pub rope_freq: f32,
     /// Head input is concat(local_x, norm(x)) (DualDPT models).
     pub cat_token: bool,
+    /// The four blocks (0-based, increasing) whose outputs feed the head.
     pub out_layers: [usize; 4],
+    /// Side of a square patch, in pixels (14); image sides are multiples of it.
     pub patch_size: usize,
     /// The pretrained positional grid is `pos_embed_grid` x `pos_embed_grid` (+ cls).
     pub pos_embed_grid: usize,
+    /// DINOv2's `interpolate_offset` for resampling the positional grid (0.1; 0: by size).
     pub interpolate_offset: f32,
+    /// LayerNorm epsilon inside the blocks.
     pub block_ln_eps: f32,
+    /// LayerNorm epsilon of the q/k norms.
     pub qk_ln_eps: f32,
+    /// Epsilon of the backbone's final LayerNorm.
     pub final_ln_eps: f32,
 }
 
 impl VitConfig {
+    /// Width of one attention head (`embed_dim / num_heads`).
     pub fn head_dim(&self) -> usize {
         self.embed_dim / self.num_heads
     }
@@ -60,10 +75,14 @@ impl VitConfig {
     }
 }
 
+/// The dense prediction head (DPT or DualDPT).
 #[derive(Debug, Clone, PartialEq)]
 pub struct HeadConfig {
+    /// Which head.
     pub kind: HeadKind,
+    /// Channel width of the fusion layers (even).
     pub features: usize,
+    /// Channels of the four projected feature maps (the first is upsampled 4x, the last halved).
     pub out_channels: [usize; 4],
     /// 2 (depth, confidence) for DualDPT, 1 for DPT.
     pub output_dim: usize,
@@ -71,7 +90,9 @@ pub struct HeadConfig {
     pub pos_embed: bool,
     /// LayerNorm on the features before projection (DualDPT: always).
     pub norm: bool,
+    /// Has a sky branch (mono and metric models).
     pub sky: bool,
+    /// Epsilon of the head's LayerNorm.
     pub ln_eps: f32,
 }
 
@@ -80,11 +101,15 @@ pub struct HeadConfig {
 pub struct Config {
     /// Preset name ("da3-small", "da3mono-large", ...), or the file's checkpoint name.
     pub name: String,
+    /// The backbone.
     pub vit: VitConfig,
+    /// The dense head.
     pub head: HeadConfig,
     /// Camera decoder width (DualDPT models), for pose.
     pub cam_dim: Option<usize>,
+    /// Per-channel normalisation mean, RGB, for pixel values in 0..1.
     pub mean: [f32; 3],
+    /// Per-channel normalisation standard deviation, RGB, for pixel values in 0..1.
     pub std: [f32; 3],
 }
 

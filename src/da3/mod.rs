@@ -43,24 +43,35 @@ pub enum Error {
     /// An input the model cannot take.
     #[error("input: {0}")]
     Input(String),
+    /// An image that preprocessing could not open, decode or take (empty, too large, bad buffer).
     #[error(transparent)]
     Preprocess(#[from] preprocess::PreprocessError),
     /// An image the `image` crate could not open or decode.
     #[error("image: {0}")]
     Image(#[from] image::ImageError),
+    /// A GGUF file that cannot be read or does not parse.
     #[error(transparent)]
     Gguf(#[from] crate::ggml::gguf::GgufError),
+    /// An error of the safe ggml layer (shapes, memory, devices, compute).
     #[error(transparent)]
     Ggml(Box<crate::ggml::Error>),
+    /// The residency planner refused (`strict`) or failed.
     #[error(transparent)]
     Residency(#[from] crate::residency::Error),
     /// A checkpoint that cannot be converted.
     #[error("checkpoint {path}: {reason}")]
-    Checkpoint { path: PathBuf, reason: String },
+    Checkpoint {
+        /// The checkpoint file or folder.
+        path: PathBuf,
+        /// Why it cannot be converted.
+        reason: String,
+    },
     /// An output file that could not be written (nothing is left half-written).
     #[error("cannot write {path}: {source}")]
     Output {
+        /// The file that could not be written.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },

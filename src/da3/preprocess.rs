@@ -46,38 +46,68 @@ pub enum PreprocessError {
     /// The image file could not be opened or its format sniffed.
     #[error("cannot open image {}: {source}", path.display())]
     Open {
+        /// The image file.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
     /// The image file was opened but could not be decoded (one line: the format and cause).
     #[error("cannot decode image {}: {reason}", path.display())]
-    Decode { path: PathBuf, reason: String },
+    Decode {
+        /// The image file (`<memory>` for [`decode_image`]).
+        path: PathBuf,
+        /// The format and the decoder's complaint.
+        reason: String,
+    },
     /// An image over the limits of [`load_image`] ([`MAX_IMAGE_PIXELS`], [`MAX_IMAGE_SIDE`]).
     #[error("image {} is too large: {reason}", path.display())]
-    ImageTooLarge { path: PathBuf, reason: String },
+    ImageTooLarge {
+        /// The image file.
+        path: PathBuf,
+        /// Which limit it exceeds.
+        reason: String,
+    },
     /// An image or map with a zero side.
     #[error("empty image size {width}x{height}")]
-    EmptyImage { width: usize, height: usize },
+    EmptyImage {
+        /// Width given, in pixels.
+        width: usize,
+        /// Height given, in pixels.
+        height: usize,
+    },
     /// A side exceeds [`MAX_SIDE`] or the buffer size overflows `usize`.
     #[error("image size {width}x{height} is too large (max side {MAX_SIDE})")]
-    TooLarge { width: usize, height: usize },
+    TooLarge {
+        /// Width given, in pixels.
+        width: usize,
+        /// Height given, in pixels.
+        height: usize,
+    },
     /// An RGB buffer whose length is not `width * height * 3`.
     #[error(
         "RGB buffer of {len} bytes does not match a {width}x{height} image ({expected} bytes)"
     )]
     BufferLength {
+        /// Image width in pixels.
         width: usize,
+        /// Image height in pixels.
         height: usize,
+        /// Bytes given.
         len: usize,
+        /// Bytes expected (`width * height * 3`).
         expected: usize,
     },
     /// A resize to a zero-size target.
     #[error("cannot resize {src_width}x{src_height} to an empty size {width}x{height}")]
     EmptyTarget {
+        /// Source width in pixels.
         src_width: usize,
+        /// Source height in pixels.
         src_height: usize,
+        /// Target width in pixels.
         width: usize,
+        /// Target height in pixels.
         height: usize,
     },
     /// `process_res` above [`MAX_PROCESS_RES`].
@@ -85,7 +115,10 @@ pub enum PreprocessError {
     ProcessResTooLarge { process_res: usize },
     /// `process_res` below the patch size.
     #[error("process_res {process_res} is smaller than the patch size {PATCH_SIZE}")]
-    ProcessResTooSmall { process_res: usize },
+    ProcessResTooSmall {
+        /// The longest side asked for, in pixels.
+        process_res: usize,
+    },
     /// The aspect ratio is so extreme that a side ends up narrower than half a patch, which the
     /// official code would turn into a 1-pixel side that no patch fits in.
     #[error(
@@ -93,9 +126,13 @@ pub enum PreprocessError {
          too thin for a {PATCH_SIZE}-px patch"
     )]
     TooThin {
+        /// Image width in pixels.
         width: usize,
+        /// Image height in pixels.
         height: usize,
+        /// The longest side asked for, in pixels.
         process_res: usize,
+        /// The too-thin side after resizing, in pixels.
         side: usize,
     },
     /// A position-embedding grid whose length does not match its declared shape.
@@ -103,9 +140,13 @@ pub enum PreprocessError {
         "position-embedding grid holds {len} values, expected {src_h}x{src_w} tokens x {embed_dim}"
     )]
     PosEmbedShape {
+        /// Values the grid holds.
         len: usize,
+        /// Declared grid height, in tokens.
         src_h: usize,
+        /// Declared grid width, in tokens.
         src_w: usize,
+        /// Declared values per token.
         embed_dim: usize,
     },
     /// A position-embedding resample PyTorch would not produce at the requested size.
@@ -114,25 +155,39 @@ pub enum PreprocessError {
          with interpolate_offset {offset}"
     )]
     PosEmbedTarget {
+        /// Source grid height, in tokens.
         src_h: usize,
+        /// Source grid width, in tokens.
         src_w: usize,
+        /// Target grid height, in tokens.
         dst_h: usize,
+        /// Target grid width, in tokens.
         dst_w: usize,
+        /// The `interpolate_offset` used.
         offset: f64,
     },
     /// A UV embedding channel count that the official code rejects.
     #[error("UV embedding needs a positive channel count divisible by 4, got {channels}")]
-    UvChannels { channels: usize },
+    UvChannels {
+        /// The channel count asked for.
+        channels: usize,
+    },
     /// A UV embedding aspect ratio that is not a positive finite number.
     #[error("UV embedding aspect ratio {aspect_ratio} is not positive and finite")]
-    UvAspect { aspect_ratio: f64 },
+    UvAspect {
+        /// The aspect ratio given.
+        aspect_ratio: f64,
+    },
 }
 
 /// An 8-bit RGB image, row-major, interleaved (`data[(y * width + x) * 3 + c]`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RgbImage8 {
+    /// Width in pixels.
     pub width: usize,
+    /// Height in pixels.
     pub height: usize,
+    /// `width * height * 3` bytes, RGB interleaved, rows top to bottom.
     pub data: Vec<u8>,
 }
 
@@ -861,15 +916,20 @@ fn area_enlarge(
 /// Interpolation OpenCV is asked for by the official `InputProcessor`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Interpolation {
+    /// Bicubic (`cv2.INTER_CUBIC`), for enlarging.
     Cubic,
+    /// Pixel-area averaging (`cv2.INTER_AREA`), for shrinking.
     Area,
 }
 
 /// One resize of the official preprocessing (see [`ResizePlan`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResizeStep {
+    /// Width after this step, in pixels.
     pub width: usize,
+    /// Height after this step, in pixels.
     pub height: usize,
+    /// How OpenCV resamples in this step.
     pub interpolation: Interpolation,
 }
 
@@ -881,7 +941,9 @@ pub struct ResizePlan {
     /// Each side to the nearest multiple of 14 (skipped when both already are).
     pub patch: Option<ResizeStep>,
     /// Final processed size.
+    /// Final processed width, a multiple of 14.
     pub width: usize,
+    /// Final processed height, a multiple of 14.
     pub height: usize,
 }
 

@@ -84,12 +84,36 @@ pub struct LoadedWeights {
     host_values: HashMap<String, Vec<f32>>,
     /// Linear weights stored packed for the CPU kernel.
     packed: HashSet<String>,
+    /// Bytes of device memory the shared weights take.
     pub device_bytes: usize,
     /// File tensors the architecture did not use.
     pub unused: Vec<String>,
     /// Some linear weights compute with bf16 products (a half-precision file on a CPU that
     /// has them): the model's fast mode, which its other CPU kernels then follow.
     pub bf16_products: bool,
+}
+
+impl std::fmt::Debug for Loader<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("pending", &self.pending.len())
+            .field("used", &self.used.len())
+            .field("host_only", &self.host_names)
+            .field("pack_linears", &self.pack_linears)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for LoadedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedWeights")
+            .field("shared", &self.shared)
+            .field("device_bytes", &self.device_bytes)
+            .field("host_tensors", &self.host.len())
+            .field("unused", &self.unused)
+            .field("bf16_products", &self.bf16_products)
+            .finish_non_exhaustive()
+    }
 }
 
 fn pad4(ne: &[u64]) -> [u64; 4] {

@@ -17,6 +17,7 @@ pub struct Gallocr {
 }
 
 impl Gallocr {
+    /// An allocator placing intermediate tensors in buffers of `buffer_type`.
     pub fn new(buffer_type: BufferType) -> Result<Gallocr> {
         // SAFETY: registry buffer type; NULL on failure.
         let raw = unsafe { sys::ggml_gallocr_new(buffer_type.as_ptr()) };
@@ -29,6 +30,7 @@ impl Gallocr {
     pub fn for_backend(backend: &Backend) -> Result<Gallocr> {
         Self::new(backend.default_buffer_type())
     }
+    /// The memory this allocator places tensors in.
     pub fn buffer_type(&self) -> BufferType {
         self.buffer_type
     }
@@ -131,6 +133,7 @@ pub(crate) fn check_member(graph: &Graph, tensor: &Tensor) -> Result<()> {
 }
 
 impl Allocation<'_> {
+    /// The allocated graph.
     pub fn graph(&self) -> &Graph {
         self.graph
     }
@@ -164,10 +167,13 @@ impl Allocation<'_> {
 /// Time spent in one node, from [`Allocation::profile`].
 #[derive(Debug, Clone)]
 pub struct NodeTime {
+    /// The node's name.
     pub name: String,
+    /// ggml's name of the node's op.
     pub op: &'static str,
     /// The node's shape and its first two operands' (what a profile needs to tell nodes apart).
     pub shapes: [[i64; 4]; 3],
+    /// Wall time of the node's compute, in seconds (backend call included).
     pub seconds: f64,
 }
 
@@ -248,5 +254,23 @@ pub(crate) fn compute_on(backend: &Backend, graph: &Graph) -> Result<()> {
             backend: backend.name(),
             status,
         })
+    }
+}
+
+impl std::fmt::Debug for Gallocr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gallocr")
+            .field("buffer_type", &self.buffer_type)
+            .field("buffer_size", &self.buffer_size())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Allocation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("graph", self.graph)
+            .field("buffer_type", &self.buffer_type)
+            .finish_non_exhaustive()
     }
 }

@@ -12,10 +12,15 @@ use std::rc::Rc;
 /// What kind of device ggml reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceKind {
+    /// The CPU backend.
     Cpu,
+    /// A discrete GPU (also what an RPC client device reports).
     Gpu,
+    /// A GPU sharing host memory.
     IntegratedGpu,
+    /// An accelerator ggml reports as such (e.g. BLAS).
     Accelerator,
+    /// A device type this crate does not know.
     Other,
 }
 
@@ -29,9 +34,13 @@ pub struct Device {
 /// What a device can do beyond computing.
 #[derive(Debug, Clone, Copy)]
 pub struct DeviceCaps {
+    /// Computes asynchronously (queued work needs [`Backend::synchronize`]).
     pub async_compute: bool,
+    /// Has a pinned host buffer type for fast transfers.
     pub host_buffer: bool,
+    /// Can wrap existing host memory in a buffer.
     pub buffer_from_host_ptr: bool,
+    /// Supports events for synchronising between backends.
     pub events: bool,
 }
 
@@ -110,14 +119,17 @@ impl Device {
             .collect::<Vec<_>>()
             .join(", ")
     }
+    /// ggml's device name (`CPU`, `CUDA0`, `MTL0`, `RPC0[HOST:PORT]`).
     pub fn name(&self) -> String {
         // SAFETY: live registry device.
         c_str(unsafe { sys::ggml_backend_dev_name(self.as_ptr()) })
     }
+    /// The driver's description (e.g. the GPU model).
     pub fn description(&self) -> String {
         // SAFETY: live registry device.
         c_str(unsafe { sys::ggml_backend_dev_description(self.as_ptr()) })
     }
+    /// The kind ggml reports.
     pub fn kind(&self) -> DeviceKind {
         // SAFETY: live registry device.
         match unsafe { sys::ggml_backend_dev_type(self.as_ptr()) } {
@@ -135,6 +147,7 @@ impl Device {
         unsafe { sys::ggml_backend_dev_memory(self.as_ptr(), &mut free, &mut total) };
         (free, total)
     }
+    /// Optional capabilities the device reports.
     pub fn caps(&self) -> DeviceCaps {
         let mut props = sys::ggml_backend_dev_props::default();
         // SAFETY: live registry device; `props` is a valid out-struct.
@@ -240,12 +253,15 @@ impl Backend {
     pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend {
         self.inner.raw.as_ptr()
     }
+    /// The device this backend computes on.
     pub fn device(&self) -> Device {
         self.inner.device
     }
+    /// The device's name.
     pub fn name(&self) -> String {
         self.inner.device.name()
     }
+    /// Whether this is the CPU backend.
     pub fn is_cpu(&self) -> bool {
         self.inner.device.kind() == DeviceKind::Cpu
     }
@@ -284,6 +300,7 @@ impl Backend {
         }
         *self.inner.threadpool.borrow_mut() = pool;
     }
+    /// The memory the backend allocates by default (its device's own).
     pub fn default_buffer_type(&self) -> BufferType {
         // SAFETY: live backend.
         let raw = unsafe { sys::ggml_backend_get_default_buffer_type(self.as_ptr()) };

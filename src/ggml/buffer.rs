@@ -12,8 +12,11 @@ use std::ptr::NonNull;
 /// What a buffer holds; schedulers place ops next to `Weights` buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BufferUsage {
+    /// Unspecified (ggml's default).
     Any,
+    /// Model weights: the scheduler runs ops on the backend that holds them.
     Weights,
+    /// Intermediate results of a graph.
     Compute,
 }
 
@@ -113,19 +116,23 @@ impl BufferRef<'_> {
     pub(crate) fn as_ptr(&self) -> *mut sys::ggml_backend_buffer {
         self.raw.as_ptr()
     }
+    /// The kind of memory the buffer is.
     pub fn buffer_type(&self) -> BufferType {
         // SAFETY: live non-NULL buffer (the precondition ggml asserts).
         let raw = unsafe { sys::ggml_backend_buffer_get_type(self.as_ptr()) };
         BufferType::from_raw(NonNull::new(raw).expect("a buffer has a type"))
     }
+    /// What the buffer was marked as holding.
     pub fn usage(&self) -> BufferUsage {
         // SAFETY: live non-NULL buffer.
         BufferUsage::from_raw(unsafe { sys::ggml_backend_buffer_get_usage(self.as_ptr()) })
     }
+    /// Whether the CPU can read the buffer's memory directly.
     pub fn is_host(&self) -> bool {
         // SAFETY: live non-NULL buffer.
         unsafe { sys::ggml_backend_buffer_is_host(self.as_ptr()) }
     }
+    /// Size in bytes.
     pub fn size(&self) -> usize {
         // SAFETY: live non-NULL buffer.
         unsafe { sys::ggml_backend_buffer_get_size(self.as_ptr()) }
@@ -133,6 +140,16 @@ impl BufferRef<'_> {
     /// Identity of the buffer (for grouping).
     pub fn id(&self) -> usize {
         self.raw.as_ptr() as usize
+    }
+}
+
+impl std::fmt::Debug for BufferRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferRef")
+            .field("buffer_type", &self.buffer_type())
+            .field("usage", &self.usage())
+            .field("size", &self.size())
+            .finish()
     }
 }
 

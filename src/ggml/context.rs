@@ -326,3 +326,15 @@ impl Context {
         }
     }
 }
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (used, size) = self.memory();
+        f.debug_struct("Context")
+            .field("metadata_only", &self.is_metadata_only())
+            .field("tensors", &self.tensors().len())
+            .field("pool_used", &used)
+            .field("pool_size", &size)
+            .finish_non_exhaustive()
+    }
+}

@@ -269,7 +269,7 @@ pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32
 
 impl Context {
     /// A linear layer on the CPU with a packed weight: `x` [K, T] times the weight packed by
-    /// [`pack_linear_panels`] ([PANEL, K, N / PANEL]) plus `bias` [N], then GELU (erf form)
+    /// [`pack_linear_panels`] ([PANEL, K, N / PANEL]) plus `bias` \[N\], then GELU (erf form)
     /// when `gelu` is set; the result is [N, T]. A blocked product that keeps a tile of the
     /// result in registers, where ggml's f32 product reaches about 60% of this CPU's peak.
     /// Only in contexts marked with [`Context::use_cpu_kernels`]: no other backend runs it.
@@ -328,7 +328,7 @@ impl Context {
 
     /// `residual + scale * (x W^T + bias)` with a packed weight, as [`Context::linear_panels`]
     /// computes the product (a transformer block's layer-scaled residual branch, in one pass):
-    /// `scale` [N], `residual` [N, T].
+    /// `scale` \[N\], `residual` [N, T].
     pub fn linear_panels_residual(
         &self,
         panels: &Tensor,

@@ -120,13 +120,16 @@ impl Graph {
     pub fn contains(&self, tensor: &impl TensorView) -> bool {
         self.visited.borrow().contains(&tensor.id())
     }
+    /// Most nodes (and, separately, leafs) the graph can hold.
     pub fn capacity(&self) -> usize {
         self.capacity
     }
+    /// Number of nodes (tensors an op computes).
     pub fn n_nodes(&self) -> usize {
         // SAFETY: live graph.
         unsafe { sys::ggml_graph_n_nodes(self.as_ptr()) as usize }
     }
+    /// Number of leafs (tensors no op of the graph computes).
     pub fn n_leafs(&self) -> usize {
         self.leafs.borrow().len()
     }
@@ -295,5 +298,15 @@ impl Drop for SourceSnapshot {
             // restoring the pointers the graph had before the scheduler changed them.
             unsafe { (*node.as_ptr()).src = *srcs };
         }
+    }
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("nodes", &self.n_nodes())
+            .field("leafs", &self.n_leafs())
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
     }
 }

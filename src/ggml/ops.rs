@@ -11,13 +11,16 @@ use ggml_sys as sys;
 /// How [`Context::interpolate`] samples.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interpolation {
+    /// Nearest neighbour.
     Nearest,
     /// Bilinear; `align_corners` as in PyTorch.
     Bilinear {
+        /// Whether corner pixels of input and output align (PyTorch's `align_corners`).
         align_corners: bool,
     },
     /// Bicubic (a = -0.75); `align_corners` as in PyTorch.
     Bicubic {
+        /// Whether corner pixels of input and output align (PyTorch's `align_corners`).
         align_corners: bool,
     },
 }
@@ -25,7 +28,9 @@ pub enum Interpolation {
 /// Pooling kind for [`Context::pool_2d`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pool {
+    /// Maximum over the window.
     Max,
+    /// Mean over the window.
     Avg,
 }
 
@@ -318,18 +323,23 @@ impl Context {
     pub fn gelu(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("gelu", a, sys::ggml_gelu)
     }
+    /// SiLU, `x * sigmoid(x)`, element-wise (rows of `a` must be contiguous).
     pub fn silu(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("silu", a, sys::ggml_silu)
     }
+    /// ReLU, `max(x, 0)`, element-wise (rows of `a` must be contiguous).
     pub fn relu(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("relu", a, sys::ggml_relu)
     }
+    /// `e^x` element-wise (rows of `a` must be contiguous).
     pub fn exp(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("exp", a, sys::ggml_exp)
     }
+    /// `tanh(x)` element-wise (rows of `a` must be contiguous).
     pub fn tanh(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("tanh", a, sys::ggml_tanh)
     }
+    /// `1 / (1 + e^-x)` element-wise (rows of `a` must be contiguous).
     pub fn sigmoid(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("sigmoid", a, sys::ggml_sigmoid)
     }

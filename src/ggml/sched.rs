@@ -60,6 +60,7 @@ impl Sched {
         })
     }
 
+    /// The backends in priority order; pins and [`SchedAllocation::backend_index_of`] index it.
     pub fn backends(&self) -> &[Backend] {
         &self.backends
     }
@@ -153,13 +154,16 @@ pub struct SchedAllocation<'a> {
 }
 
 impl SchedAllocation<'_> {
+    /// The allocated graph.
     pub fn graph(&self) -> &Graph {
         self.graph
     }
+    /// Writes an input of the graph (type, length and membership checked).
     pub fn write<T: Element>(&self, tensor: &Tensor, data: &[T]) -> Result<()> {
         check_member(self.graph, tensor)?;
         buffer::write_tensor(tensor, data)
     }
+    /// Reads a tensor of the graph (mark outputs so that their memory is not reused).
     pub fn read<T: Element>(&self, tensor: &Tensor) -> Result<Vec<T>> {
         check_member(self.graph, tensor)?;
         buffer::read_tensor(tensor)
@@ -180,6 +184,7 @@ impl SchedAllocation<'_> {
             .iter()
             .position(|b| b.as_ptr() == backend)
     }
+    /// Computes the graph split by split, copying tensors between backends as needed.
     pub fn compute(&self) -> Result<()> {
         // SAFETY: live scheduler with this graph allocated.
         let status = unsafe {
@@ -193,5 +198,24 @@ impl SchedAllocation<'_> {
                 status,
             })
         }
+    }
+}
+
+impl std::fmt::Debug for Sched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sched")
+            .field("backends", &self.backends)
+            .field("graph_size", &self.graph_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for SchedAllocation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SchedAllocation")
+            .field("graph", self.graph)
+            .field("backends", &self.sched.backends)
+            .field("splits", &self.n_splits())
+            .finish_non_exhaustive()
     }
 }

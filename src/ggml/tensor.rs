@@ -15,14 +15,18 @@ use std::rc::Rc;
 /// A tensor's extent in ggml order: `ne[0]` is the innermost (contiguous) dimension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Shape {
+    /// Extent of each of the 4 dims in elements, innermost first; unused dims are 1.
     pub ne: [i64; 4],
+    /// Dims up to the last one larger than 1 (1 to 4, as `ggml_n_dims`); later dims are 1.
     pub n_dims: usize,
 }
 
 impl Shape {
+    /// The first `n_dims` extents, innermost first.
     pub fn dims(&self) -> &[i64] {
         &self.ne[..self.n_dims]
     }
+    /// Number of elements (product of all four extents).
     pub fn nelements(&self) -> i64 {
         self.ne.iter().product()
     }
@@ -38,8 +42,11 @@ impl fmt::Display for Shape {
 /// Tensor flags ggml's schedulers read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TensorFlags {
+    /// Marked with [`Tensor::mark_input`].
     pub input: bool,
+    /// Marked with [`Tensor::mark_output`].
     pub output: bool,
+    /// ggml's trainable-parameter flag (never set by this crate).
     pub param: bool,
 }
 
@@ -77,6 +84,7 @@ pub trait TensorView: sealed::Sealed {
         let name = unsafe { CStr::from_ptr((*self.raw().as_ptr()).name.as_ptr()) };
         name.to_string_lossy().into_owned()
     }
+    /// Extents in ggml order (`ne[0]` innermost, in elements).
     fn shape(&self) -> Shape {
         // SAFETY: live tensor, see `name`.
         let t = unsafe { &*self.raw().as_ptr() };
@@ -86,6 +94,7 @@ pub trait TensorView: sealed::Sealed {
             n_dims: n_dims.max(1),
         }
     }
+    /// All four extents in elements, innermost first (unused dims are 1).
     fn ne(&self) -> [i64; 4] {
         self.shape().ne
     }
@@ -94,22 +103,27 @@ pub trait TensorView: sealed::Sealed {
         // SAFETY: live tensor, see `name`.
         unsafe { (*self.raw().as_ptr()).nb }
     }
+    /// The element type.
     fn dtype(&self) -> DType {
         // SAFETY: live tensor, see `name`.
         let id = unsafe { (*self.raw().as_ptr()).type_ };
         DType::from_id(id).expect("ggml created a tensor of a type it knows")
     }
+    /// Number of elements.
     fn nelements(&self) -> i64 {
         self.shape().nelements()
     }
+    /// Bytes the data spans, strides included (for quantised types, whole blocks).
     fn nbytes(&self) -> usize {
         // SAFETY: live tensor.
         unsafe { sys::ggml_nbytes(self.raw().as_ptr()) }
     }
+    /// Whether the elements are packed without gaps in ggml order (`ne[0]` innermost).
     fn is_contiguous(&self) -> bool {
         // SAFETY: live tensor.
         unsafe { sys::ggml_is_contiguous(self.raw().as_ptr()) }
     }
+    /// Whether dims 0 and 1 are swapped in memory (`nb[0] > nb[1]`).
     fn is_transposed(&self) -> bool {
         // SAFETY: live tensor.
         unsafe { sys::ggml_is_transposed(self.raw().as_ptr()) }
@@ -132,6 +146,7 @@ pub trait TensorView: sealed::Sealed {
         // SAFETY: live tensor.
         unsafe { (*self.raw().as_ptr()).op == sys::GGML_OP_NONE }
     }
+    /// The input/output flags schedulers and allocators read.
     fn flags(&self) -> TensorFlags {
         // SAFETY: live tensor.
         let flags = unsafe { (*self.raw().as_ptr()).flags } as u32;
@@ -314,6 +329,7 @@ impl fmt::Debug for TensorRef<'_> {
 
 /// Element types host data can be read as or written from.
 pub trait Element: Copy + Default + 'static {
+    /// The ggml type whose memory layout this Rust type has.
     const DTYPE: DType;
 }
 impl Element for f32 {

@@ -52,9 +52,11 @@ impl Executor {
         self.log = false;
         self
     }
+    /// The backend graphs compute on.
     pub fn device(&self) -> &Backend {
         &self.device
     }
+    /// The policy for non-resident operands.
     pub fn policy(&self) -> Policy {
         self.policy
     }
@@ -267,6 +269,7 @@ impl Run<'_> {
     pub fn report(&self) -> &Report {
         &self.report
     }
+    /// Writes an input of the graph (type, length and membership checked).
     pub fn write<T: Element>(&self, tensor: &Tensor, data: &[T]) -> Result<(), Error> {
         match &self.inner {
             RunInner::Gallocr { allocation, .. } => allocation.write(tensor, data)?,
@@ -274,12 +277,14 @@ impl Run<'_> {
         }
         Ok(())
     }
+    /// Reads a tensor of the graph (mark outputs so that their memory is not reused).
     pub fn read<T: Element>(&self, tensor: &Tensor) -> Result<Vec<T>, Error> {
         Ok(match &self.inner {
             RunInner::Gallocr { allocation, .. } => allocation.read(tensor)?,
             RunInner::Sched(allocation) => allocation.read(tensor)?,
         })
     }
+    /// Computes the graph as the decision says.
     pub fn compute(&self) -> Result<(), Error> {
         match &self.inner {
             // Under `unchecked` this is where a non-resident operand faults on a GPU.
@@ -290,5 +295,25 @@ impl Run<'_> {
             RunInner::Sched(allocation) => allocation.compute()?,
         }
         Ok(())
+    }
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("device", &self.device)
+            .field("cpu", &self.cpu)
+            .field("policy", &self.policy)
+            .field("plans", &self.plans.len())
+            .field("mirrors", &self.mirrors.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Run<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Run")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
     }
 }

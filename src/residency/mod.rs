@@ -61,11 +61,14 @@ pub enum Strategy {
     FastPath,
     /// Upload every non-resident operand once; scheduler only if some op is unsupported.
     MirrorAll {
+        /// Some op is unsupported on the device: compute through the scheduler after uploading.
         then_sched: bool,
     },
     /// Upload what neither device nor CPU can read, wrap host memory, schedule.
     Route,
+    /// Refuse to compute (`strict`).
     Refuse,
+    /// Compute on gallocr regardless (`unchecked`).
     Unchecked,
 }
 
@@ -95,6 +98,7 @@ pub enum Error {
     /// `strict` found operands the device cannot read.
     #[error("{0}")]
     Refused(Box<Report>),
+    /// An error of the safe ggml layer (allocation, upload, compute).
     #[error(transparent)]
     Ggml(Box<crate::ggml::Error>),
 }

@@ -5,11 +5,13 @@ use crate::ggml::{Backend, BufferType, Graph, TensorRef, TensorView};
 /// What the pass needs to know about the device a graph will run on. [`Backend`] implements
 /// it; tests implement it to play a device with separate memory on a machine without one.
 pub trait Target {
+    /// The device's name, for reports.
     fn name(&self) -> String;
     /// Whether the device's kernels can read memory of this buffer type.
     fn reads_buffer_type(&self, buffer_type: BufferType) -> bool;
     /// Whether the device's kernels dereference plain host pointers (only the CPU does).
     fn reads_host_pointers(&self) -> bool;
+    /// Whether the device can run the op that computes `node`.
     fn supports_op(&self, node: &TensorRef<'_>) -> bool;
 }
 
@@ -39,7 +41,9 @@ pub enum Residency {
     NoBuffer,
     /// In a buffer of a type the target cannot read.
     ForeignBuffer {
+        /// Name of the buffer type holding the data.
         buffer_type: String,
+        /// Whether that buffer is host memory (the CPU could read it).
         host_readable: bool,
     },
 }
@@ -62,20 +66,28 @@ pub struct Finding {
     pub tensor: String,
     /// The node that reads it.
     pub consumer: String,
+    /// ggml's name of the consumer's op.
     pub consumer_op: String,
+    /// What is wrong.
     pub issue: Issue,
     /// The operand is a graph input, written before each compute: a copy made once would go
     /// stale, so it must be read where it lives on every compute (routed).
     pub input: bool,
 }
 
+/// Why an operand or node cannot be used as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issue {
+    /// Plain host memory with no buffer (see [`Residency::NoBuffer`]).
     NoBuffer,
+    /// In a buffer the device cannot read (see [`Residency::ForeignBuffer`]).
     ForeignBuffer {
+        /// Name of the buffer type holding the data.
         buffer_type: String,
+        /// Whether that buffer is host memory (the CPU could read it).
         host_readable: bool,
     },
+    /// The device cannot run the node's op.
     UnsupportedOp,
 }
 
@@ -112,8 +124,11 @@ pub fn classify(tensor: &TensorRef<'_>, target: &dyn Target) -> Residency {
 /// What the pass saw.
 #[derive(Debug, Clone, Default)]
 pub struct PassResult {
+    /// Every problem, one per (operand, consumer) pair, in graph order.
     pub findings: Vec<Finding>,
+    /// Nodes checked.
     pub nodes: usize,
+    /// Node sources (operand slots) checked.
     pub sources_checked: usize,
 }
 
@@ -126,12 +141,14 @@ impl PassResult {
             .filter(|f| f.issue != Issue::UnsupportedOp && seen.insert(f.tensor.clone()))
             .collect()
     }
+    /// The nodes whose op the device cannot run.
     pub fn unsupported_ops(&self) -> Vec<&Finding> {
         self.findings
             .iter()
             .filter(|f| f.issue == Issue::UnsupportedOp)
             .collect()
     }
+    /// Whether nothing was found: the gallocr fast path is safe.
     pub fn is_clean(&self) -> bool {
         self.findings.is_empty()
     }

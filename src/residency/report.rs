@@ -10,11 +10,17 @@ pub enum Decision {
     /// Every operand resident: ggml's single-backend allocator on the device.
     Gallocr,
     /// Non-resident operands uploaded once to the device; then the gallocr path.
-    Mirror { uploaded: usize },
+    Mirror {
+        /// Distinct tensors copied to the device.
+        uploaded: usize,
+    },
     /// ggml's scheduler over {device, CPU}; host memory wrapped in a CPU buffer first.
     Sched {
+        /// Host tensors given a CPU buffer wrapping their memory.
         wrapped: usize,
+        /// Tensors uploaded once to the device (what neither device nor CPU can read).
         mirrored: usize,
+        /// Pieces the scheduler cut the graph into (known once allocated).
         splits: Option<usize>,
     },
     /// Refused (`strict`).
@@ -56,9 +62,13 @@ impl fmt::Display for Decision {
 /// The pass's findings with the decision taken.
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// The device's name.
     pub device: String,
+    /// The policy the decision followed.
     pub policy: Policy,
+    /// What the residency pass found.
     pub pass: PassResult,
+    /// How the graph is computed.
     pub decision: Decision,
 }
 
