@@ -38,10 +38,6 @@ fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
-
 /// A working folder with an empty `out/` for outputs.
 struct Case {
     dir: tempfile::TempDir,
@@ -446,4 +442,115 @@ fn process_res_and_threads_have_limits() {
         ],
         &["--process-res 5000", "limit of 2048"],
     );
+}
+
+// --- model files -------------------------------------------------------------------------------
+
+fn tiny_model(path: &Path) {
+    da3::da3::convert::write_synthetic(
+        path,
+        &da3::da3::Config::preset("da3-tiny").unwrap(),
+        da3::da3::convert::WeightType::F32,
+    )
+    .unwrap();
+}
+
+fn cpu() -> da3::ggml::Backend {
+    da3::ggml::Backend::cpu(2).unwrap()
+}
+
+/// A model file cut short after it was opened (another process truncating it while `da3
+/// depth` loads) is an error naming the file and a tensor; it used to be SIGBUS, which would
+/// kill this test process.
+#[test]
+fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
+    use da3::da3::{LoadOptions, Model};
+    let case = Case::new();
+    let path = case.path("tiny.gguf");
+    tiny_model(&path);
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default())
+        .err()
+        .expect("a truncated file cannot load");
+    let text = err.to_string();
+    assert!(
+        text.contains("tiny.gguf") && text.contains("changed while in use"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tensor '") && text.contains("truncated"),
+        "{text}"
+    );
+}
+
+/// A file rewritten in place (same size, new bytes) while it loads is noticed at the end.
+#[test]
+fn a_model_rewritten_in_place_while_loading_is_an_error() {
+    use da3::da3::{LoadOptions, Model};
+    let case = Case::new();
+    let path = case.path("tiny.gguf");
+    tiny_model(&path);
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    // Same size, a new modification time (set explicitly: timestamps can be coarse).
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+        .unwrap();
+    let err = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default())
+        .err()
+        .expect("a rewritten file is refused");
+    assert!(
+        err.to_string().contains("modified while it was being read"),
+        "{err}"
+    );
+}
+
+/// Once loaded, a model no longer reads its file: truncating it changes nothing.
+#[test]
+fn a_model_truncated_after_loading_still_computes_the_same_depth() {
+    use da3::da3::{synthetic, LoadOptions, Model};
+    let case = Case::new();
+    let path = case.path("tiny.gguf");
+    tiny_model(&path);
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let mut model = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default()).unwrap();
+    let image = synthetic::image(160, 120);
+    let before = model.infer(&image, 112).unwrap().depth;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    model.clear_graphs();
+    let after = model.infer(&image, 112).unwrap().depth;
+    assert_eq!(before, after);
+    assert!(before.iter().all(|d| d.is_finite()));
+    drop(file);
+}
+
+#[test]
+fn a_directory_as_the_model_is_named_as_one() {
+    let case = Case::new();
+    std::fs::create_dir(case.path("models")).unwrap();
+    case.assert_fails(
+        &depth_args(&["--model", "models", "--pfm", "out/d.pfm"]),
+        &["models", "is a directory"],
+    );
+    let run = case.assert_fails(
+        &["info", "--model", "models", "--device", "cpu"],
+        &["is a directory"],
+    );
+    assert!(!run.stderr.contains("No such device"), "{}", run.context());
 }

@@ -281,9 +281,7 @@ impl<'f> Loader<'f> {
         let info = self.info(name)?;
         self.used.insert(name.to_owned());
         let file = self.file().expect("info found a file");
-        let values = to_f32(name, info.dtype, file.tensor_data(info)?);
-        file.release_tensor_data(info);
-        values
+        to_f32(name, info.dtype, &file.read_tensor_data(info)?)
     }
 
     /// Allocates the declared tensors on `backend` and copies their data there.
@@ -296,7 +294,10 @@ impl<'f> Loader<'f> {
         let device_bytes = self.device_ctx.allocate_on(backend, BufferUsage::Weights)?;
         for p in &self.pending {
             let info = file.tensor(&p.name).expect("checked when declared");
-            let data = file.tensor_data(info)?;
+            // Copied with positioned reads, not through the file's memory map: a file
+            // truncated meanwhile is an error, not SIGBUS.
+            let data = file.read_tensor_data(info)?;
+            let data = &*data;
             let ctx = if self.host_names.contains(&p.name) {
                 self.host_ctx.as_ref().expect("host ctx")
             } else {
@@ -319,8 +320,9 @@ impl<'f> Loader<'f> {
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
             }
-            file.release_tensor_data(info);
         }
+        // A file rewritten in place while it was read may have mixed old and new bytes.
+        file.check_unchanged()?;
         let mut unused: Vec<String> = file
             .tensors()
             .iter()
