@@ -281,7 +281,9 @@ impl<'f> Loader<'f> {
         let info = self.info(name)?;
         self.used.insert(name.to_owned());
         let file = self.file().expect("info found a file");
-        to_f32(name, info.dtype, &file.read_tensor_data(info)?)
+        let bytes = file.read_tensor_data(info)?;
+        check_finite(name, info.dtype, &bytes)?;
+        to_f32(name, info.dtype, &bytes)
     }
 
     /// Allocates the declared tensors on `backend` and copies their data there.
@@ -298,6 +300,7 @@ impl<'f> Loader<'f> {
             // truncated meanwhile is an error, not SIGBUS.
             let data = file.read_tensor_data(info)?;
             let data = &*data;
+            check_finite(&p.name, info.dtype, data)?;
             let ctx = if self.host_names.contains(&p.name) {
                 self.host_ctx.as_ref().expect("host ctx")
             } else {
@@ -338,6 +341,29 @@ impl<'f> Loader<'f> {
             unused,
             bf16_products,
         })
+    }
+}
+
+/// Fails naming the tensor when f32, f16 or bf16 data holds a NaN or an infinity (one pass
+/// over the bits as the data is copied; quantised types are not checked).
+pub fn check_finite(name: &str, dtype: DType, bytes: &[u8]) -> Result<(), Error> {
+    let first_bad = match dtype {
+        DType::F32 => bytes.chunks_exact(4).position(|b| {
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7F80_0000 == 0x7F80_0000
+        }),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80),
+        _ => None,
+    };
+    match first_bad {
+        Some(i) => Err(Error::Weights(format!(
+            "tensor `{name}` holds NaN or infinity (first at element {i}); the file is corrupt"
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -84,6 +84,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .infer(&image, args.process_res)
         .context("computing depth")?;
     let (w, h) = (prediction.width, prediction.height);
+    let finite = prediction.depth.iter().filter(|v| v.is_finite()).count();
+    if finite == 0 {
+        bail!(
+            "{}: every depth value is NaN or infinite (weights out of range?); nothing written",
+            args.model.describe()
+        );
+    }
+    if finite < prediction.depth.len() {
+        log::warn!(
+            "{} of {} depth values are NaN or infinite",
+            prediction.depth.len() - finite,
+            prediction.depth.len()
+        );
+    }
     if let Some(sky) = &prediction.sky {
         fill_sky(&mut prediction.depth, sky);
     }
