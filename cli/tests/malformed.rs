@@ -650,7 +650,11 @@ fn weights_that_overflow_give_an_error_not_a_nan_picture() {
     // -q: the planner's info line would come first.
     case.assert_fails(
         &depth_args(&["-q", "--model", "model.gguf", "--pfm", "out/d.pfm"]),
-        &["model.gguf", "every depth value is NaN or infinite", "nothing written"],
+        &[
+            "model.gguf",
+            "every depth value is NaN or infinite",
+            "nothing written",
+        ],
     );
 }
 
@@ -718,4 +722,23 @@ fn image_normalisation_keys_are_checked() {
         "out/d.pfm",
     ]));
     assert_eq!(run.code, Some(0), "{}", run.context());
+}
+
+// --- messages ----------------------------------------------------------------------------------
+
+#[test]
+fn rpc_endpoints_without_a_port_say_so() {
+    let case = Case::new();
+    for (spec, why) in [
+        ("rpc:localhost", "the port is missing"),
+        ("rpc::50052", "the host is missing"),
+        ("rpc:localhost:http", "`http` is not a port number"),
+        ("rpc:localhost:70000", "`70000` is not a port number"),
+    ] {
+        let run = case.assert_fails(
+            &["depth", "--device", spec, "--pfm", "out/d.pfm"],
+            &[spec, why, "rpc:HOST:PORT"],
+        );
+        assert!(!run.stderr.contains("unreachable"), "{}", run.context());
+    }
 }

@@ -37,7 +37,10 @@ impl DeviceArgs {
             "auto" => Device::best(),
             "cpu" | "CPU" => return Ok((cpu.clone(), cpu)),
             spec => match spec.strip_prefix("rpc:") {
-                Some(endpoint) => Device::rpc(endpoint)?,
+                Some(endpoint) => {
+                    check_rpc_endpoint(endpoint)?;
+                    Device::rpc(endpoint)?
+                }
                 None => Device::by_name(spec).with_context(|| format!("--device {spec}"))?,
             },
         };
@@ -45,6 +48,23 @@ impl DeviceArgs {
             return Ok((cpu.clone(), cpu));
         }
         Ok((Backend::new(device)?, cpu))
+    }
+}
+
+/// `HOST:PORT` with a port number, so a typo gets its own message instead of "unreachable".
+fn check_rpc_endpoint(endpoint: &str) -> anyhow::Result<()> {
+    let usage = "expected rpc:HOST:PORT, e.g. rpc:127.0.0.1:50052";
+    match endpoint.rsplit_once(':') {
+        None => anyhow::bail!("--device rpc:{endpoint}: the port is missing ({usage})"),
+        Some((host, _)) if host.is_empty() => {
+            anyhow::bail!("--device rpc:{endpoint}: the host is missing ({usage})")
+        }
+        Some((_, port)) => match port.parse::<u16>() {
+            Ok(p) if p > 0 => Ok(()),
+            _ => anyhow::bail!(
+                "--device rpc:{endpoint}: `{port}` is not a port number 1-65535 ({usage})"
+            ),
+        },
     }
 }
 
