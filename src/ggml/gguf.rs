@@ -2739,7 +2739,7 @@ mod tests {
         let bytes = fs::read(&path).unwrap();
         let cut = dir.path().join("cut.gguf");
         fs::write(&cut, &bytes[..2 << 20]).unwrap();
-        let opened = GgufFile::open(&cut).err().expect("cut in the header");
+        let opened = GgufFile::open(&cut).expect_err("cut in the header");
         let parsed = GgufFile::from_bytes(bytes[..2 << 20].to_vec())
             .err()
             .unwrap();

@@ -56,7 +56,7 @@ fn check_rpc_endpoint(endpoint: &str) -> anyhow::Result<()> {
     let usage = "expected rpc:HOST:PORT, e.g. rpc:127.0.0.1:50052";
     match endpoint.rsplit_once(':') {
         None => anyhow::bail!("--device rpc:{endpoint}: the port is missing ({usage})"),
-        Some((host, _)) if host.is_empty() => {
+        Some(("", _)) => {
             anyhow::bail!("--device rpc:{endpoint}: the host is missing ({usage})")
         }
         Some((_, port)) => match port.parse::<u16>() {
