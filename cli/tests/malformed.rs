@@ -38,10 +38,6 @@ fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temporary paths are UTF-8")
-}
-
 /// A working folder with an empty `out/` for outputs.
 struct Case {
     dir: tempfile::TempDir,
@@ -446,4 +442,303 @@ fn process_res_and_threads_have_limits() {
         ],
         &["--process-res 5000", "limit of 2048"],
     );
+}
+
+// --- model files -------------------------------------------------------------------------------
+
+fn tiny_model(path: &Path) {
+    da3::da3::convert::write_synthetic(
+        path,
+        &da3::da3::Config::preset("da3-tiny").unwrap(),
+        da3::da3::convert::WeightType::F32,
+    )
+    .unwrap();
+}
+
+fn cpu() -> da3::ggml::Backend {
+    da3::ggml::Backend::cpu(2).unwrap()
+}
+
+/// A model file cut short after it was opened (another process truncating it while `da3
+/// depth` loads) is an error naming the file and a tensor; it used to be SIGBUS, which would
+/// kill this test process.
+#[test]
+fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
+    use da3::da3::{LoadOptions, Model};
+    let case = Case::new();
+    let path = case.path("tiny.gguf");
+    tiny_model(&path);
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default())
+        .err()
+        .expect("a truncated file cannot load");
+    let text = err.to_string();
+    assert!(
+        text.contains("tiny.gguf") && text.contains("changed while in use"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tensor '") && text.contains("truncated"),
+        "{text}"
+    );
+}
+
+/// A file rewritten in place (same size, new bytes) while it loads is noticed at the end.
+#[test]
+fn a_model_rewritten_in_place_while_loading_is_an_error() {
+    use da3::da3::{LoadOptions, Model};
+    let case = Case::new();
+    let path = case.path("tiny.gguf");
+    tiny_model(&path);
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    // Same size, a new modification time (set explicitly: timestamps can be coarse).
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
+        .unwrap();
+    let err = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default())
+        .err()
+        .expect("a rewritten file is refused");
+    assert!(
+        err.to_string().contains("modified while it was being read"),
+        "{err}"
+    );
+}
+
+/// Once loaded, a model no longer reads its file: truncating it changes nothing.
+#[test]
+fn a_model_truncated_after_loading_still_computes_the_same_depth() {
+    use da3::da3::{synthetic, LoadOptions, Model};
+    let case = Case::new();
+    let path = case.path("tiny.gguf");
+    tiny_model(&path);
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let mut model = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default()).unwrap();
+    let image = synthetic::image(160, 120);
+    let before = model.infer(&image, 112).unwrap().depth;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    model.clear_graphs();
+    let after = model.infer(&image, 112).unwrap().depth;
+    assert_eq!(before, after);
+    assert!(before.iter().all(|d| d.is_finite()));
+    drop(file);
+}
+
+#[test]
+fn a_directory_as_the_model_is_named_as_one() {
+    let case = Case::new();
+    std::fs::create_dir(case.path("models")).unwrap();
+    case.assert_fails(
+        &depth_args(&["--model", "models", "--pfm", "out/d.pfm"]),
+        &["models", "is a directory"],
+    );
+    let run = case.assert_fails(
+        &["info", "--model", "models", "--device", "cpu"],
+        &["is a directory"],
+    );
+    assert!(!run.stderr.contains("No such device"), "{}", run.context());
+}
+
+/// A copy of the built-in model (stored as `weight_type`) with tensor `name`'s data replaced
+/// by `edit` of its bytes, written to `dest`.
+fn poisoned_model(
+    dest: &Path,
+    weight_type: da3::da3::convert::WeightType,
+    name: &str,
+    edit: impl Fn(&mut Vec<u8>),
+    metadata: &[(&str, da3::ggml::gguf::Value)],
+) {
+    use da3::ggml::gguf::{GgufFile, GgufWriter};
+    let source = dest.with_extension("source.gguf");
+    da3::da3::convert::write_synthetic(
+        &source,
+        &da3::da3::Config::preset("da3-tiny").unwrap(),
+        weight_type,
+    )
+    .unwrap();
+    let file = GgufFile::from_bytes(std::fs::read(&source).unwrap()).unwrap();
+    std::fs::remove_file(&source).unwrap();
+    let mut w = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        w.set(key, value.clone());
+    }
+    for (key, value) in metadata {
+        w.set(*key, value.clone());
+    }
+    let mut found = false;
+    for t in file.tensors() {
+        let mut data = file.tensor_data(t).unwrap().to_vec();
+        if t.name == name {
+            edit(&mut data);
+            found = true;
+        }
+        w.add_tensor(t.name.clone(), t.dtype, t.shape(), data)
+            .unwrap();
+    }
+    assert!(found || name.is_empty(), "no tensor {name}");
+    w.write_to(dest).unwrap();
+}
+
+fn model_case(
+    weight_type: da3::da3::convert::WeightType,
+    name: &str,
+    edit: impl Fn(&mut Vec<u8>),
+    metadata: &[(&str, da3::ggml::gguf::Value)],
+) -> Case {
+    let case = Case::new();
+    poisoned_model(&case.path("model.gguf"), weight_type, name, edit, metadata);
+    case
+}
+
+fn depth_with_model(case: &Case, parts: &[&str]) -> Run {
+    case.assert_fails(
+        &depth_args(&[
+            "--model",
+            "model.gguf",
+            "--pfm",
+            "out/d.pfm",
+            "--png",
+            "out/d.png",
+        ]),
+        parts,
+    )
+}
+
+#[test]
+fn nan_and_infinity_in_weights_are_named_at_load() {
+    use da3::da3::convert::WeightType;
+    // f32: a NaN in a LayerNorm weight; f16: an infinity in a matrix weight (kept in f16 or
+    // packed to bf16) and a NaN in a converted-to-f32 tensor.
+    let nan_f32 = |d: &mut Vec<u8>| d[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
+    let case = model_case(WeightType::F32, "vit.blk.1.norm1.weight", nan_f32, &[]);
+    depth_with_model(
+        &case,
+        &["`vit.blk.1.norm1.weight`", "NaN or infinity", "element 2"],
+    );
+    let inf_f16 = |d: &mut Vec<u8>| d[2..4].copy_from_slice(&0x7C00u16.to_le_bytes());
+    let case = model_case(WeightType::F16, "vit.blk.0.attn_qkv.weight", inf_f16, &[]);
+    depth_with_model(&case, &["`vit.blk.0.attn_qkv.weight`", "NaN or infinity"]);
+    let case = model_case(WeightType::F32, "vit.pos_embed", nan_f32, &[]);
+    depth_with_model(&case, &["`vit.pos_embed`", "NaN or infinity"]);
+}
+
+#[test]
+fn weights_that_overflow_give_an_error_not_a_nan_picture() {
+    use da3::da3::convert::WeightType;
+    let huge = |d: &mut Vec<u8>| {
+        for v in d.chunks_exact_mut(4) {
+            v.copy_from_slice(&1.0e30f32.to_le_bytes());
+        }
+    };
+    let case = model_case(WeightType::F32, "head.scratch.out2b.bias", huge, &[]);
+    // -q: the planner's info line would come first.
+    case.assert_fails(
+        &depth_args(&["-q", "--model", "model.gguf", "--pfm", "out/d.pfm"]),
+        &[
+            "model.gguf",
+            "every depth value is NaN or infinite",
+            "nothing written",
+        ],
+    );
+}
+
+#[test]
+fn image_normalisation_keys_are_checked() {
+    use da3::da3::convert::WeightType;
+    use da3::ggml::gguf::Value;
+    let keep = |_: &mut Vec<u8>| {};
+    let cases: [(&str, Value, &[&str]); 5] = [
+        (
+            "depthanything3.img.mean",
+            vec![0.5f32, 0.5, 0.5].into(),
+            &["img.mean", "differs from the ImageNet normalisation"],
+        ),
+        (
+            "depthanything3.img.std",
+            vec![0.229f32, 0.0, 0.225].into(),
+            &["img.std", "finite and positive"],
+        ),
+        (
+            "depthanything3.img.std",
+            vec![f32::NAN, 0.224, 0.225].into(),
+            &["img.std", "finite and positive"],
+        ),
+        (
+            "depthanything3.img.mean",
+            (0..1000).map(|i| i as f32).collect::<Vec<f32>>().into(),
+            &[
+                "img.mean",
+                "must hold 3 values",
+                "found 1000 values [0.0, 1.0",
+            ],
+        ),
+        (
+            "depthanything3.vit.out_layers",
+            (0..1000).collect::<Vec<i32>>().into(),
+            &["vit.out_layers", "found 1000 values"],
+        ),
+    ];
+    for (key, value, parts) in cases {
+        let case = model_case(WeightType::F32, "", keep, &[(key, value)]);
+        let run = depth_with_model(&case, parts);
+        assert!(
+            run.stderr.len() < 600,
+            "a short message, not every value\n{}",
+            run.context()
+        );
+    }
+    // The official values themselves load.
+    let official: [(&str, Value); 2] = [
+        (
+            "depthanything3.img.mean",
+            vec![0.485f32, 0.456, 0.406].into(),
+        ),
+        (
+            "depthanything3.img.std",
+            vec![0.229f32, 0.224, 0.225].into(),
+        ),
+    ];
+    let case = model_case(WeightType::F32, "", keep, &official);
+    let run = case.run(&depth_args(&[
+        "--model",
+        "model.gguf",
+        "--pfm",
+        "out/d.pfm",
+    ]));
+    assert_eq!(run.code, Some(0), "{}", run.context());
+}
+
+// --- messages ----------------------------------------------------------------------------------
+
+#[test]
+fn rpc_endpoints_without_a_port_say_so() {
+    let case = Case::new();
+    for (spec, why) in [
+        ("rpc:localhost", "the port is missing"),
+        ("rpc::50052", "the host is missing"),
+        ("rpc:localhost:http", "`http` is not a port number"),
+        ("rpc:localhost:70000", "`70000` is not a port number"),
+    ] {
+        let run = case.assert_fails(
+            &["depth", "--device", spec, "--pfm", "out/d.pfm"],
+            &[spec, why, "rpc:HOST:PORT"],
+        );
+        assert!(!run.stderr.contains("unreachable"), "{}", run.context());
+    }
 }

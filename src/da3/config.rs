@@ -345,11 +345,13 @@ impl Config {
         if let Some(oc) = file.opt_i32_array(&key("head.out_channels"))? {
             config.head.out_channels = four(&oc, "head.out_channels")?;
         }
+        // Preprocessing applies the official ImageNet normalisation; a file asking for another
+        // one would silently get wrong depth, so it is refused.
         if let Some(mean) = file.opt_f32_array(&key("img.mean"))? {
-            config.mean = three(mean, "img.mean")?;
+            config.mean = normalisation(mean, "img.mean", IMAGENET_MEAN)?;
         }
         if let Some(std) = file.opt_f32_array(&key("img.std"))? {
-            config.std = three(std, "img.std")?;
+            config.std = normalisation(std, "img.std", IMAGENET_STD)?;
         }
         // `cam.dim_in` is written as 1536 for every variant; the weights decide (see loading).
         config.cam_dim = config.cam_dim.map(|_| config.vit.feature_dim());
@@ -424,7 +426,8 @@ fn four(values: &[i32], key: &str) -> Result<[usize; 4], Error> {
             Ok([*a as usize, *b as usize, *c as usize, *d as usize])
         }
         _ => Err(Error::Config(format!(
-            "{key} must hold 4 non-negative values, found {values:?}"
+            "{key} must hold 4 non-negative values, found {}",
+            echo(values)
         ))),
     }
 }
@@ -433,9 +436,44 @@ fn three(values: &[f32], key: &str) -> Result<[f32; 3], Error> {
     match values {
         [a, b, c] => Ok([*a, *b, *c]),
         _ => Err(Error::Config(format!(
-            "{key} must hold 3 values, found {values:?}"
+            "{key} must hold 3 values, found {}",
+            echo(values)
         ))),
     }
+}
+
+/// `img.mean` / `img.std`: three finite values (a positive std) equal to `expected`, the
+/// ImageNet values the preprocessing applies (to within f32 rounding of a decimal value).
+fn normalisation(values: &[f32], key: &str, expected: [f32; 3]) -> Result<[f32; 3], Error> {
+    let got = three(values, key)?;
+    if got.iter().any(|v| !v.is_finite()) || (key == "img.std" && got.iter().any(|&v| v <= 0.0)) {
+        return Err(Error::Config(format!(
+            "{key} {got:?} must be finite{}",
+            if key == "img.std" {
+                " and positive"
+            } else {
+                ""
+            }
+        )));
+    }
+    if got.iter().zip(expected).any(|(g, e)| (g - e).abs() > 1e-6) {
+        return Err(Error::Config(format!(
+            "{key} {got:?} differs from the ImageNet normalisation {expected:?} this \
+             implementation applies (as the official preprocessing does); a model trained \
+             with another normalisation is not supported"
+        )));
+    }
+    Ok(got)
+}
+
+/// At most 8 values of a metadata array, and the count when there are more.
+fn echo<T: std::fmt::Debug>(values: &[T]) -> String {
+    const SHOWN: usize = 8;
+    if values.len() <= SHOWN {
+        return format!("{values:?}");
+    }
+    let head: Vec<String> = values[..SHOWN].iter().map(|v| format!("{v:?}")).collect();
+    format!("{} values [{}, ...]", values.len(), head.join(", "))
 }
 
 #[cfg(test)]

@@ -314,6 +314,20 @@ impl Session {
     ) -> Result<Prediction, Error> {
         let processed = preprocess::preprocess(image, process_res)?;
         let mut prediction = self.forward(&processed)?;
+        let finite = prediction.depth.iter().filter(|v| v.is_finite()).count();
+        if finite == 0 {
+            return Err(Error::Input(format!(
+                "{}: every depth value is NaN or infinite (weights out of range?)",
+                self.model.shared.config.name
+            )));
+        }
+        if finite < prediction.depth.len() {
+            log::warn!(
+                "{} of {} depth values are NaN or infinite",
+                prediction.depth.len() - finite,
+                prediction.depth.len()
+            );
+        }
         postprocess(&mut prediction);
         Ok(prediction)
     }

@@ -402,8 +402,9 @@ impl<'f> Loader<'f> {
         let info = self.info(name)?;
         self.used.insert(name.to_owned());
         let file = self.file().expect("info found a file");
-        let values = to_f32(name, info.dtype, file.tensor_data(info)?)?;
-        file.release_tensor_data(info);
+        let bytes = file.read_tensor_data(info)?;
+        check_finite(name, info.dtype, &bytes)?;
+        let values = to_f32(name, info.dtype, &bytes)?;
         self.host_values.insert(name.to_owned(), values.clone());
         Ok(values)
     }
@@ -422,7 +423,11 @@ impl<'f> Loader<'f> {
             .allocate_in(device.buffer_type()?, BufferUsage::Weights)?;
         for p in &self.pending {
             let info = file.tensor(&p.name).expect("checked when declared");
-            let data = file.tensor_data(info)?;
+            // Copied with positioned reads, not through the file's memory map: a file
+            // truncated meanwhile is an error, not SIGBUS.
+            let data = file.read_tensor_data(info)?;
+            let data = &*data;
+            check_finite(&p.name, info.dtype, data)?;
             let ctx = if self.host_names.contains(&p.name) {
                 self.host_ctx.as_ref().expect("host ctx")
             } else {
@@ -445,8 +450,9 @@ impl<'f> Loader<'f> {
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
             }
-            file.release_tensor_data(info);
         }
+        // A file rewritten in place while it was read may have mixed old and new bytes.
+        file.check_unchanged()?;
         let mut unused: Vec<String> = file
             .tensors()
             .iter()
@@ -503,6 +509,29 @@ fn pad4i(ne: &[i64]) -> [i64; 4] {
     let mut out = [1i64; 4];
     out[..ne.len()].copy_from_slice(ne);
     out
+}
+
+/// Fails naming the tensor when f32, f16 or bf16 data holds a NaN or an infinity (one pass
+/// over the bits as the data is copied; quantised types are not checked).
+pub fn check_finite(name: &str, dtype: DType, bytes: &[u8]) -> Result<(), Error> {
+    let first_bad = match dtype {
+        DType::F32 => bytes.chunks_exact(4).position(|b| {
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7F80_0000 == 0x7F80_0000
+        }),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80),
+        _ => None,
+    };
+    match first_bad {
+        Some(i) => Err(Error::Weights(format!(
+            "tensor `{name}` holds NaN or infinity (first at element {i}); the file is corrupt"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn dtype_supported_for_matmul(dtype: DType) -> bool {

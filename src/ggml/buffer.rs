@@ -429,7 +429,7 @@ impl Context {
 
 impl Context {
     /// Every tensor of a GGUF file, named as in the file, in one `backend` buffer of `usage`.
-    /// Shapes and types are the file's; the data is copied from the (memory-mapped) file.
+    /// Shapes and types are the file's; the data is copied from the file with positioned reads.
     pub fn from_gguf(
         file: &super::gguf::GgufFile,
         backend: &Backend,
@@ -444,7 +444,7 @@ impl Context {
         }
         ctx.allocate_on(backend, usage)?;
         for (tensor, info) in &loaded {
-            ctx.write_bytes(tensor, file.tensor_data(info)?)?;
+            ctx.write_bytes(tensor, &file.read_tensor_data(info)?)?;
         }
         Ok(ctx)
     }

@@ -236,6 +236,14 @@ pub enum GgufError {
         /// Bytes given.
         actual: u64,
     },
+    /// A file that changed (truncated or rewritten) after it was opened.
+    #[error("GGUF file {} changed while in use: {reason}", path.display())]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// What changed.
+        reason: String,
+    },
     /// A required metadata key is absent.
     #[error("missing metadata key '{key}'")]
     MissingKey {
@@ -918,7 +926,9 @@ struct Header {
     data_offset: u64,
 }
 
-fn parse(buf: &[u8], path: Option<&Path>) -> Result<Header, GgufError> {
+/// Parses the header at the start of `buf`, which holds the first bytes of a file of
+/// `file_size` bytes (all of them, or a prefix that ends after the header).
+fn parse(buf: &[u8], file_size: u64, path: Option<&Path>) -> Result<Header, GgufError> {
     let mut r = Reader { buf, pos: 0 };
 
     let magic = r.bytes::<4>(&|| "magic".to_owned())?;
@@ -1013,7 +1023,6 @@ fn parse(buf: &[u8], path: Option<&Path>) -> Result<Header, GgufError> {
 
     // Like gguf.cpp, the data section is aligned only when there are tensors.
     let header_end = r.offset();
-    let file_size = buf.len() as u64;
     let data_offset = if tensors.is_empty() {
         header_end
     } else {
@@ -1094,15 +1103,72 @@ fn check_tensor_ranges(
 }
 
 enum Backing {
-    Mmap(Mmap),
+    /// A file on disk: the loader reads it with `pread` (a file that shrinks gives an error);
+    /// the map serves only [`GgufFile::tensor_data`] and [`GgufFile::data_section`].
+    Mmap {
+        map: Mmap,
+        file: File,
+        /// Size and modification time when opened, to notice a file changed while in use.
+        stamp: (u64, Option<std::time::SystemTime>),
+    },
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mmap(m) => m,
+            Backing::Mmap { map, .. } => map,
             Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// Most header bytes [`GgufFile::open`] reads to parse a file's metadata and tensor infos.
+pub const MAX_HEADER_BYTES: u64 = 256 << 20;
+
+/// Reads `len` bytes at `offset` of `file` (positioned reads: the file's cursor is unused).
+fn read_at(file: &File, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; len];
+    #[cfg(unix)]
+    std::os::unix::fs::FileExt::read_exact_at(file, &mut buf, offset)?;
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = file;
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(&mut buf)?;
+    }
+    Ok(buf)
+}
+
+fn stamp_of(meta: &fs::Metadata) -> (u64, Option<std::time::SystemTime>) {
+    (meta.len(), meta.modified().ok())
+}
+
+/// Parses the header of `file` (`file_size` bytes) from a growing prefix read with `read`,
+/// never the whole file unless the header needs it.
+fn parse_file(file: &File, file_size: u64, path: &Path) -> Result<Header, GgufError> {
+    let io_err = |source| GgufError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut n = file_size.min(1 << 20);
+    loop {
+        let buf = read_at(file, 0, n as usize).map_err(io_err)?;
+        match parse(&buf, file_size, Some(path)) {
+            // The prefix ended inside the header: read more of it.
+            Err(GgufError::Truncated { .. } | GgufError::TooLarge { .. })
+                if n < file_size && n < MAX_HEADER_BYTES =>
+            {
+                n = file_size.min(n * 4).min(MAX_HEADER_BYTES);
+            }
+            Err(GgufError::Truncated { what, offset }) if n < file_size => {
+                return Err(GgufError::Truncated {
+                    what: format!("{what} (the header is larger than {MAX_HEADER_BYTES} bytes)"),
+                    offset,
+                })
+            }
+            result => return result,
         }
     }
 }
@@ -1138,13 +1204,15 @@ macro_rules! required {
 }
 
 impl GgufFile {
-    /// Memory-maps and validates the GGUF file at `path`.
+    /// Opens and validates the GGUF file at `path`.
     ///
-    /// The file must not be modified or truncated, by this or any other process,
-    /// while the returned value is alive: that can crash the process (`SIGBUS`) or
-    /// make tensor data change under a borrow. Replacing the file by rename, as
-    /// [`GgufWriter::write_to`] does, is fine on Unix. When that cannot be
-    /// guaranteed, use `GgufFile::from_bytes(std::fs::read(path)?)` instead.
+    /// The header is read with ordinary reads. [`read_tensor_data`](Self::read_tensor_data)
+    /// (which the DA3 loader uses) copies tensors out with positioned reads too, so a file
+    /// truncated or rewritten while it is open gives an error, never a crash. The file is
+    /// also memory-mapped for the borrowing accessors [`tensor_data`](Self::tensor_data)
+    /// and [`data_section`](Self::data_section): a caller of those must make sure the file is
+    /// not modified or truncated while the value is alive (that can raise `SIGBUS`).
+    /// Replacing the file by rename, as [`GgufWriter::write_to`] does, is fine on Unix.
     pub fn open(path: impl AsRef<Path>) -> Result<GgufFile, GgufError> {
         let path = path.as_ref();
         let io_err = |source| GgufError::Io {
@@ -1152,6 +1220,15 @@ impl GgufFile {
             source,
         };
         let file = File::open(path).map_err(io_err)?;
+        let meta = file.metadata().map_err(io_err)?;
+        if meta.is_dir() {
+            return Err(io_err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                "it is a directory, not a GGUF file",
+            )));
+        }
+        let stamp = stamp_of(&meta);
+        let header = parse_file(&file, stamp.0, path)?;
         // SAFETY: `Mmap::map` is unsafe because the mapped bytes belong to a file that
         // can change behind our back. We open it read-only and never write through
         // the map, but nothing stops another process (or other code in this one)
@@ -1160,12 +1237,17 @@ impl GgufFile {
         // Rust's aliasing rules (UB in principle; in practice the reader sees
         // inconsistent data, and since every access is bounds-checked against the
         // map's fixed length it cannot go out of bounds); a truncation makes reads of
-        // the lost pages raise SIGBUS. No API can rule this out for ordinary files,
-        // so, like llama.cpp, candle and safetensors, we make it the caller's
-        // obligation, documented above: do not modify a GGUF file in place while it
-        // is open. A rename-replace is harmless because the map keeps the old inode.
+        // the lost pages raise SIGBUS. Mapping touches no page: only `tensor_data` and
+        // `data_section` read through the map, and their callers take on the obligation
+        // documented above (like llama.cpp, candle and safetensors do); the header and
+        // `read_tensor_data` use positioned reads instead. A rename-replace is harmless
+        // because the map keeps the old inode.
         let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
-        Self::from_backing(Backing::Mmap(map), Some(path.to_owned()))
+        Ok(GgufFile {
+            data: Backing::Mmap { map, file, stamp },
+            path: Some(path.to_owned()),
+            header,
+        })
     }
 
     /// Validates a GGUF file held in memory (no `unsafe`, no mapping).
@@ -1174,7 +1256,8 @@ impl GgufFile {
     }
 
     fn from_backing(data: Backing, path: Option<PathBuf>) -> Result<GgufFile, GgufError> {
-        let header = parse(data.bytes(), path.as_deref())?;
+        let bytes = data.bytes();
+        let header = parse(bytes, bytes.len() as u64, path.as_deref())?;
         Ok(GgufFile { data, path, header })
     }
 
@@ -1241,7 +1324,7 @@ impl GgufFile {
     /// effect on files read into memory or on other systems than Unix.
     pub fn release_tensor_data(&self, info: &TensorInfo) {
         #[cfg(unix)]
-        if let (Backing::Mmap(map), Ok(bytes)) = (&self.data, self.tensor_data(info)) {
+        if let (Backing::Mmap { map, .. }, Ok(bytes)) = (&self.data, self.tensor_data(info)) {
             let offset = bytes.as_ptr() as usize - map.as_ptr() as usize;
             // SAFETY: a read-only file mapping: MADV_DONTNEED drops its pages and a later read
             // faults the same bytes in again from the file, as after an eviction under memory
@@ -1249,6 +1332,76 @@ impl GgufFile {
             let _ = unsafe {
                 map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len())
             };
+        }
+    }
+
+    /// The raw bytes of a tensor, copied out of the file with positioned reads (borrowed for
+    /// a file held in memory). Unlike [`tensor_data`](Self::tensor_data) this never reads
+    /// through the memory map, so a file truncated since it was opened gives
+    /// [`GgufError::Changed`] instead of `SIGBUS`.
+    pub fn read_tensor_data(&self, info: &TensorInfo) -> Result<Cow<'_, [u8]>, GgufError> {
+        let Backing::Mmap { file, .. } = &self.data else {
+            return self.tensor_data(info).map(Cow::Borrowed);
+        };
+        let size = info.nbytes();
+        let range = self
+            .header
+            .data_offset
+            .checked_add(info.offset)
+            .filter(|start| {
+                start
+                    .checked_add(size)
+                    .is_some_and(|end| end <= self.file_size())
+            })
+            .zip(usize::try_from(size).ok());
+        let Some((start, len)) = range else {
+            return Err(GgufError::DataOutOfBounds {
+                tensor: info.name.clone(),
+                offset: self.header.data_offset.saturating_add(info.offset),
+                size,
+                file_size: self.file_size(),
+            });
+        };
+        read_at(file, start, len).map(Cow::Owned).map_err(|e| {
+            let now = file.metadata().map(|m| m.len()).ok();
+            GgufError::Changed {
+                path: self.path.clone().unwrap_or_default(),
+                reason: match now {
+                    Some(now) if now < start + size => format!(
+                        "tensor '{}' ends at byte {}, but the file now has {now} bytes (truncated while in use)",
+                        info.name,
+                        start + size
+                    ),
+                    _ => format!("reading tensor '{}': {e}", info.name),
+                },
+            }
+        })
+    }
+
+    /// Fails with [`GgufError::Changed`] if the file's size or modification time differ from
+    /// when it was opened (it was rewritten in place while in use); `Ok` for files in memory.
+    pub fn check_unchanged(&self) -> Result<(), GgufError> {
+        let Backing::Mmap { file, stamp, .. } = &self.data else {
+            return Ok(());
+        };
+        let now = file.metadata().map(|m| stamp_of(&m));
+        match now {
+            Ok(now) if now == *stamp => Ok(()),
+            Ok((len, _)) => Err(GgufError::Changed {
+                path: self.path.clone().unwrap_or_default(),
+                reason: if len == stamp.0 {
+                    "it was modified while it was being read".to_owned()
+                } else {
+                    format!(
+                        "its size went from {} to {len} bytes while it was being read",
+                        stamp.0
+                    )
+                },
+            }),
+            Err(source) => Err(GgufError::Io {
+                path: self.path.clone().unwrap_or_default(),
+                source,
+            }),
         }
     }
 
@@ -2558,6 +2711,44 @@ mod tests {
         match GgufFile::open(&text) {
             Err(e @ GgufError::BadMagic { .. }) => {
                 assert!(e.to_string().contains("text.gguf"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn open_reads_headers_larger_than_its_first_read_and_copies_tensors_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big-header.gguf");
+        let mut w = GgufWriter::new();
+        // 3 MiB of metadata: more than the first 1 MiB read of the header.
+        w.set("test.blob", "x".repeat(3 << 20));
+        let data: Vec<u8> = (0..4096u32)
+            .flat_map(|i| (i as f32).to_le_bytes())
+            .collect();
+        w.add_tensor("t", DType::F32, &[4096], data.clone())
+            .unwrap();
+        w.write_to(&path).unwrap();
+        let file = GgufFile::open(&path).unwrap();
+        assert_eq!(file.get_str("test.blob").unwrap().len(), 3 << 20);
+        let info = file.tensor("t").unwrap();
+        assert_eq!(&*file.read_tensor_data(info).unwrap(), &data[..]);
+        assert_eq!(file.tensor_data(info).unwrap(), &data[..]);
+        file.check_unchanged().unwrap();
+        // Cut inside the header: the error of parsing the whole file at once.
+        let bytes = fs::read(&path).unwrap();
+        let cut = dir.path().join("cut.gguf");
+        fs::write(&cut, &bytes[..2 << 20]).unwrap();
+        let opened = GgufFile::open(&cut).expect_err("cut in the header");
+        let parsed = GgufFile::from_bytes(bytes[..2 << 20].to_vec())
+            .err()
+            .unwrap();
+        assert!(matches!(opened, GgufError::TooLarge { .. }), "{opened}");
+        assert_eq!(opened.to_string(), parsed.to_string());
+        // A directory is named as one.
+        match GgufFile::open(dir.path()) {
+            Err(e @ GgufError::Io { .. }) => {
+                assert!(e.to_string().contains("is a directory"), "{e}")
             }
             other => panic!("{other:?}"),
         }
