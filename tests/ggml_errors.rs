@@ -1268,3 +1268,54 @@ fn flash_attn_ext_refuses_a_non_f32_q_and_integer_k_or_v() {
         ["`ki` i32"]
     );
 }
+
+/// Found by the graph_ops fuzz target: `ggml_is_contiguous` skips dims of size 1, so a view
+/// whose size-1 dim has an odd stride is contiguous yet not padded-1d, and ggml_scale aborted.
+#[test]
+fn scale_refuses_a_contiguous_view_that_is_not_padded_1d() {
+    let c = ctx();
+    let x = f32(&c, &[4, 3], "x");
+    let v = c.view(&x, &[4, 1, 3], &[8, 16], 0).unwrap().named("odd");
+    assert!(v.is_contiguous());
+    assert_err!(
+        c.scale(&v, 2.0),
+        Error::NotContiguous { op: "scale", .. },
+        ["`odd`"]
+    );
+}
+
+/// Found by the graph_ops fuzz target: a row of one value passes ggml's row-contiguity check
+/// with any stride, but the CPU's unary kernels assert `nb[0]` is the element size.
+#[test]
+fn unary_ops_refuse_rows_of_one_strided_value() {
+    let c = ctx();
+    let t = c.transpose(&f32(&c, &[4, 1], "col")).unwrap().named("row1");
+    assert_eq!(t.ne()[0], 1);
+    assert_err!(
+        c.tanh(&t),
+        Error::NotContiguous { op: "tanh", .. },
+        ["`row1`"]
+    );
+    assert_err!(
+        c.gelu(&t),
+        Error::NotContiguous { op: "gelu", .. },
+        ["`row1`"]
+    );
+}
+
+/// Found by the graph_ops fuzz target: the CPU kernel asserts the input's rows are contiguous.
+#[test]
+fn conv_transpose_2d_refuses_an_input_with_strided_rows() {
+    let c = ctx();
+    let kernel = f32(&c, &[3, 3, 2, 4], "k");
+    let x = f32(&c, &[4, 5, 4], "x");
+    let xt = c.transpose(&x).unwrap().named("xT");
+    assert_err!(
+        c.conv_transpose_2d(&kernel, &xt, 2),
+        Error::NotContiguous {
+            op: "conv_transpose_2d",
+            ..
+        },
+        ["`xT`"]
+    );
+}

@@ -28,9 +28,9 @@ fn main() {
     write("gguf_model", "da3-tiny.gguf", &bytes);
     let mut w = GgufWriter::new();
     convert::write_metadata(&mut w, &config);
-    w.add_tensor("vit.norm.weight".into(), DType::F32, &[4], vec![0; 16])
+    w.add_tensor("vit.norm.weight", DType::F32, &[4], vec![0; 16])
         .unwrap();
-    w.add_tensor("vit.cls_token".into(), DType::F32, &[4, 1], vec![0; 16])
+    w.add_tensor("vit.cls_token", DType::F32, &[4, 1], vec![0; 16])
         .unwrap();
     let mut small = Vec::new();
     w.write_to_writer(&mut small).unwrap();
@@ -57,7 +57,33 @@ fn main() {
 
     // Graphs: a few programs (one op each kind, small shapes).
     for op in 0..36u8 {
-        let seed = [op & 1, 3, 0, 2, 3, 3, 1, 2, 3, 3, 0, 1, 2, 2, 3, 2, 3, 8, 0, 1, 2, op, 1, 2, 3];
+        let seed = [
+            op & 1,
+            3,
+            0,
+            2,
+            3,
+            3,
+            1,
+            2,
+            3,
+            3,
+            0,
+            1,
+            2,
+            2,
+            3,
+            2,
+            3,
+            8,
+            0,
+            1,
+            2,
+            op,
+            1,
+            2,
+            3,
+        ];
         write("graph_ops", &format!("op{op:02}"), &seed);
     }
 }

@@ -282,9 +282,23 @@ impl Context {
     /// ggml_scale_impl asserts `ggml_is_padded_1d(a)` (a permuted view aborts when the op is
     /// built); the CPU kernel (ops.cpp, `ggml_compute_forward_scale`) aborts on types other
     /// than f32 and bf16 and asserts a contiguous `a` for both.
+    ///
+    /// Contiguous does not imply padded-1d: ggml_is_contiguous skips dims of size 1, whose
+    /// stride may then be anything (found by the graph_ops fuzz target).
     fn check_scale(&self, op: &'static str, a: &Tensor) -> Result<()> {
         require_dtype(op, a, &[DType::F32, DType::BF16])?;
-        require_contiguous(op, a)
+        require_contiguous(op, a)?;
+        let (ne, nb) = (a.ne(), a.nb());
+        let padded_1d = nb[0] == a.dtype().type_size()
+            && nb[2] as u64 == nb[1] as u64 * ne[1] as u64
+            && nb[3] as u64 == nb[2] as u64 * ne[2] as u64;
+        if !padded_1d {
+            return Err(Error::NotContiguous {
+                op,
+                operand: a.describe(),
+            });
+        }
+        Ok(())
     }
 
     fn unary(
@@ -298,9 +312,10 @@ impl Context {
     ) -> Result<Tensor> {
         // The CPU kernels (ops.cpp, unary-ops.cpp) abort on types other than these.
         require_dtype(op, a, &[DType::F32, DType::F16, DType::BF16])?;
-        let rows_contiguous =
-            a.ne()[0] == a.dtype().block_size() as i64 || a.nb()[0] == a.dtype().type_size();
-        if !rows_contiguous {
+        // ggml_unary_impl asserts ggml_is_contiguous_rows (which lets a row of one value have
+        // any stride); the CPU kernels assert `nb[0]` is the element size regardless (found by
+        // the graph_ops fuzz target).
+        if a.nb()[0] != a.dtype().type_size() {
             return Err(Error::NotContiguous {
                 op,
                 operand: a.describe(),
@@ -1070,13 +1085,16 @@ impl Context {
         stride: i32,
     ) -> Result<Tensor> {
         let (kn, inp) = (kernel.ne(), input.ne());
-        // The CPU kernel reads an f32 input and the kernel's rows in place.
+        // The CPU kernel reads an f32 input and the kernel's rows in place, and asserts both
+        // rows are contiguous (the input's found by the graph_ops fuzz target).
         require_dtype("conv_transpose_2d", input, &[DType::F32])?;
-        if kernel.nb()[0] != kernel.dtype().type_size() {
-            return Err(Error::NotContiguous {
-                op: "conv_transpose_2d",
-                operand: kernel.describe(),
-            });
+        for t in [kernel, input] {
+            if t.nb()[0] != t.dtype().type_size() {
+                return Err(Error::NotContiguous {
+                    op: "conv_transpose_2d",
+                    operand: t.describe(),
+                });
+            }
         }
         if kn[3] != inp[2] {
             return Err(mismatch(

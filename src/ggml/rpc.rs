@@ -3,6 +3,19 @@
 //! ggml's client aborts the process when a server is unreachable, so every client entry
 //! point here probes the TCP endpoint first. The protocol has no authentication: serve on
 //! loopback unless the network is trusted.
+//!
+//! What cannot be made survivable in-process: once connected, ggml's client aborts the whole
+//! process (`GGML_ABORT("Remote RPC server crashed or returned malformed response")`, SIGABRT)
+//! when the server dies or the connection closes mid-run, and waits forever when the server
+//! stops answering (a stopped or hung server). That code is C++ inside ggml; a Rust caller
+//! cannot catch the abort. So:
+//! - [`Device::rpc_with_answer_timeout`] relays the connection through a local
+//!   [`super::rpc_guard`] relay that closes it when the server owes an answer and sends
+//!   nothing for the timeout: a hang becomes the same abort as a dead server;
+//! - a computation that must survive either runs in a child process, and the parent reads
+//!   the child's exit status (what `da3 repro` does for its unchecked run);
+//! - set `GGML_NO_BACKTRACE=1` (the `da3` command does) or ggml's abort handler forks gdb
+//!   to print a backtrace first.
 
 use super::backend::{cstring, Device};
 use super::error::{Error, Result};
@@ -62,6 +75,66 @@ impl Device {
                 reason: "the server's registry has no device 0".into(),
             })
     }
+}
+
+impl Device {
+    /// Like [`Device::rpc`], through a local relay that closes the connection when the server
+    /// owes an answer and sends nothing for `answer_timeout`. ggml's client then aborts the
+    /// process (see the module documentation) instead of waiting forever: run the work in a
+    /// child process to survive it. The timeout must exceed the longest graph compute, whose
+    /// results the next read waits for. The device is named after the relay's loopback port.
+    pub fn rpc_with_answer_timeout(endpoint: &str, answer_timeout: Duration) -> Result<Device> {
+        probe(endpoint, Duration::from_secs(3))?;
+        let local = guard(endpoint, answer_timeout)?;
+        Device::rpc(&local)
+    }
+}
+
+/// The loopback endpoint of a relay to `endpoint` (one per endpoint and timeout, for the
+/// life of the process).
+fn guard(endpoint: &str, answer_timeout: Duration) -> Result<String> {
+    use std::sync::Mutex;
+    static GUARDS: Mutex<Vec<(String, Duration, String)>> = Mutex::new(Vec::new());
+    let mut guards = GUARDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, _, local)) = guards
+        .iter()
+        .find(|(e, t, _)| e == endpoint && *t == answer_timeout)
+    {
+        return Ok(local.clone());
+    }
+    let remote = resolve(endpoint)?;
+    let listener = TcpListener::bind(("127.0.0.1", 0)).map_err(|source| Error::RpcUnreachable {
+        endpoint: "127.0.0.1:0 (local relay)".into(),
+        source,
+    })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| Error::RpcUnreachable {
+            endpoint: "local relay".into(),
+            source,
+        })?
+        .to_string();
+    let limits = super::rpc_guard::Limits {
+        max_message: u64::MAX,
+        idle_timeout: Duration::MAX,
+        answer_timeout: Some(answer_timeout),
+    };
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let end = super::rpc_guard::relay(
+                    conn,
+                    || TcpStream::connect_timeout(&remote, Duration::from_secs(10)),
+                    limits,
+                );
+                if matches!(end, super::rpc_guard::RelayEnd::ServerSilent) {
+                    log::error!("RPC server {remote} {end}: closing the connection");
+                }
+            });
+        }
+    });
+    guards.push((endpoint.to_owned(), answer_timeout, local.clone()));
+    Ok(local)
 }
 
 /// Serves `device` (usually the CPU) to RPC clients at `endpoint`. Blocks for as long as the

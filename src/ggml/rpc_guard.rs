@@ -42,6 +42,9 @@ pub struct Limits {
     pub max_message: u64,
     /// A client that sends nothing for this long while no answer is due is disconnected.
     pub idle_timeout: Duration,
+    /// A server that owes an answer and sends nothing for this long is disconnected (for the
+    /// client side; `None`: wait as long as it takes).
+    pub answer_timeout: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -49,6 +52,7 @@ impl Default for Limits {
         Limits {
             max_message: 1 << 30,
             idle_timeout: Duration::from_secs(300),
+            answer_timeout: None,
         }
     }
 }
@@ -62,6 +66,8 @@ pub enum RelayEnd {
     ServerClosed,
     /// The client was silent for the idle timeout with no answer due.
     Idle,
+    /// The server owed an answer and sent nothing for the answer timeout.
+    ServerSilent,
     /// The client broke the framing: an unknown command, a size over the limit, no HELLO first.
     Refused(String),
     /// A socket error, or the upstream connection could not be made.
@@ -74,6 +80,7 @@ impl std::fmt::Display for RelayEnd {
             RelayEnd::ClientClosed => write!(f, "client closed the connection"),
             RelayEnd::ServerClosed => write!(f, "server side closed the connection"),
             RelayEnd::Idle => write!(f, "client idle, disconnected"),
+            RelayEnd::ServerSilent => write!(f, "server owed an answer and went silent"),
             RelayEnd::Refused(why) => write!(f, "refused: {why}"),
             RelayEnd::Io(e) => write!(f, "I/O error: {e}"),
         }
@@ -199,6 +206,11 @@ pub fn relay(
         }
     };
     let _ = upstream.set_nodelay(true);
+    if limits.answer_timeout.is_some() {
+        if let Err(e) = upstream.set_read_timeout(Some(TICK)) {
+            return RelayEnd::Io(e);
+        }
+    }
     let (mut client_w, mut upstream_r) = match (client.try_clone(), upstream.try_clone()) {
         (Ok(c), Ok(u)) => (c, u),
         (Err(e), _) | (_, Err(e)) => return RelayEnd::Io(e),
@@ -217,6 +229,14 @@ pub fn relay(
                         break RelayEnd::Io(e);
                     }
                 }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    let silent = limits
+                        .answer_timeout
+                        .is_some_and(|t| back_clock.idle_for() >= t);
+                    if back_clock.awaiting.load(Ordering::Relaxed) && silent {
+                        break RelayEnd::ServerSilent;
+                    }
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => break RelayEnd::Io(e),
             }
@@ -231,6 +251,7 @@ pub fn relay(
     let back = back.join().unwrap_or(RelayEnd::ServerClosed);
     // A client that closed first is the ordinary end; else whichever side gave up first.
     match (forward, back) {
+        (_, RelayEnd::ServerSilent) => RelayEnd::ServerSilent,
         (RelayEnd::ClientClosed | RelayEnd::Io(_), RelayEnd::ServerClosed) => {
             RelayEnd::ServerClosed
         }

@@ -56,6 +56,12 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
+    // ggml's abort handler otherwise forks gdb to print a backtrace of the dying process;
+    // a command-line tool reports the error instead. Set before any thread exists (the only
+    // time changing the environment is sound); GGML_NO_BACKTRACE already set is kept.
+    if std::env::var_os("GGML_NO_BACKTRACE").is_none() {
+        std::env::set_var("GGML_NO_BACKTRACE", "1");
+    }
     let cli = Cli::parse();
     init_logger(cli.verbose, cli.quiet);
     remove_temporary_files_on_signals();

@@ -11,7 +11,7 @@
 
 use super::common::{load_input, DeviceArgs, ModelArgs};
 use anyhow::{bail, Context as _};
-use da3::ggml::{rpc, Device, DeviceKind};
+use da3::ggml::{process, rpc, Device, DeviceKind};
 use da3::residency;
 use da3::{LoadOptions, Policy};
 use std::net::TcpListener;
@@ -256,6 +256,8 @@ fn run_child(args: &Args, device_spec: &str) -> anyhow::Result<ChildOutcome> {
     if let Some(input) = &args.input {
         cmd.arg("--input").arg(input);
     }
+    // Dies with this process: a killed `da3 repro` leaves no child computing.
+    process::kill_with_parent(&mut cmd);
     // ggml's abort handler would attach gdb for a backtrace; the outcome is what matters here.
     let out = cmd
         .env("GGML_NO_BACKTRACE", "1")
@@ -347,17 +349,7 @@ impl RpcServer {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let endpoint = format!("127.0.0.1:{port}");
         let exe = std::env::current_exe().context("locating the da3 executable")?;
-        let child = Command::new(exe)
-            .args([
-                "rpc-server",
-                "--port",
-                &port.to_string(),
-                "--threads",
-                &threads.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let child = server_command(&exe, &port.to_string(), threads)
             .spawn()
             .context("starting `da3 rpc-server`")?;
         let server = RpcServer { child, endpoint };
@@ -371,51 +363,44 @@ impl RpcServer {
         Ok(server)
     }
 
-    /// The unchecked run may have killed the server (it computes on NULL); start another on the
-    /// same port.
-    ///
-    /// The server can still be dying when the child has ended (its listening socket keeps
-    /// accepting until the process is gone), and ggml aborts the whole process when it connects
-    /// to a server that is gone, so a probe alone cannot tell. The server gets a moment to end;
-    /// one that is still running after the unchecked run is replaced all the same.
+    /// The unchecked run's connection fails on the server (its worker for that connection
+    /// refuses or crashes on the NULL data); the `rpc-server` supervisor gives every connection
+    /// its own worker and goes on serving. Should it have ended all the same, start another on
+    /// the same port.
     fn ensure_running(&mut self, threads: usize) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let ended = loop {
-            match self.child.try_wait() {
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                Ok(None) => break None,
-                Ok(Some(status)) => break Some(describe_status(&status)),
-                Err(e) => break Some(format!("unknown status: {e}")),
-            }
-        };
-        match ended {
-            Some(status) => println!("    the RPC server died too ({status}); restarting it"),
-            None => {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                println!("    the RPC server survived; restarting it anyway (its state after the unchecked run is not trusted)");
-            }
+        match self.child.try_wait() {
+            Ok(None) => return Ok(()),
+            Ok(Some(status)) => println!(
+                "    the RPC server died too ({}); restarting it",
+                describe_status(&status)
+            ),
+            Err(e) => println!("    the RPC server's status is unknown ({e}); restarting it"),
         }
         let port = self.endpoint.rsplit(':').next().unwrap_or("0").to_owned();
         let exe = std::env::current_exe()?;
-        self.child = Command::new(exe)
-            .args([
-                "rpc-server",
-                "--port",
-                &port,
-                "--threads",
-                &threads.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
+        self.child = server_command(&exe, &port, threads).spawn()?;
         let deadline = Instant::now() + Duration::from_secs(20);
         rpc::wait_until_listening(&self.endpoint, deadline - Instant::now())?;
         Ok(())
     }
+}
+
+/// `da3 rpc-server` on loopback `port`, killed by the kernel when this process dies (SIGKILL
+/// included: `Drop` alone would not run), so a killed `da3 repro` leaves no server behind.
+fn server_command(exe: &std::path::Path, port: &str, threads: usize) -> Command {
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "rpc-server",
+        "--port",
+        port,
+        "--threads",
+        &threads.to_string(),
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    process::kill_with_parent(&mut cmd);
+    cmd
 }
 
 impl Drop for RpcServer {

@@ -87,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let limits = Limits {
         max_message: args.max_message_mib.saturating_mul(1 << 20),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        answer_timeout: None,
     };
     let exe = std::env::current_exe().context("locating the da3 executable")?;
     let active = Arc::new(AtomicUsize::new(0));
@@ -186,9 +187,9 @@ fn serve_connection(
         return end.to_string();
     };
     if matches!(end, RelayEnd::ServerClosed) {
-        // The worker closed the connection: it refused a message or crashed. Give it a moment
-        // to be reaped so that the log says which.
-        let deadline = Instant::now() + Duration::from_millis(500);
+        // The worker closed the connection: it refused a message or crashed. Give it time to
+        // end (a crashing process may be writing a core dump) so that the log says which.
+        let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = worker.child.try_wait() {
                 return format!("{end} (worker {status})");
