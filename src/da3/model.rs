@@ -13,6 +13,8 @@ use crate::residency::{Executor, Policy, Report};
 use std::collections::HashMap;
 use std::path::Path;
 
+mod views;
+
 /// How to load a model.
 #[derive(Debug, Clone, Default)]
 pub struct LoadOptions {
@@ -268,6 +270,8 @@ impl Model {
                     self.executor.device().device().kind(),
                     DeviceKind::Gpu | DeviceKind::IntegratedGpu
                 ),
+            views: 1,
+            camera_slots: None,
         };
         let features = self.backbone.forward(&ctx, &image, &bconst)?;
         let hconst = HeadConstants {
@@ -281,9 +285,9 @@ impl Model {
             (width as i64, height as i64),
             &hconst,
         )?;
-        let pose = match &self.camera {
-            Some(cam) => Some(cam.forward(&ctx, &features.camera_token)?),
-            None => None,
+        let pose = match (&self.camera, &features.camera_token) {
+            (Some(cam), Some(token)) => Some(cam.forward(&ctx, token)?),
+            _ => None,
         };
         let graph = ctx.new_graph(GRAPH_NODES)?;
         let mut outputs: Vec<&Tensor> = vec![&out.depth];
@@ -296,7 +300,12 @@ impl Model {
             for (i, f) in features.features.iter().enumerate() {
                 probes.push((format!("feat{i}"), f.clone()));
             }
-            probes.push(("cam_token".to_owned(), features.camera_token.clone()));
+            probes.extend(
+                features
+                    .camera_token
+                    .iter()
+                    .map(|t| ("cam_token".to_owned(), t.clone())),
+            );
         }
         for t in outputs.iter().copied().chain(probes.iter().map(|(_, t)| t)) {
             t.mark_output();
