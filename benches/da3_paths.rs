@@ -7,11 +7,11 @@
 //! `cargo bench --bench da3_paths` (presets: DA3_BENCH_PRESETS=da3-small,da3-base).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use da3::da3::convert::{write_synthetic, WeightType};
-use da3::da3::preprocess::{preprocess, ProcessedImage};
-use da3::da3::{synthetic, Config, LoadOptions, Model};
+use da3::convert::{write_synthetic, WeightType};
 use da3::ggml::{rpc, Backend, Device, Gallocr};
+use da3::preprocess::{preprocess, ProcessedImage};
 use da3::residency::{self, Policy};
+use da3::{synthetic, Config, LoadOptions, Model, Session};
 use std::time::Duration;
 
 const CRASH_LAYOUT: &[&str] = &["vit.camera_token", "vit.norm.weight", "vit.norm.bias"];
@@ -35,24 +35,25 @@ impl Server {
     }
 }
 
-fn load(path: &std::path::Path, device: &Backend, policy: Policy, crash_layout: bool) -> Model {
+fn load(
+    path: &std::path::Path,
+    device: &da3::Device,
+    policy: Policy,
+    crash_layout: bool,
+) -> Session {
     let host_only = if crash_layout {
         CRASH_LAYOUT.iter().map(|s| s.to_string()).collect()
     } else {
         Vec::new()
     };
-    let cpu = Backend::cpu(2).unwrap();
-    Model::load(
-        path,
-        device.clone(),
-        cpu,
-        &LoadOptions {
-            policy,
-            host_only,
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    let options = LoadOptions {
+        device: device.clone(),
+        threads: 2,
+        policy,
+        host_only,
+        ..Default::default()
+    };
+    Model::load(path, &options).unwrap().session().unwrap()
 }
 
 fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_endpoint: &str) {
@@ -60,15 +61,16 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
     let path = dir.path().join("model.gguf");
     write_synthetic(&path, &Config::preset(preset).unwrap(), WeightType::F32).unwrap();
     let cpu = Backend::cpu(2).unwrap();
-    let rpc_device = Backend::new(Device::rpc(rpc_endpoint).unwrap()).unwrap();
+    let cpu_device = da3::Device::Cpu;
+    let rpc_device = da3::Device::Rpc(rpc_endpoint.to_owned());
 
     let mut group = c.benchmark_group(format!("{preset}/compute"));
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(20))
         .warm_up_time(Duration::from_secs(2));
-    let variants: [(&str, &Backend, Policy, bool); 4] = [
-        ("cpu/gallocr_resident", &cpu, Policy::Route, false),
+    let variants: [(&str, &da3::Device, Policy, bool); 4] = [
+        ("cpu/gallocr_resident", &cpu_device, Policy::Route, false),
         ("rpc/gallocr_resident", &rpc_device, Policy::Route, false),
         ("rpc/sched_after_route", &rpc_device, Policy::Route, true),
         (
@@ -80,12 +82,12 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
     ];
     for (name, device, policy, crash) in variants {
         let mut model = load(&path, device, policy, crash);
-        model.infer_processed(image).unwrap();
+        model.forward(image).unwrap();
         eprintln!(
             "{preset} {name}: {}",
             model.last_report().unwrap().summary()
         );
-        group.bench_function(name, |b| b.iter(|| model.infer_processed(image).unwrap()));
+        group.bench_function(name, |b| b.iter(|| model.forward(image).unwrap()));
     }
     group.finish();
 
@@ -93,7 +95,7 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
     group
         .sample_size(10)
         .measurement_time(Duration::from_secs(10));
-    let mut model = load(&path, &cpu, Policy::Route, false);
+    let mut model = load(&path, &cpu_device, Policy::Route, false);
     group.bench_function("build_graph", |b| {
         b.iter(|| {
             model.clear_graphs();

@@ -2,8 +2,8 @@
 //! [threads] [device]` (computes the 640x427 synthetic image one node at a time, on the CPU or
 //! on a device named as `da3 devices` lists it, e.g. CUDA0; each node waits for the device).
 
-use da3::da3::{preprocess, synthetic, LoadOptions, Model};
-use da3::ggml::{Backend, Device, Gallocr};
+use da3::ggml::Gallocr;
+use da3::{preprocess, synthetic, Device, LoadOptions, Model};
 use std::collections::BTreeMap;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -12,17 +12,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get(1)
         .ok_or("usage: profile_model MODEL.gguf [threads] [device]")?;
     let threads = args.get(2).map_or(Ok(2), |t| t.parse())?;
-    let cpu = Backend::cpu(threads)?;
-    let device = match args.get(3) {
-        Some(name) => Backend::new(Device::by_name(name)?)?,
-        None => cpu.clone(),
+    let spec: Device = match args.get(3) {
+        Some(name) => name.parse()?,
+        None => Device::Cpu,
     };
-    let mut model = Model::load(
-        path.as_ref(),
-        device.clone(),
-        cpu.clone(),
-        &LoadOptions::default(),
-    )?;
+    let options = LoadOptions {
+        device: spec,
+        threads,
+        ..Default::default()
+    };
+    let mut model = Model::load(path, &options)?.session()?;
+    let device = model.device().clone();
     let image = preprocess::preprocess(&synthetic::image(640, 427), 504)?;
     let graph = model.graph(image.width, image.height)?;
     let input = graph.get("image").ok_or("no input")?;

@@ -6,22 +6,37 @@
 //! - otherwise: build ggml-base, the registry, the CPU and the RPC backends with `cc`
 //!   (no CMake, no libclang).
 //!
-//! The source is the pinned registry package (`../vendor/ggml-pin`) unless `GGML_SOURCE_DIR`
+//! The source is the pinned registry package (`pin/`) unless `GGML_SOURCE_DIR`
 //! names a local ggml checkout.
+
+// The `cc` path's helpers are unused in a CMake (GPU feature) build and vice versa.
+#![cfg_attr(
+    any(feature = "metal", feature = "cuda", feature = "vulkan"),
+    allow(dead_code)
+)]
 
 #[path = "build/bindings.rs"]
 mod bindings;
 #[path = "build/cc_build.rs"]
 mod cc_build;
 #[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
+#[path = "build/cmake_args.rs"]
+mod cmake_args;
+#[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
 #[path = "build/cmake_build.rs"]
 mod cmake_build;
+#[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
+#[path = "build/cuda.rs"]
+mod cuda;
 #[path = "build/prebuilt.rs"]
 mod prebuilt;
 #[path = "build/source.rs"]
 mod source;
 #[path = "build/util.rs"]
 mod util;
+#[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
+#[path = "build/vulkan.rs"]
+mod vulkan;
 
 fn main() {
     for var in [

@@ -1,11 +1,53 @@
 //! Depth Anything 3 on ggml's kernels, from safe Rust.
 //!
+//! Depth (with confidence, sky and camera pose where the model has them) from a photo:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), da3::Error> {
+//! let model = da3::Model::open("depth-anything-small-f32.gguf")?; // device `auto`
+//! let image = da3::image::open("photo.jpg")?;
+//! let prediction = model.predict(&image)?;
+//! prediction.save_png("depth.png", da3::Colormap::Turbo)?;
+//! # Ok(()) }
+//! ```
+//!
+//! - [`Model`] holds the weights, loaded once onto a device; it is `Send + Sync` and clones
+//!   share the weights, so one model serves every thread of a program.
+//! - [`Session`] holds what one computation at a time needs (graphs per resolution, their
+//!   memory, the residency planner); it is single-threaded: make one per thread with
+//!   [`Model::session`] and reuse it for many images.
+//! - [`Prediction`] is the result: depth (post-processed as the official code does),
+//!   confidence, sky, pose, and methods that write them to files.
+//! - [`Device`] and [`LoadOptions`] choose where and how to compute.
+//!
 //! Layers, each depending only on the ones before it:
 //! - [`ggml`]: a safe layer over ggml (the crate's only `unsafe` code);
 //! - [`residency`]: the pass that checks where every graph operand lives before computing,
 //!   and the one compute entry point built on it;
-//! - [`da3`]: the Depth Anything 3 model: GGUF loading, preprocessing, graph, outputs.
+//! - the Depth Anything 3 model: GGUF loading, [`preprocess`]ing, graph, [`outputs`], and
+//!   [`convert`]ing official checkpoints.
+//!
+//! The library prints nothing; it logs through the [`log`](https://docs.rs/log) crate.
 
+#![warn(missing_docs)]
+
+#[doc(hidden)]
 pub mod da3;
 pub mod ggml;
 pub mod residency;
+
+#[doc(hidden)]
+pub use crate::da3::synthetic;
+pub use crate::da3::{
+    convert, multiview, outputs, preprocess, Colormap, Config, Error, LoadOptions, Model,
+    MultiPrediction, Pose, Prediction, RefViewStrategy, Session, DEFAULT_PROCESS_RES,
+};
+pub use crate::ggml::DeviceSpec as Device;
+pub use crate::residency::Policy;
+/// The `image` crate this library decodes with (use it to open images for [`Model::predict`]).
+pub use image;
+
+/// The README's Rust code blocks, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -5,19 +5,22 @@
 mod common;
 
 use common::{agreement, fixture_dir, Agreement, Reference};
-use da3::da3::convert::{write_synthetic, WeightType};
-use da3::da3::multiview::select_reference_view;
-use da3::da3::{synthetic, Config, LoadOptions, Model, RefViewStrategy};
-use da3::ggml::Backend;
+use da3::convert::{write_synthetic, WeightType};
+use da3::multiview::select_reference_view;
+use da3::{synthetic, Config, Device, LoadOptions, Model, RefViewStrategy, Session};
 use serde_json::Value;
 
-fn load_tiny() -> (Model, tempfile::TempDir) {
+fn load_tiny() -> (Session, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("da3-tiny.gguf");
     write_synthetic(&path, &Config::preset("da3-tiny").unwrap(), WeightType::F32).unwrap();
-    let cpu = Backend::cpu(2).unwrap();
-    let model = Model::load(&path, cpu.clone(), cpu, &LoadOptions::default()).unwrap();
-    (model, dir)
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let model = Model::load(&path, &options).unwrap();
+    (model.session().unwrap(), dir)
 }
 
 fn manifest() -> Value {
@@ -54,9 +57,9 @@ fn a_one_view_scene_is_the_single_image_prediction_exactly() {
     let (mut model, _dir) = load_tiny();
     for (w, h) in [(640, 427), (427, 640)] {
         let image = synthetic::image(w, h);
-        let single = model.infer(&image, 112).unwrap();
+        let single = model.predict_at(&image, 112).unwrap();
         let scene = model
-            .infer_views(
+            .predict_views_at(
                 std::slice::from_ref(&image),
                 112,
                 RefViewStrategy::SaddleBalanced,
@@ -132,7 +135,9 @@ fn scenes_match_the_official_multi_view_forward() {
             })
             .collect();
         let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
-        let prediction = model.infer_views(&images, process_res, strategy).unwrap();
+        let prediction = model
+            .predict_views_at(&images, process_res, strategy)
+            .unwrap();
         assert_eq!(
             prediction.reference,
             scene["reference"].as_u64().unwrap() as usize,
@@ -143,7 +148,7 @@ fn scenes_match_the_official_multi_view_forward() {
             scene["processed_width"].as_u64().unwrap() as usize,
             scene["processed_height"].as_u64().unwrap() as usize,
         );
-        let gather = |f: &dyn Fn(&da3::da3::Prediction) -> Vec<f32>| -> Vec<f32> {
+        let gather = |f: &dyn Fn(&da3::Prediction) -> Vec<f32>| -> Vec<f32> {
             prediction.views.iter().flat_map(f).collect()
         };
         for view in &prediction.views {

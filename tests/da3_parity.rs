@@ -5,20 +5,19 @@
 mod common;
 
 use common::{agreement, correlation, Fixture};
-use da3::da3::convert::{write_synthetic, WeightType};
-use da3::da3::{synthetic, Config, LoadOptions, Model};
-use da3::ggml::Backend;
+use da3::convert::{write_synthetic, WeightType};
+use da3::preprocess::preprocess;
+use da3::{synthetic, Config, Device, LoadOptions, Model, Session};
 
-fn load_synthetic(preset: &str, probes: bool) -> (Model, tempfile::TempDir) {
+fn load_synthetic(preset: &str, probes: bool) -> (Session, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(format!("{preset}.gguf"));
     write_synthetic(&path, &Config::preset(preset).unwrap(), WeightType::F32).unwrap();
-    let cpu = Backend::cpu(2).unwrap();
     let model = Model::load(
         &path,
-        cpu.clone(),
-        cpu,
         &LoadOptions {
+            device: Device::Cpu,
+            threads: 2,
             probes,
             ..Default::default()
         },
@@ -29,7 +28,7 @@ fn load_synthetic(preset: &str, probes: bool) -> (Model, tempfile::TempDir) {
         "unused: {:?}",
         model.unused_tensors()
     );
-    (model, dir)
+    (model.session().unwrap(), dir)
 }
 
 /// A DualDPT model against its fixture at every aspect ratio: processed size, the stages the
@@ -40,7 +39,8 @@ fn dual_dpt_matches_official(preset: &str, stages: &[(&str, &str)]) {
     let (mut model, _dir) = load_synthetic(preset, true);
     for case in &fixture.images {
         let image = synthetic::image(case.width, case.height);
-        let prediction = model.infer(&image, fixture.process_res).unwrap();
+        let processed = preprocess(&image, fixture.process_res).unwrap();
+        let prediction = model.forward(&processed).unwrap();
         let at = format!("{preset} {}", case.name);
         assert_eq!(
             (prediction.width, prediction.height),
@@ -110,17 +110,20 @@ fn base_matches_official_at_504() {
 /// stay close to the f32 model.
 #[test]
 fn quantized_weights_stay_close_to_f32() {
-    use da3::da3::convert::WeightType;
+    use da3::convert::WeightType;
     let config = Config::preset("da3-small").unwrap();
     let dir = tempfile::tempdir().unwrap();
     let image = synthetic::image(640, 427);
-    let cpu = Backend::cpu(2).unwrap();
     let depth_of = |weight_type: WeightType| {
         let path = dir.path().join(format!("{weight_type:?}.gguf"));
         write_synthetic(&path, &config, weight_type).unwrap();
-        let mut model =
-            Model::load(&path, cpu.clone(), cpu.clone(), &LoadOptions::default()).unwrap();
-        model.infer(&image, 504).unwrap().depth
+        let options = LoadOptions {
+            device: Device::Cpu,
+            threads: 2,
+            ..Default::default()
+        };
+        let model = Model::load(&path, &options).unwrap();
+        model.session().unwrap().predict_rgb(&image).unwrap().depth
     };
     let reference = depth_of(WeightType::F32);
     for (weight_type, min_corr) in [
@@ -141,12 +144,9 @@ fn mono_large_matches_official_before_sky_postprocessing() {
     let fixture = Fixture::load("da3mono-large");
     let (mut model, _dir) = load_synthetic("da3mono-large", true);
     let case = &fixture.images[0];
-    let prediction = model
-        .infer(
-            &synthetic::image(case.width, case.height),
-            fixture.process_res,
-        )
-        .unwrap();
+    let image = synthetic::image(case.width, case.height);
+    let processed = preprocess(&image, fixture.process_res).unwrap();
+    let prediction = model.forward(&processed).unwrap();
     assert!(prediction.confidence.is_none() && prediction.pose.is_none());
     for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")] {
         let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
@@ -171,7 +171,7 @@ fn mono_large_matches_official_before_sky_postprocessing() {
     // The post-processing rule against the official one, which estimates the 0.99 quantile
     // from 100 000 random samples: sky pixels agree to the sampling error.
     let mut filled = prediction.depth.clone();
-    da3::da3::outputs::fill_sky(&mut filled, prediction.sky.as_ref().unwrap());
+    da3::outputs::fill_sky(&mut filled, prediction.sky.as_ref().unwrap());
     let reference = case.reference("depth_sky_postprocessed");
     let sky_reference = case.reference("sky");
     let (rows, cols, values) = reference.samples.as_ref().unwrap();

@@ -7,12 +7,12 @@ mod common;
 
 use common::{correlation, da3_in, Run};
 
-use da3::da3::convert::{
+use da3::convert::{
     convert_checkpoint, expected_tensors, official_name, write_synthetic, WeightType,
 };
-use da3::da3::{synthetic, Config, LoadOptions, Model};
 use da3::ggml::gguf::GgufFile;
-use da3::ggml::{Backend, DType};
+use da3::ggml::DType;
+use da3::{synthetic, Config, Device, LoadOptions, Model};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
@@ -153,15 +153,21 @@ impl Workspace {
 
 /// Depth of the model file on the synthetic image, on the CPU.
 fn depth(model: &Path, process_res: usize) -> Vec<f32> {
-    let cpu = Backend::cpu(2).unwrap();
-    let mut model = Model::load(model, cpu.clone(), cpu, &LoadOptions::default()).unwrap();
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let model = Model::load(model, &options).unwrap();
     assert!(
         model.unused_tensors().is_empty(),
         "unused: {:?}",
         model.unused_tensors()
     );
     model
-        .infer(&synthetic::image(640, 427), process_res)
+        .session()
+        .unwrap()
+        .predict_at(&synthetic::image(640, 427), process_res)
         .unwrap()
         .depth
 }

@@ -1,31 +1,23 @@
 //! GPU mode: the pinned source built with CMake (Metal needs its embedded shader library,
 //! CUDA needs nvcc; neither can be driven by `cc` alone). Static libraries, linked here.
 
+use crate::cmake_args::{cmake_defines, CmakeInputs};
 use crate::source::Source;
 use crate::util::{export_metadata, fail, out_dir, target_os};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub fn build(src: &Source, gpu_features: &[&str]) {
     require_tool(
         "cmake",
         &["--version"],
-        "the metal/cuda/vulkan features build ggml with CMake",
+        "the metal/cuda/vulkan features build ggml with CMake (3.18 or newer: the distro's \
+         `cmake` package, or `pip install cmake`)",
     );
-    if gpu_features.contains(&"CUDA") {
-        let nvcc = cuda_root()
-            .map(|root| root.join("bin/nvcc"))
-            .filter(|p| p.is_file());
-        let nvcc = nvcc.unwrap_or_else(|| PathBuf::from("nvcc"));
-        require_tool(
-            nvcc.to_str().unwrap_or("nvcc"),
-            &["--version"],
-            "the `cuda` feature needs the CUDA toolkit (nvcc); set CUDA_PATH or put nvcc on PATH",
-        );
-    }
     if gpu_features.contains(&"METAL") && target_os() != "macos" {
         fail("the `metal` feature builds only for macOS targets");
     }
+    let cuda = gpu_features.contains(&"CUDA").then(crate::cuda::locate);
+    let vulkan = gpu_features.contains(&"VULKAN").then(crate::vulkan::check);
 
     // ggml's own CMakeLists expects to be configured from a parent project (it has no
     // `ggml.pc.in` in this package), so configure a two-line wrapper around it.
@@ -35,38 +27,52 @@ pub fn build(src: &Source, gpu_features: &[&str]) {
     std::fs::write(
         wrapper.join("CMakeLists.txt"),
         format!(
-            "cmake_minimum_required(VERSION 3.14)\nproject(ggml_sys C CXX)\nadd_subdirectory(\"{root}\" ggml)\n"
+            "cmake_minimum_required(VERSION 3.18)\nproject(ggml_sys C CXX)\nadd_subdirectory(\"{root}\" ggml)\n"
         ),
     )
     .expect("write cmake wrapper");
 
+    let target_os = target_os();
+    let archs = cuda.as_ref().map(|t| t.architectures());
+    let nvcc = cuda.as_ref().map(|t| t.nvcc.display().to_string());
+    let cuda_root = cuda.as_ref().map(|t| t.root.display().to_string());
+    let cuda_libraries = cuda
+        .as_ref()
+        .map(|t| t.cmake_libraries.clone())
+        .unwrap_or_default();
+    let target_arch = crate::util::target_arch();
+    let target_features = crate::util::target_features();
+    let defines = cmake_defines(&CmakeInputs {
+        features: gpu_features,
+        target_os: &target_os,
+        target_arch: &target_arch,
+        target_features: &target_features,
+        cuda_architectures: archs.as_deref(),
+        cuda_compiler: nvcc.as_deref(),
+        cuda_root: cuda_root.as_deref(),
+        cuda_libraries: &cuda_libraries,
+        cuda_flags: cuda.as_ref().and_then(|t| t.nvcc_flags.as_deref()),
+        vulkan: vulkan
+            .as_ref()
+            .map(|v| v.cmake_defines.as_slice())
+            .unwrap_or_default(),
+    });
     let mut config = cmake::Config::new(&wrapper);
-    config
-        .profile("Release")
-        .define("BUILD_SHARED_LIBS", "OFF")
-        .define("GGML_BUILD_TESTS", "OFF")
-        .define("GGML_BUILD_EXAMPLES", "OFF")
-        .define("GGML_OPENMP", "OFF")
-        .define("GGML_RPC", "ON")
-        .define("GGML_RPC_RDMA", "OFF")
-        .define("GGML_NATIVE", "ON");
-    for feature in gpu_features {
-        config.define(format!("GGML_{feature}"), "ON");
+    config.profile("Release");
+    for (key, value) in &defines {
+        config.define(key, value);
     }
-    if gpu_features.contains(&"CUDA") {
-        let archs = std::env::var("CUDA_ARCHITECTURES").unwrap_or_else(|_| "native".to_owned());
-        // CUDA graphs replay a repeated graph's ~1200 kernel launches at once (DA3-large on an
-        // H200: 22.4 ms per image against 23.6 ms, results identical); ggml leaves them off
-        // outside llama.cpp.
-        config
-            .define("CMAKE_CUDA_ARCHITECTURES", archs)
-            .define("GGML_CUDA_NCCL", "OFF")
-            .define("GGML_CUDA_GRAPHS", "ON");
-    }
-    if gpu_features.contains(&"METAL") {
-        config.define("GGML_METAL_EMBED_LIBRARY", "ON");
-    }
+    // The cmake crate hands make cargo's jobserver through MAKEFLAGS, but the descriptors do
+    // not survive `cmake --build`, and make falls back to -j1 ("jobserver unavailable").
+    // Without CARGO_MAKEFLAGS the crate passes `--parallel $NUM_JOBS` (cargo's -j) instead.
+    std::env::remove_var("CARGO_MAKEFLAGS");
+    let started = std::time::Instant::now();
     let dst = config.build();
+    println!(
+        "cargo:warning=ggml ({}) built with CMake in {:.0} s",
+        gpu_features.join(", ").to_lowercase(),
+        started.elapsed().as_secs_f64()
+    );
 
     let lib_dir = dst.join("lib");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
@@ -103,19 +109,26 @@ pub fn build(src: &Source, gpu_features: &[&str]) {
             println!("cargo:rustc-link-lib=static={lib}");
         }
     }
-    link_system_libraries(gpu_features);
+    if let Some(toolkit) = &cuda {
+        toolkit.finish_driver_stub(&lib_dir.join("libggml-cuda.a"));
+    }
+    link_system_libraries(gpu_features, cuda.as_ref(), vulkan.as_ref());
     export_metadata(Some(&src.include_dir()), &lib_dir, false, &backends);
 }
 
-fn link_system_libraries(gpu_features: &[&str]) {
-    if gpu_features.contains(&"CUDA") {
-        if let Some(root) = cuda_root() {
-            for sub in ["lib64", "lib", "lib/x64", "lib64/stubs"] {
-                println!(
-                    "cargo:rustc-link-search=native={}",
-                    root.join(sub).display()
-                );
-            }
+fn link_system_libraries(
+    gpu_features: &[&str],
+    cuda: Option<&crate::cuda::Toolkit>,
+    vulkan: Option<&crate::vulkan::Vulkan>,
+) {
+    if let Some(toolkit) = cuda {
+        // The unversioned names and the driver stub first, then the toolkit's own dirs.
+        println!(
+            "cargo:rustc-link-search=native={}",
+            toolkit.link_dir.display()
+        );
+        for dir in &toolkit.lib_dirs {
+            println!("cargo:rustc-link-search=native={}", dir.display());
         }
         for lib in ["cudart", "cublas", "cublasLt", "cuda"] {
             println!("cargo:rustc-link-lib={lib}");
@@ -126,7 +139,11 @@ fn link_system_libraries(gpu_features: &[&str]) {
             println!("cargo:rustc-link-lib=framework={framework}");
         }
     }
-    if gpu_features.contains(&"VULKAN") {
+    if let Some(vulkan) = vulkan {
+        println!(
+            "cargo:rustc-link-search=native={}",
+            vulkan.link_dir.display()
+        );
         println!("cargo:rustc-link-lib=vulkan");
     }
     match target_os().as_str() {
@@ -138,17 +155,6 @@ fn link_system_libraries(gpu_features: &[&str]) {
             }
         }
     }
-}
-
-fn cuda_root() -> Option<PathBuf> {
-    for var in ["CUDA_PATH", "CUDA_HOME", "CUDA_TOOLKIT_ROOT_DIR"] {
-        println!("cargo:rerun-if-env-changed={var}");
-        if let Some(dir) = crate::util::env_path(var) {
-            return Some(dir);
-        }
-    }
-    let default = Path::new("/usr/local/cuda");
-    default.is_dir().then(|| default.to_path_buf())
 }
 
 fn require_tool(program: &str, args: &[&str], why: &str) {

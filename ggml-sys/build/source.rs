@@ -31,6 +31,8 @@ pub fn locate() -> Source {
     let version = read_version(&root);
     println!("cargo:rerun-if-changed={}", root.join("include").display());
     println!("cargo:rustc-env=GGML_SYS_SOURCE_VERSION={version}");
+    // For tests that read the source's own build files (tests/cmake_args.rs).
+    println!("cargo:rustc-env=GGML_SYS_SOURCE_ROOT={}", root.display());
     Source { root, version }
 }
 
@@ -52,7 +54,7 @@ fn check_is_ggml(dir: &Path, origin: &str) {
     }
 }
 
-/// `vendor/ggml-pin/pin.toml` names the package; its Cargo.lock pins the checksum.
+/// `pin/pin.toml` names the package; `pin/Cargo.lock` pins its checksum.
 struct Pin {
     package: String,
     version: String,
@@ -79,21 +81,38 @@ fn read_pin(pin_dir: &Path) -> Pin {
 
 fn pinned_package_dir() -> PathBuf {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let pin_dir = manifest_dir.join("../vendor/ggml-pin");
+    // Inside this package, so a published ggml-sys carries its pin. The manifest is not named
+    // Cargo.toml there (cargo would leave a nested package out of ggml-sys's package), so it is
+    // copied with its lock into OUT_DIR and asked about there.
+    let pin_src = manifest_dir.join("pin");
+    for file in ["pin.toml", "manifest.toml", "Cargo.lock"] {
+        println!("cargo:rerun-if-changed={}", pin_src.join(file).display());
+    }
+    let pin_dir = crate::util::out_dir().join("ggml-pin");
+    std::fs::create_dir_all(pin_dir.join("src")).expect("create the pin dir in OUT_DIR");
+    for (from, to) in [
+        ("pin.toml", "pin.toml"),
+        ("manifest.toml", "Cargo.toml"),
+        ("Cargo.lock", "Cargo.lock"),
+    ] {
+        std::fs::copy(pin_src.join(from), pin_dir.join(to)).unwrap_or_else(|e| {
+            fail(&format!(
+                "cannot copy the ggml pin {}: {e}",
+                pin_src.join(from).display()
+            ))
+        });
+    }
+    std::fs::write(
+        pin_dir.join("src/lib.rs"),
+        "//! Empty: this crate only pins a package version.\n",
+    )
+    .expect("write the pin's lib.rs");
     let manifest = pin_dir.join("Cargo.toml");
-    println!(
-        "cargo:rerun-if-changed={}",
-        pin_dir.join("pin.toml").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        pin_dir.join("Cargo.lock").display()
-    );
     let pin = read_pin(&pin_dir);
     let describe = format!("{} ={} (sub-path {})", pin.package, pin.version, pin.subdir);
 
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    // `--locked`: the checksum in vendor/ggml-pin/Cargo.lock is the content pin.
+    // `--locked`: the checksum in pin/Cargo.lock is the content pin.
     let metadata = Command::new(&cargo)
         .args([
             "metadata",

@@ -17,7 +17,7 @@ pub mod synthetic;
 mod weights;
 
 pub use config::{Config, Ffn, HeadKind, PRESETS};
-pub use model::{LoadOptions, Model};
+pub use model::{LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::{MultiPrediction, RefViewStrategy};
 pub use outputs::{Colormap, Pose, Prediction};
 pub use weights::{Loader, Role};
@@ -47,6 +47,9 @@ pub enum Error {
     Input(String),
     #[error(transparent)]
     Preprocess(#[from] preprocess::PreprocessError),
+    /// An image the `image` crate could not open or decode.
+    #[error("image: {0}")]
+    Image(#[from] image::ImageError),
     #[error(transparent)]
     Gguf(#[from] crate::ggml::gguf::GgufError),
     #[error(transparent)]

@@ -1,23 +1,38 @@
-//! A loaded model and its per-resolution graphs.
+//! A loaded model (shared weights, `Send + Sync`) and sessions (per-thread graphs).
+//!
+//! As llama.cpp splits `llama_model` from `llama_context`: a [`Model`] holds the weights,
+//! frozen on one device and shared by every thread through an `Arc`; a [`Session`] holds what
+//! one computation at a time needs (a backend stream, graphs per processed resolution, their
+//! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
 use super::backbone::{Backbone, BackboneConstants};
 use super::config::{Config, HeadKind};
 use super::head::{CameraDecoder, Head, HeadConstants};
-use super::outputs::{Pose, Prediction};
+use super::outputs::{fill_sky, Pose, Prediction};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::gguf::GgufFile;
-use crate::ggml::{Backend, BufferUsage, Context, DType, DeviceKind, Graph, Tensor};
+use crate::ggml::{
+    Backend, BufferUsage, Context, DType, Device, DeviceKind, DeviceSpec, Graph, Tensor,
+};
 use crate::residency::{Executor, Policy, Report};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 mod views;
 
 /// How to load a model.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LoadOptions {
+    /// Where to compute (default `auto`: a GPU when ggml has one, else the CPU).
+    pub device: DeviceSpec,
+    /// CPU threads of each session (0: one per core).
+    pub threads: usize,
+    /// Longest side of the processed image for [`Session::predict`] (the official default
+    /// 504; sides become multiples of the patch size 14).
+    pub process_res: usize,
     /// What the planner does with operands the device cannot read.
     pub policy: Policy,
     /// Tensors to keep in plain host memory with no buffer. Only for reproducing the engine
@@ -29,23 +44,189 @@ pub struct LoadOptions {
     pub log_decisions: bool,
 }
 
-/// Weights and hyperparameters of a Depth Anything 3 model on one device.
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            device: DeviceSpec::Auto,
+            threads: 0,
+            process_res: DEFAULT_PROCESS_RES,
+            policy: Policy::default(),
+            host_only: Vec::new(),
+            probes: false,
+            log_decisions: true,
+        }
+    }
+}
+
+/// The official processing resolution (longest side).
+pub const DEFAULT_PROCESS_RES: usize = 504;
+
+/// Weights and hyperparameters of a Depth Anything 3 model on one device: immutable after
+/// loading, `Send + Sync`, and cheap to clone (clones share the weights).
+///
+/// [`Model::predict`] is the one-call path; for many images, keep a [`Session`] (one per
+/// thread) so that graphs are built once per resolution.
+#[derive(Clone)]
 pub struct Model {
+    shared: Arc<ModelShared>,
+}
+
+struct ModelShared {
     config: Config,
-    backbone: Backbone,
-    head: Head,
-    camera: Option<CameraDecoder>,
+    device: Device,
+    threads: usize,
+    process_res: usize,
+    policy: Policy,
+    probes: bool,
+    log_decisions: bool,
     /// `vit.pos_embed` on the host, [tokens, embed] (cls first), for the per-resolution resample.
     pos_embed: Vec<f32>,
     weights: LoadedWeights,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("name", &self.shared.config.name)
+            .field("device", &self.shared.device)
+            .field("weight_bytes", &self.shared.weights.device_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The layer handles of one session: the shared weights, imported into its own context.
+struct Layers {
+    backbone: Backbone,
+    head: Head,
+    camera: Option<CameraDecoder>,
+    /// Holds the imported handles (and keeps the shared weights alive).
+    _weights: Context,
+    /// This session's copies of host-only weights (the crash layout), if any.
+    _host: Option<Context>,
+}
+
+impl Model {
+    /// Opens a model file on the default device (`auto`) with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Model, Error> {
+        Self::load(path, &LoadOptions::default())
+    }
+
+    /// Opens a model file with `options`.
+    pub fn load(path: impl AsRef<Path>, options: &LoadOptions) -> Result<Model, Error> {
+        let file = GgufFile::open(path.as_ref())?;
+        Self::from_gguf(&file, options)
+    }
+
+    /// Loads a model from an open GGUF file.
+    pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Model, Error> {
+        let config = Config::from_gguf(file)?;
+        let device = options.device.resolve()?;
+        let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
+        let mut loader =
+            Loader::new(file, &host_only)?.pack_linears(device.kind() == DeviceKind::Cpu);
+        // Declaring the layers checks every tensor; the handles are bound again per session.
+        declare_layers(&mut loader, &config)?;
+        let pos_embed = loader.host_f32("vit.pos_embed")?;
+        let weights = loader.finish(&device)?;
+        Ok(Model {
+            shared: Arc::new(ModelShared {
+                config,
+                device,
+                threads: options.threads,
+                process_res: options.process_res,
+                policy: options.policy,
+                probes: options.probes,
+                log_decisions: options.log_decisions,
+                pos_embed,
+                weights,
+            }),
+        })
+    }
+
+    /// The model's hyperparameters.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        self.shared.device
+    }
+    /// Bytes of weights on the device.
+    pub fn device_weight_bytes(&self) -> usize {
+        self.shared.weights.device_bytes
+    }
+    /// File tensors the architecture did not use.
+    pub fn unused_tensors(&self) -> &[String] {
+        &self.shared.weights.unused
+    }
+    /// Whether half-precision linear layers compute with bf16 products (the CPU fast mode).
+    pub fn uses_bf16_products(&self) -> bool {
+        self.shared.weights.bf16_products
+    }
+
+    /// A new session on the model's device: graphs, allocations and a backend stream of its
+    /// own. Sessions of one model may run on different threads at the same time.
+    pub fn session(&self) -> Result<Session, Error> {
+        Session::new(self.clone())
+    }
+
+    /// Depth (and confidence, sky, pose) for one image, post-processed as the official code
+    /// does, in a session made for this call. For many images keep a [`Session`].
+    pub fn predict(&self, image: &image::DynamicImage) -> Result<Prediction, Error> {
+        self.session()?.predict(image)
+    }
+}
+
+/// Declares every tensor of the architecture of `config` (the layers, in loading order).
+fn declare_layers(
+    l: &mut Loader<'_>,
+    config: &Config,
+) -> Result<(Backbone, Head, Option<CameraDecoder>), Error> {
+    let backbone = Backbone::load(l, &config.vit)?;
+    let head = Head::load(l, &config.head, config.vit.feature_dim())?;
+    let camera = if config.head.kind == HeadKind::DualDpt {
+        CameraDecoder::load(l)?
+    } else {
+        None
+    };
+    if let Some(cam) = &camera {
+        if cam.dim() != config.vit.feature_dim() {
+            return Err(Error::Weights(format!(
+                "camera decoder width {} does not match the feature width {}",
+                cam.dim(),
+                config.vit.feature_dim()
+            )));
+        }
+    }
+    Ok((backbone, head, camera))
+}
+
+/// One computation at a time on a model: its graphs (one per processed resolution, built on
+/// first use and reused), their allocations and the residency executor.
+///
+/// A session is single-threaded (`!Send`, `!Sync`: ggml graphs and contexts are); make one per
+/// thread from a shared [`Model`].
+pub struct Session {
+    model: Model,
+    layers: Layers,
     executor: Executor,
-    sessions: HashMap<(usize, usize), Session>,
-    probes: bool,
+    graphs: HashMap<(usize, usize), ResolutionGraph>,
+    /// Graphs of scenes of several views (see `views`).
+    view_graphs: views::ViewGraphs,
     last_report: Option<Report>,
 }
 
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("model", &self.model)
+            .field("graphs", &self.graphs.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 /// The graph for one processed resolution, built once and reused.
-struct Session {
+struct ResolutionGraph {
     graph: Graph,
     image: Tensor,
     depth: Tensor,
@@ -58,82 +239,51 @@ struct Session {
     _constants: Context,
 }
 
-impl Model {
-    /// Loads a GGUF file onto `device`; `cpu` is the fallback the scheduler may need.
-    pub fn load(
-        path: &Path,
-        device: Backend,
-        cpu: Backend,
-        options: &LoadOptions,
-    ) -> Result<Model, Error> {
-        let file = GgufFile::open(path)?;
-        Self::from_gguf(&file, device, cpu, options)
-    }
-
-    pub fn from_gguf(
-        file: &GgufFile,
-        device: Backend,
-        cpu: Backend,
-        options: &LoadOptions,
-    ) -> Result<Model, Error> {
-        let config = Config::from_gguf(file)?;
-        let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
-        let mut loader = Loader::new(file, &host_only)?.pack_linears(device.is_cpu());
-        let backbone = Backbone::load(&mut loader, &config.vit)?;
-        let head = Head::load(&mut loader, &config.head, config.vit.feature_dim())?;
-        let camera = if config.head.kind == HeadKind::DualDpt {
-            CameraDecoder::load(&mut loader)?
+impl Session {
+    fn new(model: Model) -> Result<Session, Error> {
+        let shared = &model.shared;
+        let cpu = Backend::cpu(shared.threads)?;
+        let device = if shared.device.kind() == DeviceKind::Cpu {
+            cpu.clone()
         } else {
-            None
+            Backend::new(shared.device)?
         };
-        if let Some(cam) = &camera {
-            if cam.dim() != config.vit.feature_dim() {
-                return Err(Error::Weights(format!(
-                    "camera decoder width {} does not match the feature width {}",
-                    cam.dim(),
-                    config.vit.feature_dim()
-                )));
-            }
-        }
-        let pos_embed = loader.host_f32("vit.pos_embed")?;
-        let weights = loader.finish(&device)?;
-        let mut executor = Executor::new(device, cpu, options.policy)?;
-        if !options.log_decisions {
+        let weights_ctx = Context::metadata(1)?;
+        let mut binder = Loader::bind(&shared.weights, &weights_ctx)?;
+        let (backbone, head, camera) = declare_layers(&mut binder, &shared.config)?;
+        let host = binder.into_host_context();
+        let mut executor = Executor::new(device, cpu, shared.policy)?;
+        if !shared.log_decisions {
             executor = executor.quiet();
         }
-        Ok(Model {
-            config,
-            backbone,
-            head,
-            camera,
-            pos_embed,
-            weights,
+        Ok(Session {
+            layers: Layers {
+                backbone,
+                head,
+                camera,
+                _weights: weights_ctx,
+                _host: host,
+            },
+            model,
             executor,
-            sessions: HashMap::new(),
-            probes: options.probes,
+            graphs: HashMap::new(),
+            view_graphs: Default::default(),
             last_report: None,
         })
     }
 
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The model this session computes.
+    pub fn model(&self) -> &Model {
+        &self.model
     }
+    /// The compute backend.
     pub fn device(&self) -> &Backend {
         self.executor.device()
     }
-    /// Bytes of weights on the device.
-    pub fn device_weight_bytes(&self) -> usize {
-        self.weights.device_bytes
-    }
-    /// File tensors the architecture did not use.
-    pub fn unused_tensors(&self) -> &[String] {
-        &self.weights.unused
-    }
     /// The planner's report for the graph of a processed resolution (building it if needed).
     pub fn residency_report(&mut self, width: usize, height: usize) -> Result<Report, Error> {
-        self.session(width, height)?;
-        let session = &self.sessions[&(width, height)];
-        Ok(self.executor.plan(&session.graph)?)
+        self.graph_for(width, height)?;
+        Ok(self.executor.plan(&self.graphs[&(width, height)].graph)?)
     }
     /// The planner's report for the last computed image (with the scheduler's split count).
     pub fn last_report(&self) -> Option<&Report> {
@@ -141,60 +291,79 @@ impl Model {
     }
     /// Drops the cached graphs (the next image of each resolution builds its graph again).
     pub fn clear_graphs(&mut self) {
-        self.sessions.clear();
+        self.graphs.clear();
+        self.view_graphs.clear();
     }
     /// The graph of a processed resolution (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
-        self.session(width, height)?;
-        Ok(&self.sessions[&(width, height)].graph)
+        Ok(&self.graph_for(width, height)?.graph)
     }
 
-    /// Preprocesses `image` as the official InputProcessor does at `process_res` and predicts.
-    pub fn infer(&mut self, image: &RgbImage8, process_res: usize) -> Result<Prediction, Error> {
+    /// Depth (and confidence, sky, pose) for an image, preprocessed at the model's process
+    /// resolution and post-processed as the official code does (sky filled for mono and
+    /// metric models).
+    pub fn predict(&mut self, image: &image::DynamicImage) -> Result<Prediction, Error> {
+        self.predict_rgb(&RgbImage8::from_dynamic(image)?)
+    }
+
+    /// [`Session::predict`] for an 8-bit RGB image.
+    pub fn predict_rgb(&mut self, image: &RgbImage8) -> Result<Prediction, Error> {
+        let res = self.model.shared.process_res;
+        self.predict_at(image, res)
+    }
+
+    /// [`Session::predict_rgb`] at an explicit process resolution (longest side).
+    pub fn predict_at(
+        &mut self,
+        image: &RgbImage8,
+        process_res: usize,
+    ) -> Result<Prediction, Error> {
         let processed = preprocess::preprocess(image, process_res)?;
-        self.infer_processed(&processed)
+        let mut prediction = self.forward(&processed)?;
+        postprocess(&mut prediction);
+        Ok(prediction)
     }
 
-    /// Predicts from an already preprocessed image.
-    pub fn infer_processed(&mut self, image: &ProcessedImage) -> Result<Prediction, Error> {
+    /// The network's outputs for an already preprocessed image, before post-processing.
+    pub fn forward(&mut self, image: &ProcessedImage) -> Result<Prediction, Error> {
         let (w, h) = (image.width, image.height);
-        self.session(w, h)?;
-        let session = &self.sessions[&(w, h)];
-        let run = self.executor.run(&session.graph)?;
+        self.graph_for(w, h)?;
+        let g = &self.graphs[&(w, h)];
+        let run = self.executor.run(&g.graph)?;
         self.last_report = Some(run.report().clone());
-        run.write(&session.image, &image.chw)?;
+        run.write(&g.image, &image.chw)?;
         run.compute()?;
         let read = |t: &Tensor| run.read::<f32>(t);
-        let pose = match &session.pose {
+        let pose = match &g.pose {
             Some(t) => Some(Pose::from_encoding(&read(t)?, w, h)),
             None => None,
         };
         let mut probes = Vec::new();
-        for (name, t) in &session.probes {
+        for (name, t) in &g.probes {
             probes.push((name.clone(), read(t)?));
         }
         Ok(Prediction {
             width: w,
             height: h,
-            depth: read(&session.depth)?,
-            confidence: session.confidence.as_ref().map(read).transpose()?,
-            sky: session.sky.as_ref().map(read).transpose()?,
+            depth: read(&g.depth)?,
+            confidence: g.confidence.as_ref().map(read).transpose()?,
+            sky: g.sky.as_ref().map(read).transpose()?,
             pose,
             probes,
         })
     }
 
-    fn session(&mut self, width: usize, height: usize) -> Result<(), Error> {
-        if self.sessions.contains_key(&(width, height)) {
-            return Ok(());
+    fn graph_for(&mut self, width: usize, height: usize) -> Result<&ResolutionGraph, Error> {
+        if !self.graphs.contains_key(&(width, height)) {
+            let graph = self.build_graph(width, height)?;
+            self.graphs.insert((width, height), graph);
         }
-        let session = self.build_session(width, height)?;
-        self.sessions.insert((width, height), session);
-        Ok(())
+        Ok(&self.graphs[&(width, height)])
     }
 
-    fn build_session(&self, width: usize, height: usize) -> Result<Session, Error> {
-        let v = &self.config.vit;
+    fn build_graph(&self, width: usize, height: usize) -> Result<ResolutionGraph, Error> {
+        let shared = &self.model.shared;
+        let v = &shared.config.vit;
         let p = v.patch_size;
         if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
             return Err(Error::Input(format!(
@@ -218,8 +387,8 @@ impl Model {
             })
             .collect::<Result<_, _>>()?;
         // The UV embeddings exist only for heads that add them.
-        let uv_channels: Vec<usize> = if self.config.head.pos_embed {
-            self.config.head.out_channels.to_vec()
+        let uv_channels: Vec<usize> = if shared.config.head.pos_embed {
+            shared.config.head.out_channels.to_vec()
         } else {
             Vec::new()
         };
@@ -227,8 +396,8 @@ impl Model {
             .iter()
             .map(|&c| constants.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
             .collect::<Result<_, _>>()?;
-        let half = self.config.head.features / 2;
-        let output_uv = if self.config.head.pos_embed {
+        let half = shared.config.head.features / 2;
+        let output_uv = if shared.config.head.pos_embed {
             Some(constants.new_tensor(DType::F32, &[width as i64, height as i64, half as i64, 1])?)
         } else {
             None
@@ -252,7 +421,7 @@ impl Model {
         // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
         // attention); a graph for another device keeps to ops every backend has.
         ctx.use_cpu_kernels(self.executor.device().is_cpu());
-        ctx.use_bf16_products(self.weights.bf16_products);
+        ctx.use_bf16_products(shared.weights.bf16_products);
         let image = ctx
             .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
             .named("image");
@@ -273,19 +442,19 @@ impl Model {
             views: 1,
             camera_slots: None,
         };
-        let features = self.backbone.forward(&ctx, &image, &bconst)?;
+        let features = self.layers.backbone.forward(&ctx, &image, &bconst)?;
         let hconst = HeadConstants {
             stage_uv,
             output_uv,
         };
-        let out = self.head.forward(
+        let out = self.layers.head.forward(
             &ctx,
             &features.features,
             (gw as i64, gh as i64),
             (width as i64, height as i64),
             &hconst,
         )?;
-        let pose = match (&self.camera, &features.camera_token) {
+        let pose = match (&self.layers.camera, &features.camera_token) {
             (Some(cam), Some(token)) => Some(cam.forward(&ctx, token)?),
             _ => None,
         };
@@ -295,7 +464,7 @@ impl Model {
         outputs.extend(out.sky.iter());
         outputs.extend(pose.iter());
         let mut probes = Vec::new();
-        if self.probes {
+        if shared.probes {
             probes.push(("tokens_in".to_owned(), features.tokens_in.clone()));
             for (i, f) in features.features.iter().enumerate() {
                 probes.push((format!("feat{i}"), f.clone()));
@@ -311,7 +480,7 @@ impl Model {
             t.mark_output();
             graph.expand(t)?;
         }
-        Ok(Session {
+        Ok(ResolutionGraph {
             graph,
             image,
             depth: out.depth,
@@ -327,10 +496,11 @@ impl Model {
     /// `vit.pos_embed` resampled to the patch grid, returned as [embed, tokens] (token-major
     /// rows of `embed` values, which is ggml's [embed, tokens]).
     fn resampled_pos_embed(&self, gh: usize, gw: usize) -> Result<Vec<f32>, Error> {
-        let v = &self.config.vit;
+        let shared = &self.model.shared;
+        let v = &shared.config.vit;
         let e = v.embed_dim;
         let grid = v.pos_embed_grid;
-        let (cls, patches) = self.pos_embed.split_at(e);
+        let (cls, patches) = shared.pos_embed.split_at(e);
         let resampled = preprocess::resample_pos_embed(
             patches,
             e,
@@ -344,6 +514,14 @@ impl Model {
         out.extend_from_slice(cls);
         out.extend_from_slice(&resampled);
         Ok(out)
+    }
+}
+
+/// The official post-processing of the raw outputs: sky regions of mono and metric models
+/// get the depth of the far non-sky scene.
+pub(crate) fn postprocess(prediction: &mut Prediction) {
+    if let Some(sky) = &prediction.sky {
+        fill_sky(&mut prediction.depth, sky);
     }
 }
 

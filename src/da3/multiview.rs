@@ -34,6 +34,7 @@ pub enum RefViewStrategy {
 }
 
 impl RefViewStrategy {
+    /// The official names, in the order of the variants.
     pub const NAMES: [&'static str; 4] = ["first", "middle", "saddle_balanced", "saddle_sim_range"];
 
     /// The official name (`first`, `middle`, `saddle_balanced`, `saddle_sim_range`).
@@ -206,10 +207,12 @@ pub fn camera_slots(views: usize, reference: usize) -> Vec<i32> {
 /// A prediction for every view of a scene, in the input order.
 #[derive(Debug, Clone)]
 pub struct MultiPrediction {
+    /// One prediction per input view (poses in the reference view's world frame).
     pub views: Vec<Prediction>,
     /// The reference view (index into `views`): the one whose camera defines the scene's
     /// world frame in the predicted poses.
     pub reference: usize,
+    /// The strategy that was asked for (below three views none selects: view 0).
     pub strategy: RefViewStrategy,
 }
 

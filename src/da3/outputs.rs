@@ -3,7 +3,8 @@
 
 use super::Error;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// Camera parameters of the input view (DualDPT models).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -56,20 +57,89 @@ impl Pose {
     }
 }
 
-/// Outputs at the processed resolution, rows top to bottom.
-#[derive(Debug, Clone)]
+/// Outputs at the processed resolution, row-major, rows top to bottom.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Prediction {
+    /// Width of the processed image (a multiple of the patch size).
     pub width: usize,
+    /// Height of the processed image.
     pub height: usize,
+    /// Depth per pixel (relative for DA3 any-view models, metres-like for metric models);
+    /// sky regions filled as the official code does for mono and metric models.
     pub depth: Vec<f32>,
+    /// Confidence of the depth per pixel (models with a confidence output).
     pub confidence: Option<Vec<f32>>,
+    /// Sky probability per pixel (mono and metric models).
     pub sky: Option<Vec<f32>>,
+    /// Camera intrinsics and extrinsics (DualDPT models with a camera decoder).
     pub pose: Option<Pose>,
     /// Intermediate stages, when loaded with probes.
     pub probes: Vec<(String, Vec<f32>)>,
 }
 
 impl Prediction {
+    /// Writes the depth as PFM (float32, rows bottom to top, as the format wants).
+    pub fn save_pfm(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        write_pfm(path.as_ref(), &self.depth, self.width, self.height)
+    }
+
+    /// Writes the depth as an 8-bit PNG, scaled to its range, near = bright.
+    pub fn save_png(&self, path: impl AsRef<Path>, colormap: Colormap) -> Result<(), Error> {
+        write_png(
+            path.as_ref(),
+            &self.depth,
+            self.width,
+            self.height,
+            colormap,
+        )
+    }
+
+    /// Writes the confidence as PFM; an error when the model has no confidence output.
+    pub fn save_confidence_pfm(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let values = self
+            .confidence
+            .as_ref()
+            .ok_or_else(|| Error::Input("this model has no confidence output".to_owned()))?;
+        write_pfm(path.as_ref(), values, self.width, self.height)
+    }
+
+    /// Writes the sky probability as PFM; an error when the model has no sky head.
+    pub fn save_sky_pfm(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let values = self.sky.as_ref().ok_or_else(|| {
+            Error::Input("this model has no sky head (only mono/metric models do)".to_owned())
+        })?;
+        write_pfm(path.as_ref(), values, self.width, self.height)
+    }
+
+    /// Writes the camera pose as JSON (`width`, `height`, `intrinsics`,
+    /// `extrinsics_world_to_camera`); an error when the model has no camera decoder.
+    pub fn save_pose_json(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let pose = self.pose.as_ref().ok_or_else(|| {
+            Error::Input("this model has no camera decoder (only DualDPT models do)".to_owned())
+        })?;
+        let json = serde_json::json!({
+            "width": self.width,
+            "height": self.height,
+            "intrinsics": pose.intrinsics,
+            "extrinsics_world_to_camera": pose.extrinsics,
+        });
+        write_atomically(path.as_ref(), |out| {
+            serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
+            out.write_all(b"\n")
+        })
+    }
+
+    /// The smallest and largest finite depth.
+    pub fn depth_range(&self) -> (f32, f32) {
+        self.depth
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+                (a.min(v), b.max(v))
+            })
+    }
+
+    /// An intermediate stage by name (models loaded with probes).
     pub fn probe(&self, name: &str) -> Option<&[f32]> {
         self.probes
             .iter()
@@ -110,42 +180,236 @@ pub fn quantile(mut values: Vec<f32>, q: f64) -> f32 {
     values[lo] + (values[hi] - values[lo]) * frac
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same folder, so that a failure
-/// never leaves a half-written file behind.
+/// Temporary files of writes in progress, for [`remove_temporary_files`].
+static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn pending() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    PENDING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Keeps a temporary file's path in [`PENDING`] while it exists.
+struct Registered(PathBuf);
+
+impl Registered {
+    fn new(path: &Path) -> Registered {
+        pending().push(path.to_path_buf());
+        Registered(path.to_path_buf())
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        pending().retain(|p| p != &self.0);
+    }
+}
+
+/// Removes the temporary files of [`write_atomically`] calls still in progress. For a
+/// program's SIGINT/SIGTERM handler, which then exits: an interrupted write leaves nothing.
+pub fn remove_temporary_files() {
+    for path in pending().drain(..) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+fn output_error(path: &Path, kind: std::io::ErrorKind, why: String) -> Error {
+    Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(kind, why),
+    }
+}
+
+/// The folder an output file goes to.
+fn folder_of(path: &Path) -> &Path {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Checks that `path` may be replaced by a new file: it names a file in an existing folder,
+/// and is either absent or a regular file (not a directory, device, FIFO, socket or symbolic
+/// link). Returns the permissions of the existing file, which the new one keeps.
+fn check_target(path: &Path) -> Result<Option<std::fs::Permissions>, Error> {
+    use std::io::ErrorKind;
+    if path.file_name().is_none() {
+        return Err(output_error(
+            path,
+            ErrorKind::InvalidInput,
+            "not a file name".into(),
+        ));
+    }
+    let folder = folder_of(path);
+    match std::fs::metadata(folder) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(output_error(
+                path,
+                ErrorKind::NotADirectory,
+                format!("{} is not a folder", folder.display()),
+            ))
+        }
+        Err(e) => {
+            return Err(output_error(
+                path,
+                e.kind(),
+                format!("the folder {} does not exist ({e})", folder.display()),
+            ))
+        }
+    }
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(Error::Output {
+                path: path.to_path_buf(),
+                source: e,
+            })
+        }
+    };
+    let kind = meta.file_type();
+    if kind.is_file() {
+        return Ok(Some(meta.permissions()));
+    }
+    let what = if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link (name the file it points to)"
+    } else {
+        special_file_kind(&kind)
+    };
+    Err(output_error(
+        path,
+        ErrorKind::AlreadyExists,
+        format!("it is {what}, not a regular file; refusing to replace it"),
+    ))
+}
+
+#[cfg(unix)]
+fn special_file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_file_kind(_: &std::fs::FileType) -> &'static str {
+    "a special file"
+}
+
+/// A new temporary file beside `path`, with an unpredictable name, created exclusively (it
+/// cannot be a pre-existing file or a symbolic link someone planted).
+fn temporary_beside(
+    path: &Path,
+    permissions: Option<&std::fs::Permissions>,
+) -> std::io::Result<tempfile::NamedTempFile> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // A new output gets the usual 0666 less the umask; a replaced one its own mode (set
+        // exactly before the rename, since the umask applies here).
+        let mode = permissions.map_or(0o666, |p| p.mode() & 0o7777);
+        builder.permissions(std::fs::Permissions::from_mode(mode));
+    }
+    #[cfg(not(unix))]
+    let _ = permissions;
+    builder.tempfile_in(folder_of(path))
+}
+
+/// Checks, before any work, that [`write_atomically`] can write `path`: the folder exists and
+/// takes a new file, and `path` is absent or a regular file. The error names `path`.
+pub fn check_writable(path: &Path) -> Result<(), Error> {
+    let permissions = check_target(path)?;
+    temporary_beside(path, permissions.as_ref())
+        .map(drop)
+        .map_err(|source| Error::Output {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Whether `a` and `b` name the same existing file (same device and inode on Unix, same
+/// canonical path elsewhere).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Refuses an output that is one of the `inputs` (`(what, path)`, e.g. `("the model", p)`).
+pub fn check_not_an_input(output: &Path, inputs: &[(&str, &Path)]) -> Result<(), Error> {
+    match inputs.iter().find(|(_, input)| same_file(output, input)) {
+        Some((what, input)) => Err(output_error(
+            output,
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "it is {what} ({}); refusing to overwrite an input",
+                input.display()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Writes `path` through a temporary file in the same folder, renamed into place once
+/// complete and synced, so that a failure never leaves a half-written file behind.
+///
+/// The temporary file has an unpredictable name and is created exclusively; it is removed on
+/// any error (and by [`remove_temporary_files`]). An existing `path` must be a regular file
+/// (a directory, device, FIFO or symbolic link is refused and left untouched), and the new
+/// file keeps its permissions.
 pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), Error> {
+    let permissions = check_target(path)?;
     let io = |source| Error::Output {
         path: path.to_path_buf(),
         source,
     };
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file_name = path.file_name().ok_or_else(|| {
-        io(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a file path",
-        ))
-    })?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
+    let mut tmp = temporary_beside(path, permissions.as_ref()).map_err(io)?;
+    let _registered = Registered::new(tmp.path());
     let result = (|| {
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
-        write(&mut file)?;
-        let file = file.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp, path)
+        let mut out = std::io::BufWriter::new(tmp.as_file_mut());
+        write(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?;
+        if let Some(permissions) = permissions {
+            tmp.as_file().set_permissions(permissions)?;
+        }
+        tmp.as_file().sync_all()
     })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    result.map_err(io)?;
+    // Dropping the temporary file on a failed rename removes it.
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    #[cfg(unix)]
+    if let Ok(folder) = std::fs::File::open(folder_of(path)) {
+        // Makes the rename durable; the file is complete either way.
+        let _ = folder.sync_all();
     }
-    result.map_err(io)
+    Ok(())
 }
 
 /// PFM: `Pf`, size, negative scale (little-endian), rows bottom to top.
@@ -162,9 +426,12 @@ pub fn write_pfm(path: &Path, values: &[f32], width: usize, height: usize) -> Re
 }
 
 /// Colour maps for 8-bit depth images.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Colormap {
+    /// Grey levels, near = white.
     Gray,
+    /// Google's Turbo rainbow map, near = red.
+    #[default]
     Turbo,
 }
 
@@ -233,6 +500,125 @@ fn turbo(x: f32) -> [u8; 3] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`remove_temporary_files`] removes every write in progress in this process, so the
+    /// tests that write take turns.
+    static WRITES: Mutex<()> = Mutex::new(());
+
+    fn writing() -> std::sync::MutexGuard<'static, ()> {
+        WRITES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
+        let _turn = writing();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.pfm");
+        std::fs::write(&path, b"old").unwrap();
+        let err = write_atomically(&path, |w| {
+            w.write_all(b"half")?;
+            Err(std::io::Error::other("disk on fire"))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("out.pfm") && err.to_string().contains("disk on fire"));
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(names_in(dir.path()), ["out.pfm"]);
+    }
+
+    #[test]
+    fn an_interrupted_write_removes_its_temporary_file() {
+        let _turn = writing();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.pfm");
+        std::fs::write(&path, b"old").unwrap();
+        let err = write_atomically(&path, |w| {
+            w.write_all(b"half")?;
+            w.flush()?;
+            assert_eq!(names_in(dir.path()).len(), 2, "a temporary file exists");
+            // What the CLI's SIGINT handler does before it dies of the signal.
+            remove_temporary_files();
+            assert_eq!(names_in(dir.path()), ["out.pfm"]);
+            Ok(())
+        });
+        assert!(err.is_err(), "the rename of a removed temporary file fails");
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert_eq!(names_in(dir.path()), ["out.pfm"]);
+        assert!(pending().is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_replaced_file_keeps_its_permissions() {
+        let _turn = writing();
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for mode in [0o600, 0o640, 0o604] {
+            let path = dir.path().join(format!("out{mode:o}.json"));
+            std::fs::write(&path, b"old").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            write_atomically(&path, |w| w.write_all(b"new")).unwrap();
+            assert_eq!(std::fs::read(&path).unwrap(), b"new");
+            let got = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(got, mode, "{}", path.display());
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn special_files_and_links_are_refused_and_left_alone() {
+        let _turn = writing();
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let before = std::fs::metadata("/dev/null").unwrap();
+        let err = write_atomically(Path::new("/dev/null"), |w| w.write_all(b"x")).unwrap_err();
+        assert!(err.to_string().contains("character device"), "{err}");
+        let after = std::fs::metadata("/dev/null").unwrap();
+        assert!(after.file_type() == before.file_type() && after.rdev() == before.rdev());
+        assert!(check_writable(Path::new("/dev/null")).is_err());
+
+        let target = dir.path().join("real.pfm");
+        std::fs::write(&target, b"keep").unwrap();
+        let link = dir.path().join("link.pfm");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = write_atomically(&link, |w| w.write_all(b"x")).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let err = check_writable(&sub).unwrap_err();
+        assert!(err.to_string().contains("a directory"), "{err}");
+        let err = check_writable(&target.join("x.pfm")).unwrap_err();
+        assert!(err.to_string().contains("is not a folder"), "{err}");
+        assert_eq!(names_in(dir.path()), ["link.pfm", "real.pfm", "sub"]);
+    }
+
+    #[test]
+    fn an_input_is_not_an_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("photo.png");
+        std::fs::write(&input, b"pixels").unwrap();
+        let roundabout = dir.path().join(".").join("photo.png");
+        let err = check_not_an_input(&roundabout, &[("the input image", &input)]).unwrap_err();
+        assert!(err.to_string().contains("the input image"), "{err}");
+        let other = dir.path().join("depth.png");
+        check_not_an_input(&other, &[("the input image", &input)]).unwrap();
+    }
 
     #[test]
     fn quantile_interpolates_linearly_like_torch() {

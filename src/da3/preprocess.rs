@@ -27,6 +27,11 @@ pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 /// ImageNet standard deviation used by the official `InputProcessor` (RGB order).
 pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
+/// Largest accepted `process_res` (the processed image's longest side): four times the
+/// official default. Compute grows with the square of the token count and memory with the
+/// pixels; the README states what the largest size costs.
+pub const MAX_PROCESS_RES: usize = 2048;
+
 /// Largest accepted image side. OpenCV indexes pixels with 32-bit ints and computes sample
 /// positions in `f32`, so far larger sides could not be reproduced faithfully anyway.
 pub const MAX_SIDE: usize = 1 << 24;
@@ -45,13 +50,12 @@ pub enum PreprocessError {
         #[source]
         source: std::io::Error,
     },
-    /// The image file was opened but could not be decoded.
-    #[error("cannot decode image {}: {source}", path.display())]
-    Decode {
-        path: PathBuf,
-        #[source]
-        source: image::ImageError,
-    },
+    /// The image file was opened but could not be decoded (one line: the format and cause).
+    #[error("cannot decode image {}: {reason}", path.display())]
+    Decode { path: PathBuf, reason: String },
+    /// An image over the limits of [`load_image`] ([`MAX_IMAGE_PIXELS`], [`MAX_IMAGE_SIDE`]).
+    #[error("image {} is too large: {reason}", path.display())]
+    ImageTooLarge { path: PathBuf, reason: String },
     /// An image or map with a zero side.
     #[error("empty image size {width}x{height}")]
     EmptyImage { width: usize, height: usize },
@@ -76,6 +80,9 @@ pub enum PreprocessError {
         width: usize,
         height: usize,
     },
+    /// `process_res` above [`MAX_PROCESS_RES`].
+    #[error("process_res {process_res} is above the limit of {MAX_PROCESS_RES}")]
+    ProcessResTooLarge { process_res: usize },
     /// `process_res` below the patch size.
     #[error("process_res {process_res} is smaller than the patch size {PATCH_SIZE}")]
     ProcessResTooSmall { process_res: usize },
@@ -141,6 +148,14 @@ impl RgbImage8 {
         Ok(img)
     }
 
+    /// Converts a decoded image as PIL's `convert("RGB")` does (alpha dropped, grey
+    /// replicated).
+    pub fn from_dynamic(image: &image::DynamicImage) -> Result<Self, PreprocessError> {
+        let rgb = image.to_rgb8();
+        let (width, height) = (rgb.width() as usize, rgb.height() as usize);
+        Self::new(width, height, rgb.into_raw())
+    }
+
     /// Checks that the image is non-empty, not oversized, and its buffer length matches.
     pub fn validate(&self) -> Result<(), PreprocessError> {
         let expected = rgb_len(self.width, self.height)?;
@@ -170,6 +185,17 @@ fn rgb_len(width: usize, height: usize) -> Result<usize, PreprocessError> {
         .ok_or(PreprocessError::TooLarge { width, height })
 }
 
+/// Most pixels [`load_image`] decodes (50 megapixels, e.g. 8660 x 5773): a larger image is
+/// refused from its header, before any pixel memory is allocated.
+pub const MAX_IMAGE_PIXELS: u64 = 50_000_000;
+/// Longest side [`load_image`] decodes.
+pub const MAX_IMAGE_SIDE: u32 = 32_768;
+/// Most memory the image decoder may allocate at once, decoded pixels included (a 50 Mpx
+/// 16-bit RGBA PNG needs 400 MB).
+pub const MAX_DECODE_BYTES: u64 = 1 << 30;
+/// Largest image file [`load_image`] reads.
+pub const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
+
 /// Decodes an image file (PNG or JPEG, format sniffed from the content like PIL does) to RGB8.
 ///
 /// Alpha is dropped (not composited) and grey is replicated, as PIL's `convert("RGB")` does;
@@ -179,24 +205,137 @@ fn rgb_len(width: usize, height: usize) -> Result<usize, PreprocessError> {
 /// 16-bit PNGs are reduced to 8 bits differently; only PNG and JPEG are supported. EXIF
 /// orientation is ignored by both.
 ///
+/// Limits, checked before pixels are decoded: [`MAX_IMAGE_FILE_BYTES`], [`MAX_IMAGE_SIDE`],
+/// [`MAX_IMAGE_PIXELS`], and [`MAX_DECODE_BYTES`] of decoder memory. A JPEG without its
+/// end-of-image marker (a truncated file, which the decoder would fill in with grey) is an
+/// error, as is a PNG that ends early or fails a CRC check.
+///
 /// # Errors
-/// [`PreprocessError::Open`] or [`PreprocessError::Decode`], naming the path and the cause.
+/// [`PreprocessError::Open`], [`PreprocessError::Decode`] or
+/// [`PreprocessError::ImageTooLarge`], naming the path and the cause.
 pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
+    use image::ImageDecoder;
+    use std::io::Read;
     let open_err = |source| PreprocessError::Open {
         path: path.to_path_buf(),
         source,
     };
-    let reader = image::ImageReader::open(path)
-        .map_err(open_err)?
+    let decode_err = |reason: String| PreprocessError::Decode {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let file = std::fs::File::open(path).map_err(open_err)?;
+    let meta = file.metadata().map_err(open_err)?;
+    if meta.is_dir() {
+        return Err(open_err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            "it is a directory",
+        )));
+    }
+    if meta.len() > MAX_IMAGE_FILE_BYTES {
+        return Err(decode_err(format!(
+            "the file is {} bytes, more than the limit of {MAX_IMAGE_FILE_BYTES}",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_IMAGE_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(open_err)?;
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(&bytes))
         .with_guessed_format()
         .map_err(open_err)?;
-    let decoded = reader.decode().map_err(|source| PreprocessError::Decode {
-        path: path.to_path_buf(),
-        source,
+    let format = reader.format();
+    if format == Some(image::ImageFormat::Jpeg) && !jpeg_has_end_marker(&bytes) {
+        return Err(decode_err(
+            "JPEG: no end-of-image marker after the image data (the file is truncated)".into(),
+        ));
+    }
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_SIDE);
+    limits.max_image_height = Some(MAX_IMAGE_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let described = |e: image::ImageError| decode_err(describe_image_error(format, &e));
+    let decoder = reader.into_decoder().map_err(|e| match &e {
+        image::ImageError::Limits(_) => PreprocessError::ImageTooLarge {
+            path: path.to_path_buf(),
+            reason: format!("a side exceeds the limit of {MAX_IMAGE_SIDE} px"),
+        },
+        _ => described(e),
     })?;
+    let (width, height) = decoder.dimensions();
+    if u64::from(width) * u64::from(height) > MAX_IMAGE_PIXELS {
+        return Err(PreprocessError::ImageTooLarge {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{width}x{height} is {} pixels, more than the limit of {MAX_IMAGE_PIXELS}",
+                u64::from(width) * u64::from(height)
+            ),
+        });
+    }
+    let decoded = image::DynamicImage::from_decoder(decoder).map_err(described)?;
     let rgb = decoded.into_rgb8();
     let (width, height) = (rgb.width() as usize, rgb.height() as usize);
     RgbImage8::new(width, height, rgb.into_raw())
+}
+
+/// Whether a JPEG stream has its end-of-image marker (`FF D9`) after the start of its first
+/// scan. The header segments before the scan are skipped by their lengths (an EXIF thumbnail
+/// has a marker of its own); inside entropy-coded data an `FF` byte is always followed by
+/// `00` or a restart marker, so `FF D9` there can only be the real end.
+fn jpeg_has_end_marker(bytes: &[u8]) -> bool {
+    let mut pos = 2; // after SOI
+    loop {
+        let Some(&[0xFF, marker]) = bytes.get(pos..pos + 2) else {
+            return false;
+        };
+        match marker {
+            0xFF => pos += 1, // fill byte
+            0xD0..=0xD9 | 0x01 => pos += 2,
+            _ => {
+                let Some(&[hi, lo]) = bytes.get(pos + 2..pos + 4) else {
+                    return false;
+                };
+                let len = usize::from(u16::from_be_bytes([hi, lo]));
+                pos += 2 + len;
+                if marker == 0xDA {
+                    break; // start of scan: entropy-coded data follows
+                }
+            }
+        }
+    }
+    bytes
+        .get(pos..)
+        .is_some_and(|rest| rest.windows(2).any(|w| w == [0xFF, 0xD9]))
+}
+
+/// One line for a decoder error: the format, then the innermost cause, with the PNG decoder's
+/// `ChunkType { type: IHDR, .. }` debug output reduced to the chunk's name.
+fn describe_image_error(format: Option<image::ImageFormat>, error: &image::ImageError) -> String {
+    let mut innermost: &dyn std::error::Error = error;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    let mut text = innermost.to_string();
+    while let Some(start) = text.find("ChunkType { type: ") {
+        let rest = &text[start + "ChunkType { type: ".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let end = text[start..]
+            .find('}')
+            .map_or(text.len(), |e| start + e + 1);
+        text.replace_range(start..end, &name);
+    }
+    match format {
+        _ if matches!(error, image::ImageError::Unsupported(_)) => text,
+        Some(image::ImageFormat::Png) => format!("PNG: {text}"),
+        Some(image::ImageFormat::Jpeg) => format!("JPEG: {text}"),
+        Some(other) => format!("{other:?}: {text}"),
+        None => text,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -726,7 +865,7 @@ pub struct ResizePlan {
 /// second step, either side) grows, area otherwise.
 ///
 /// # Errors
-/// An empty or oversized image, `process_res` below 14, or [`PreprocessError::TooThin`] where
+/// An empty or oversized image, `process_res` below 14 or above [`MAX_PROCESS_RES`], or [`PreprocessError::TooThin`] where
 /// a side would round to no patch at all.
 pub fn plan_resize(
     width: usize,
@@ -737,11 +876,8 @@ pub fn plan_resize(
     if process_res < PATCH_SIZE {
         return Err(PreprocessError::ProcessResTooSmall { process_res });
     }
-    if process_res > MAX_SIDE {
-        return Err(PreprocessError::TooLarge {
-            width: process_res,
-            height: process_res,
-        });
+    if process_res > MAX_PROCESS_RES {
+        return Err(PreprocessError::ProcessResTooLarge { process_res });
     }
     let longest = width.max(height);
     let (mut w, mut h) = (width, height);
@@ -1355,6 +1491,15 @@ mod tests {
             preprocess(&img, 13),
             Err(PreprocessError::ProcessResTooSmall { process_res: 13 })
         ));
+        assert!(matches!(
+            preprocess(&img, MAX_PROCESS_RES + 1),
+            Err(PreprocessError::ProcessResTooLarge { process_res }) if process_res == 2049
+        ));
+        assert!(matches!(
+            plan_resize(20, 10, 100_000),
+            Err(PreprocessError::ProcessResTooLarge { .. })
+        ));
+        assert_eq!(plan_resize(640, 427, MAX_PROCESS_RES).unwrap().width, 2044);
         assert!(matches!(
             preprocess(&pattern(2000, 10), 504),
             Err(PreprocessError::TooThin { .. })

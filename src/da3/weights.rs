@@ -5,10 +5,10 @@ use super::config::Config;
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
-    pack_linear_panels, pack_linear_panels_bf16, Backend, BufferUsage, Context, DType, Tensor,
-    TensorView, LINEAR_BF16, LINEAR_PANEL,
+    pack_linear_panels, pack_linear_panels_bf16, BufferUsage, Context, DType, Device,
+    SharedContext, Tensor, TensorView, LINEAR_BF16, LINEAR_PANEL,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// How a tensor is used, which decides the types it may have on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,12 @@ enum Packing {
 /// Where declared tensors come from.
 enum Source<'f> {
     File(&'f GgufFile),
+    /// Weights loaded before: declared tensors are the shared ones, imported into a graph
+    /// context (see [`Loader::bind`]).
+    Bound {
+        weights: &'f LoadedWeights,
+        host: Option<Context>,
+    },
     /// No file: only record what the architecture declares (for writing files).
     Recording {
         config: Box<Config>,
@@ -53,14 +59,31 @@ pub struct Loader<'f> {
     used: HashSet<String>,
     pending: Vec<Pending>,
     pack_linears: bool,
+    file_shapes: HashMap<String, Vec<usize>>,
+    host_values: HashMap<String, Vec<f32>>,
 }
 
-/// Where the loaded weights live.
+/// A weight deliberately kept in plain host memory (only for reproducing the crash): each
+/// session gets its own copy, so that the planner's fixes never touch shared memory.
+pub struct HostTensor {
+    name: String,
+    dtype: DType,
+    ne: Vec<i64>,
+    bytes: Vec<u8>,
+}
+
+/// Where the loaded weights live: shared, read-only, `Send + Sync`.
 pub struct LoadedWeights {
     /// All device-resident weights, in one buffer of the device's memory.
-    pub device_ctx: Context,
+    pub shared: SharedContext,
     /// Weights deliberately left in plain host memory (only for reproducing the crash).
-    pub host_ctx: Option<Context>,
+    host: Vec<HostTensor>,
+    /// PyTorch shapes of the file's tensors that were declared or looked up.
+    file_shapes: HashMap<String, Vec<usize>>,
+    /// Values read on the host (e.g. the positional embedding), by name.
+    host_values: HashMap<String, Vec<f32>>,
+    /// Linear weights stored packed for the CPU kernel.
+    packed: HashSet<String>,
     pub device_bytes: usize,
     /// File tensors the architecture did not use.
     pub unused: Vec<String>,
@@ -100,7 +123,46 @@ impl<'f> Loader<'f> {
             used: HashSet::new(),
             pending: Vec::new(),
             pack_linears: false,
+            file_shapes: HashMap::new(),
+            host_values: HashMap::new(),
         })
+    }
+
+    /// A loader that declares nothing new: each declared tensor is the shared weight of that
+    /// name, imported into `graph_ctx` (and checked against the declaration), and host-only
+    /// weights are copied into a host context of the caller's own. Running a model's `load`
+    /// functions through it gives the per-session layer handles of already loaded weights.
+    pub fn bind(weights: &'f LoadedWeights, graph_ctx: &Context) -> Result<Self, Error> {
+        let host = if weights.host.is_empty() {
+            None
+        } else {
+            let bytes: usize = weights.host.iter().map(|t| t.bytes.len() + 1024).sum();
+            let ctx = Context::host(bytes + 4096)?;
+            for t in &weights.host {
+                let tensor = ctx.new_tensor(t.dtype, &t.ne)?.named(&t.name);
+                ctx.write_bytes(&tensor, &t.bytes)?;
+            }
+            Some(ctx)
+        };
+        Ok(Loader {
+            source: Source::Bound { weights, host },
+            device_ctx: graph_ctx.clone(),
+            host_ctx: None,
+            host_names: HashSet::new(),
+            used: HashSet::new(),
+            pending: Vec::new(),
+            pack_linears: false,
+            file_shapes: HashMap::new(),
+            host_values: HashMap::new(),
+        })
+    }
+
+    /// The host context of a bound loader's host-only weights (kept alive by the caller).
+    pub fn into_host_context(self) -> Option<Context> {
+        match self.source {
+            Source::Bound { host, .. } => host,
+            _ => None,
+        }
     }
 
     /// Stores linear weights packed for the CPU's matrix-product kernel
@@ -126,6 +188,8 @@ impl<'f> Loader<'f> {
             used: HashSet::new(),
             pending: Vec::new(),
             pack_linears: false,
+            file_shapes: HashMap::new(),
+            host_values: HashMap::new(),
         })
     }
 
@@ -133,14 +197,14 @@ impl<'f> Loader<'f> {
     pub fn into_declared(self) -> Vec<(String, Vec<usize>)> {
         match self.source {
             Source::Recording { declared, .. } => declared,
-            Source::File(_) => Vec::new(),
+            _ => Vec::new(),
         }
     }
 
     fn file(&self) -> Option<&'f GgufFile> {
         match &self.source {
             Source::File(f) => Some(f),
-            Source::Recording { .. } => None,
+            _ => None,
         }
     }
 
@@ -187,6 +251,26 @@ impl<'f> Loader<'f> {
                 false,
             ));
         }
+        if let Source::Bound { weights, host } = &self.source {
+            let packed = weights.packed.contains(name);
+            let found = match host.as_ref().and_then(|h| h.tensor(name)) {
+                Some(t) => Some(t),
+                None => self.device_ctx.import(&weights.shared, name),
+            };
+            let tensor = found.ok_or_else(|| {
+                Error::Weights(format!("tensor `{name}` was not loaded with the model"))
+            })?;
+            if !packed {
+                let expected: Vec<i64> = shape.iter().rev().map(|&d| d as i64).collect();
+                if pad4i(&expected) != tensor.ne() {
+                    return Err(Error::Weights(format!(
+                        "tensor `{name}` was loaded as {}, the architecture expects {shape:?}",
+                        tensor.shape()
+                    )));
+                }
+            }
+            return Ok((tensor, packed));
+        }
         let info = self.info(name)?;
         let expected: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         if pad4(&expected) != pad4(info.shape()) {
@@ -198,6 +282,7 @@ impl<'f> Loader<'f> {
         if !self.used.insert(name.to_owned()) {
             return Err(Error::Weights(format!("tensor `{name}` declared twice")));
         }
+        self.file_shapes.insert(name.to_owned(), shape.to_vec());
         let (dtype, convert) = match (role, info.dtype) {
             (_, DType::F32) => (DType::F32, false),
             (Role::F32, DType::F16 | DType::BF16) => (DType::F32, true),
@@ -248,7 +333,7 @@ impl<'f> Loader<'f> {
     }
 
     /// The PyTorch shape of a file tensor (for deriving sizes the metadata gets wrong).
-    pub fn shape_of(&self, name: &str) -> Result<Vec<usize>, Error> {
+    pub fn shape_of(&mut self, name: &str) -> Result<Vec<usize>, Error> {
         if let Source::Recording { config, .. } = &self.source {
             let e = config.vit.embed_dim;
             return match name {
@@ -266,34 +351,51 @@ impl<'f> Loader<'f> {
                 ))),
             };
         }
-        Ok(self
+        if let Source::Bound { weights, .. } = &self.source {
+            return weights.file_shapes.get(name).cloned().ok_or_else(|| {
+                Error::Weights(format!("tensor `{name}` is missing from the file"))
+            });
+        }
+        let shape: Vec<usize> = self
             .info(name)?
             .shape()
             .iter()
             .rev()
             .map(|&d| d as usize)
-            .collect())
+            .collect();
+        self.file_shapes.insert(name.to_owned(), shape.clone());
+        Ok(shape)
     }
 
     /// Reads a tensor as f32 on the host (for host-side preprocessing such as the
     /// positional-embedding resample), without placing it on any device.
     pub fn host_f32(&mut self, name: &str) -> Result<Vec<f32>, Error> {
+        if let Source::Bound { weights, .. } = &self.source {
+            return weights.host_values.get(name).cloned().ok_or_else(|| {
+                Error::Weights(format!("tensor `{name}` was not read with the model"))
+            });
+        }
         let info = self.info(name)?;
         self.used.insert(name.to_owned());
         let file = self.file().expect("info found a file");
-        let values = to_f32(name, info.dtype, file.tensor_data(info)?);
+        let values = to_f32(name, info.dtype, file.tensor_data(info)?)?;
         file.release_tensor_data(info);
-        values
+        self.host_values.insert(name.to_owned(), values.clone());
+        Ok(values)
     }
 
-    /// Allocates the declared tensors on `backend` and copies their data there.
-    pub fn finish(self, backend: &Backend) -> Result<LoadedWeights, Error> {
+    /// Allocates the declared tensors on `device`, copies their data there and freezes them
+    /// into shared weights. Every layer handle from this loader must be dropped first (the
+    /// layers are bound again per session, see [`Loader::bind`]).
+    pub fn finish(self, device: &Device) -> Result<LoadedWeights, Error> {
         let Some(file) = self.file() else {
             return Err(Error::Weights(
-                "a recording loader has no data to load".into(),
+                "only a loader reading a file has data to load".into(),
             ));
         };
-        let device_bytes = self.device_ctx.allocate_on(backend, BufferUsage::Weights)?;
+        let device_bytes = self
+            .device_ctx
+            .allocate_in(device.buffer_type()?, BufferUsage::Weights)?;
         for p in &self.pending {
             let info = file.tensor(&p.name).expect("checked when declared");
             let data = file.tensor_data(info)?;
@@ -329,14 +431,54 @@ impl<'f> Loader<'f> {
             .collect();
         unused.sort();
         let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16));
+        let packed: HashSet<String> = self
+            .pending
+            .iter()
+            .filter(|p| p.packed.is_some())
+            .map(|p| p.name.clone())
+            .collect();
+        let mut host = Vec::new();
+        if let Some(host_ctx) = &self.host_ctx {
+            for p in self
+                .pending
+                .iter()
+                .filter(|p| self.host_names.contains(&p.name))
+            {
+                host.push(HostTensor {
+                    name: p.name.clone(),
+                    dtype: p.tensor.dtype(),
+                    ne: p.tensor.shape().dims().to_vec(),
+                    bytes: host_ctx.read_bytes(&p.tensor)?,
+                });
+            }
+        }
+        let Loader {
+            device_ctx,
+            pending,
+            file_shapes,
+            host_values,
+            ..
+        } = self;
+        // The pending handles keep the context alive; freezing needs it alone.
+        drop(pending);
+        let shared = device_ctx.freeze()?;
         Ok(LoadedWeights {
-            device_ctx: self.device_ctx,
-            host_ctx: self.host_ctx,
+            shared,
+            host,
+            file_shapes,
+            host_values,
+            packed,
             device_bytes,
             unused,
             bf16_products,
         })
     }
+}
+
+fn pad4i(ne: &[i64]) -> [i64; 4] {
+    let mut out = [1i64; 4];
+    out[..ne.len()].copy_from_slice(ne);
+    out
 }
 
 fn dtype_supported_for_matmul(dtype: DType) -> bool {

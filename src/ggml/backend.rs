@@ -43,6 +43,14 @@ fn c_str(ptr: *const std::os::raw::c_char) -> String {
     unsafe { CStr::from_ptr(ptr).to_string_lossy().into_owned() }
 }
 
+// SAFETY: a registry device lives for the whole process and is never freed; the calls made
+// on it (name, description, type, memory, properties, buffer type, buffer-type support) are
+// queries that ggml's backends answer from any thread (static strings and tables, or driver
+// queries such as cudaMemGetInfo that are thread-safe).
+unsafe impl Send for Device {}
+// SAFETY: see `Send`: every method takes `&self` and only queries.
+unsafe impl Sync for Device {}
+
 impl Device {
     /// Only for registry pointers, which live for the whole process.
     pub(crate) fn from_raw(raw: NonNull<sys::ggml_backend_device>) -> Self {
@@ -322,4 +330,95 @@ pub(crate) fn cstring(what: &str, s: &str) -> Result<CString> {
         op: "ffi",
         reason: format!("{what} contains a NUL byte"),
     })
+}
+
+/// Where to compute, as a person writes it: `auto`, `cpu`, a device name from ggml's registry
+/// (`CUDA0`, `MTL0`, `Vulkan0`), or `rpc:HOST:PORT` for a ggml RPC server. Parses with
+/// [`str::parse`] and prints back the same spelling.
+///
+/// ```
+/// use da3::ggml::DeviceSpec;
+/// assert_eq!("auto".parse::<DeviceSpec>().unwrap(), DeviceSpec::Auto);
+/// assert_eq!("CPU".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+/// assert_eq!(
+///     "rpc:127.0.0.1:50052".parse::<DeviceSpec>().unwrap(),
+///     DeviceSpec::Rpc("127.0.0.1:50052".into())
+/// );
+/// assert!("rpc:localhost".parse::<DeviceSpec>().is_err()); // the port is missing
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub enum DeviceSpec {
+    /// A GPU if ggml has one (discrete, then integrated, then an accelerator), else the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend.
+    Cpu,
+    /// A device of ggml's registry by name, case-insensitive (`CUDA0`, `MTL0`, `Vulkan0`).
+    Named(String),
+    /// The first device of the ggml RPC server at `HOST:PORT`.
+    Rpc(String),
+}
+
+impl DeviceSpec {
+    /// The registry device this names (registering the RPC server for `rpc:`).
+    pub fn resolve(&self) -> Result<Device> {
+        match self {
+            DeviceSpec::Auto => Ok(Device::best()),
+            DeviceSpec::Cpu => Ok(Device::cpu()),
+            DeviceSpec::Named(name) => Device::by_name(name),
+            DeviceSpec::Rpc(endpoint) => Device::rpc(endpoint),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::InvalidArgument {
+            op: "device",
+            reason,
+        };
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(DeviceSpec::Auto);
+        }
+        if s.eq_ignore_ascii_case("cpu") {
+            return Ok(DeviceSpec::Cpu);
+        }
+        if let Some(endpoint) = s.strip_prefix("rpc:") {
+            let Some((host, port)) = endpoint.rsplit_once(':') else {
+                return Err(invalid(format!(
+                    "`{s}` has no port: write rpc:HOST:PORT (e.g. rpc:127.0.0.1:50052)"
+                )));
+            };
+            if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+                return Err(invalid(format!(
+                    "`{s}`: write rpc:HOST:PORT with a port from 1 to 65535"
+                )));
+            }
+            return Ok(DeviceSpec::Rpc(endpoint.to_owned()));
+        }
+        if s.is_empty()
+            || !s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        {
+            return Err(invalid(format!(
+                "`{s}` is not a device: use auto, cpu, a name from `da3 devices` (CUDA0, \
+                 MTL0, Vulkan0) or rpc:HOST:PORT"
+            )));
+        }
+        Ok(DeviceSpec::Named(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Named(name) => f.write_str(name),
+            DeviceSpec::Rpc(endpoint) => write!(f, "rpc:{endpoint}"),
+        }
+    }
 }

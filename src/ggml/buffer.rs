@@ -223,6 +223,16 @@ impl Context {
     }
 }
 
+/// Shared weights are read by other threads: no write may reach their memory.
+fn check_writable(tensor: &Tensor) -> Result<()> {
+    if super::shared::holds_frozen_data(tensor) {
+        return Err(Error::SharedWeights {
+            operand: tensor.describe(),
+        });
+    }
+    Ok(())
+}
+
 fn check_transfer<T: Element>(tensor: &Tensor, len: usize) -> Result<()> {
     if !tensor.has_data() {
         return Err(Error::NotAllocated {
@@ -259,6 +269,7 @@ fn check_transfer<T: Element>(tensor: &Tensor, len: usize) -> Result<()> {
 
 /// Copies host values into a tensor; the caller has established that its memory is live.
 pub(crate) fn write_tensor<T: Element>(tensor: &Tensor, data: &[T]) -> Result<()> {
+    check_writable(tensor)?;
     check_transfer::<T>(tensor, data.len())?;
     let bytes = std::mem::size_of_val(data);
     // SAFETY: sizes and contiguity checked; `data` is valid for `bytes`.
@@ -267,6 +278,7 @@ pub(crate) fn write_tensor<T: Element>(tensor: &Tensor, data: &[T]) -> Result<()
 }
 
 pub(crate) fn write_tensor_bytes(tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+    check_writable(tensor)?;
     if !tensor.has_data() {
         return Err(Error::NotAllocated {
             operand: tensor.describe(),
@@ -285,6 +297,34 @@ pub(crate) fn write_tensor_bytes(tensor: &Tensor, bytes: &[u8]) -> Result<()> {
     // SAFETY: sizes checked; `bytes` valid.
     unsafe { raw_set(tensor, bytes.as_ptr().cast(), bytes.len()) };
     Ok(())
+}
+
+pub(crate) fn read_tensor_bytes(tensor: &Tensor) -> Result<Vec<u8>> {
+    if !tensor.has_data() {
+        return Err(Error::NotAllocated {
+            operand: tensor.describe(),
+        });
+    }
+    if !tensor.is_contiguous() {
+        return Err(Error::NotContiguous {
+            op: "tensor data transfer",
+            operand: tensor.describe(),
+        });
+    }
+    let mut out = vec![0u8; tensor.nbytes()];
+    // SAFETY: a contiguous tensor with live memory of `nbytes` bytes; `out` is that long.
+    unsafe {
+        if tensor.buffer().is_some() {
+            sys::ggml_backend_tensor_get(tensor.as_ptr(), out.as_mut_ptr().cast(), 0, out.len());
+        } else {
+            std::ptr::copy_nonoverlapping(
+                (*tensor.as_ptr()).data.cast::<u8>(),
+                out.as_mut_ptr(),
+                out.len(),
+            );
+        }
+    }
+    Ok(out)
 }
 
 pub(crate) fn read_tensor<T: Element>(tensor: &Tensor) -> Result<Vec<T>> {

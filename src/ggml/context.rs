@@ -23,6 +23,8 @@ pub(crate) struct ContextInner {
     cpu_kernels: Cell<bool>,
     /// CPU kernels may round their operands to bf16 (see [`Context::use_bf16_products`]).
     bf16_products: Cell<bool>,
+    /// Frozen contexts whose tensors this context's ops use (see [`Context::import`]).
+    imports: super::shared::Imports,
 }
 
 impl ContextInner {
@@ -31,6 +33,12 @@ impl ContextInner {
     }
     pub(crate) fn owns_buffer(&self, buffer: *mut sys::ggml_backend_buffer) -> bool {
         self.buffers.borrow().iter().any(|b| b.as_ptr() == buffer)
+    }
+    pub(crate) fn with_buffers<R>(&self, f: impl FnOnce(&[Buffer]) -> R) -> R {
+        f(&self.buffers.borrow())
+    }
+    pub(crate) fn imports(&self) -> &super::shared::Imports {
+        &self.imports
     }
     pub(crate) fn attach_buffer(&self, buffer: Buffer) {
         self.buffers.borrow_mut().push(buffer);
@@ -123,6 +131,7 @@ impl Context {
                 keep_alive: RefCell::new(Vec::new()),
                 cpu_kernels: Cell::new(false),
                 bf16_products: Cell::new(false),
+                imports: Default::default(),
             }),
         })
     }
@@ -156,6 +165,9 @@ impl Context {
     }
     pub(crate) fn inner(&self) -> &Rc<ContextInner> {
         &self.inner
+    }
+    pub(crate) fn into_inner(self) -> Rc<ContextInner> {
+        self.inner
     }
     pub(crate) fn raw(&self) -> *mut sys::ggml_context {
         self.inner.raw()
@@ -290,6 +302,12 @@ impl Context {
     pub fn read<T: Element>(&self, tensor: &Tensor) -> Result<Vec<T>> {
         self.check_owned(tensor)?;
         super::buffer::read_tensor(tensor)
+    }
+
+    /// Reads the raw bytes (any type, e.g. quantised blocks) of a tensor this context owns.
+    pub fn read_bytes(&self, tensor: &Tensor) -> Result<Vec<u8>> {
+        self.check_owned(tensor)?;
+        super::buffer::read_tensor_bytes(tensor)
     }
 
     fn check_owned(&self, tensor: &Tensor) -> Result<()> {

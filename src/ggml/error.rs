@@ -91,6 +91,10 @@ pub enum Error {
     /// Reading or writing a tensor that has no memory behind it.
     #[error("tensor {operand} has no data: it is not allocated in a buffer owned by this context or allocation")]
     NotAllocated { operand: Operand },
+    /// Writing into shared weights (a frozen context's memory, directly or through a view),
+    /// which other threads may be reading.
+    #[error("tensor {operand} holds shared weights (a frozen context), which cannot be written")]
+    SharedWeights { operand: Operand },
     /// Host data whose size or element type does not match the tensor.
     #[error("tensor {operand}: {reason}")]
     DataMismatch { operand: Operand, reason: String },

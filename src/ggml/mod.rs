@@ -38,10 +38,11 @@ mod ops;
 mod quant;
 pub mod rpc;
 mod sched;
+mod shared;
 mod tensor;
 
 pub use alloc::{Allocation, Gallocr, NodeTime};
-pub use backend::{ggml_version, Backend, Device, DeviceCaps, DeviceKind};
+pub use backend::{ggml_version, Backend, Device, DeviceCaps, DeviceKind, DeviceSpec};
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
 pub use cpu_ops::{pack_linear_panels, pack_linear_panels_bf16, LINEAR_BF16, LINEAR_PANEL};
@@ -51,4 +52,5 @@ pub use graph::Graph;
 pub use ops::{Interpolation, Pool, RopeMode};
 pub use quant::{quantize, QUANTIZABLE};
 pub use sched::{Sched, SchedAllocation, MAX_BACKENDS};
+pub use shared::SharedContext;
 pub use tensor::{Element, Shape, Tensor, TensorFlags, TensorRef, TensorView};

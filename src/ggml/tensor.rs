@@ -180,7 +180,11 @@ impl Tensor {
     }
 
     /// Sets the name (ggml keeps at most 63 bytes; longer names are cut at a char boundary).
+    /// A shared weight ([`super::Context::import`]) keeps its name: other threads read it.
     pub fn set_name(&self, name: &str) -> &Self {
+        if super::shared::is_frozen_leaf(self.raw) {
+            return self;
+        }
         let mut end = name.len().min(sys::GGML_MAX_NAME as usize - 1);
         while !name.is_char_boundary(end) {
             end -= 1;
@@ -198,14 +202,22 @@ impl Tensor {
         self.set_name(name);
         self
     }
-    /// Marks the tensor as a graph input (schedulers place it before computing).
+    /// Marks the tensor as a graph input (schedulers place it before computing). Shared
+    /// weights keep their flags.
     pub fn mark_input(&self) -> &Self {
+        if super::shared::is_frozen_leaf(self.raw) {
+            return self;
+        }
         // SAFETY: live tensor; only sets a flag bit.
         unsafe { sys::ggml_set_input(self.raw.as_ptr()) };
         self
     }
-    /// Marks the tensor as a graph output (allocators keep its memory to the end).
+    /// Marks the tensor as a graph output (allocators keep its memory to the end). Shared
+    /// weights keep their flags (their memory is never reused anyway).
     pub fn mark_output(&self) -> &Self {
+        if super::shared::is_frozen_leaf(self.raw) {
+            return self;
+        }
         // SAFETY: live tensor; only sets a flag bit.
         unsafe { sys::ggml_set_output(self.raw.as_ptr()) };
         self

@@ -1,9 +1,8 @@
 //! `da3 bench`: load time, first and steady-state compute, memory, residency decision.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
-use da3::da3::outputs::write_atomically;
-use da3::da3::LoadOptions;
-use da3::residency::Policy;
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
+use da3::outputs::write_atomically;
+use da3::{LoadOptions, Policy};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -50,10 +49,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.runs == 0 {
         anyhow::bail!("--runs must be at least 1");
     }
+    if let Some(path) = &args.json {
+        check_outputs(
+            &[("--json", path)],
+            &input_files(&args.model, args.input.as_ref()),
+        )?;
+    }
     let image = load_input(args.input.as_ref())?;
-    let (device, cpu) = args.device.backends()?;
+    // Sizes are checked before the model is loaded or anything is allocated for them.
+    da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
+    let load_options = args.device.options()?;
+    let device = args.device.device.resolve()?;
     let device_name = device.name();
-    let (free_before, total) = device.device().memory();
+    let (free_before, total) = device.memory();
     let started = Instant::now();
     let host_only = if args.crash_layout {
         super::repro::CRASH_LAYOUT
@@ -63,26 +72,24 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         Vec::new()
     };
-    let mut model = args.model.load(
-        device,
-        cpu,
-        &LoadOptions {
-            policy: args.policy,
-            host_only,
-            ..Default::default()
-        },
-    )?;
+    let model = args.model.load(&LoadOptions {
+        policy: args.policy,
+        host_only,
+        process_res: args.process_res,
+        ..load_options
+    })?;
+    let mut model = model.session()?;
     let load_s = started.elapsed().as_secs_f64();
-    let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
+    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
 
     let started = Instant::now();
-    let first = model.infer(&image, args.process_res)?;
+    let first = model.predict_rgb(&image)?;
     let first_s = started.elapsed().as_secs_f64();
     let mut times = Vec::with_capacity(args.runs);
     let mut last = None;
     for _ in 0..args.runs {
         let started = Instant::now();
-        last = Some(model.infer(&image, args.process_res)?);
+        last = Some(model.predict_rgb(&image)?);
         times.push(started.elapsed().as_secs_f64());
     }
     // Reused graphs, allocations and device-side replays must not change the result.
@@ -103,7 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     println!(
         "model      {} ({})",
         args.model.describe(),
-        model.config().name
+        model.model().config().name
     );
     println!(
         "device     {device_name}, {} threads, {}x{} -> {}x{}",
@@ -135,7 +142,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "model": args.model.describe(),
-            "preset": model.config().name,
+            "preset": model.model().config().name,
             "depth_mean": depth_mean,
             "depth_drift_first_to_last": drift,
             "device": device_name,

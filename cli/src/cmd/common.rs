@@ -1,38 +1,42 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
-use da3::da3::preprocess::{load_image, RgbImage8};
-use da3::da3::{convert, synthetic, LoadOptions, Model};
-use da3::ggml::{Backend, Device};
-use std::path::PathBuf;
+use da3::outputs;
+use da3::preprocess::{load_image, RgbImage8};
+use da3::{Device, LoadOptions, Model};
+use std::path::{Path, PathBuf};
+
+/// Most CPU threads `--threads` takes (ggml's own limit), and at most 4 per available CPU.
+pub const MAX_THREADS: usize = 512;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// Where to compute: `auto` (a GPU if ggml has one, else the CPU), `cpu`, a device name
     /// from `da3 devices` (e.g. `CUDA0`, `MTL0`), or `rpc:HOST:PORT` for a `da3 rpc-server`.
     #[arg(long, default_value = "auto")]
-    pub device: String,
-    /// CPU threads (0: all cores).
+    pub device: Device,
+    /// CPU threads (0: all cores; at most 4 per core, and 512).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }
 
 impl DeviceArgs {
-    /// The compute backend and the CPU backend the planner falls back to.
-    pub fn backends(&self) -> anyhow::Result<(Backend, Backend)> {
-        let cpu = Backend::cpu(self.threads)?;
-        let device = match self.device.as_str() {
-            "auto" => Device::best(),
-            "cpu" | "CPU" => return Ok((cpu.clone(), cpu)),
-            spec => match spec.strip_prefix("rpc:") {
-                Some(endpoint) => Device::rpc(endpoint)?,
-                None => Device::by_name(spec).with_context(|| format!("--device {spec}"))?,
-            },
-        };
-        if device.kind() == da3::ggml::DeviceKind::Cpu {
-            return Ok((cpu.clone(), cpu));
+    /// Load options for this device choice; refuses thread counts that would only thrash
+    /// (more than 4 per available CPU, or ggml's limit of 512) before anything is loaded.
+    pub fn options(&self) -> anyhow::Result<LoadOptions> {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let limit = (4 * cpus).min(MAX_THREADS);
+        if self.threads > limit {
+            anyhow::bail!(
+                "--threads {}: at most {limit} (4 per CPU available here, {cpus}, and never more than {MAX_THREADS})",
+                self.threads
+            );
         }
-        Ok((Backend::new(device)?, cpu))
+        Ok(LoadOptions {
+            device: self.device.clone(),
+            threads: self.threads,
+            ..LoadOptions::default()
+        })
     }
 }
 
@@ -45,20 +49,27 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn load(
-        &self,
-        device: Backend,
-        cpu: Backend,
-        options: &LoadOptions,
-    ) -> anyhow::Result<Model> {
+    pub fn load(&self, options: &LoadOptions) -> anyhow::Result<Model> {
         match &self.model {
-            Some(path) => Model::load(path, device, cpu, options)
+            Some(path) => Model::load(path, options)
                 .with_context(|| format!("loading model {}", path.display())),
             None => {
-                let file = convert::builtin_model_file()?;
-                Ok(Model::from_gguf(&file, device, cpu, options)?)
+                let file = da3::convert::builtin_model_file()?;
+                Ok(Model::from_gguf(&file, options)?)
             }
         }
+    }
+    /// Like [`ModelArgs::load`], warning loudly when the built-in model stands in for a real
+    /// one (its depth means nothing).
+    pub fn load_for_results(&self, options: &LoadOptions) -> anyhow::Result<Model> {
+        if self.model.is_none() {
+            log::warn!(
+                "no --model given: using the BUILT-IN da3-tiny with synthetic, UNTRAINED \
+                 weights; its depth is meaningless. Pass --model FILE.gguf (a \
+                 depth-anything.cpp GGUF file, or `da3 convert` of an official checkpoint)."
+            );
+        }
+        self.load(options)
     }
     pub fn describe(&self) -> String {
         match &self.model {
@@ -72,6 +83,38 @@ impl ModelArgs {
 pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
     match input {
         Some(path) => Ok(load_image(path)?),
-        None => Ok(synthetic::image(640, 427)),
+        None => Ok(da3::synthetic::image(640, 427)),
     }
+}
+
+/// Before any work: every output (`(flag, path)`) can be written (see
+/// [`outputs::check_writable`]), none is one of the `inputs` (`(what, path)`), and no two
+/// outputs are the same file.
+pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
+    for (i, (flag, path)) in outputs.iter().enumerate() {
+        outputs::check_writable(path)
+            .and_then(|()| outputs::check_not_an_input(path, inputs))
+            .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        if let Some((other, _)) = outputs[..i]
+            .iter()
+            .find(|(_, earlier)| earlier == path || outputs::same_file(earlier, path))
+        {
+            anyhow::bail!("{flag} {}: the same file as {other}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// The files a run reads, for [`check_outputs`].
+pub fn input_files<'a>(
+    model: &'a ModelArgs,
+    image: Option<&'a PathBuf>,
+) -> Vec<(&'static str, &'a Path)> {
+    [
+        ("the model", model.model.as_ref()),
+        ("the input image", image),
+    ]
+    .into_iter()
+    .filter_map(|(what, path)| Some((what, path?.as_path())))
+    .collect()
 }

@@ -1,7 +1,7 @@
 //! `da3 convert`: an official checkpoint directory to a GGUF file.
 
 use anyhow::Context as _;
-use da3::da3::convert::{convert_checkpoint, WeightType};
+use da3::convert::{convert_checkpoint, WeightType};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -20,6 +20,17 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let (config, weights) = (
+        args.checkpoint.join("config.json"),
+        args.checkpoint.join("model.safetensors"),
+    );
+    super::common::check_outputs(
+        &[("--output", &args.output)],
+        &[
+            ("the checkpoint's config", &config),
+            ("the checkpoint's weights", &weights),
+        ],
+    )?;
     let skipped = convert_checkpoint(&args.checkpoint, &args.output, args.weight_type)
         .with_context(|| format!("converting {}", args.checkpoint.display()))?;
     println!("wrote {}", args.output.display());

@@ -1,10 +1,8 @@
 //! `da3 depth`: depth (and confidence, sky, pose) for one image.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use anyhow::{bail, Context as _};
-use da3::da3::outputs::{fill_sky, write_atomically, write_pfm, write_png};
-use da3::da3::{Colormap, LoadOptions};
-use da3::residency::Policy;
+use da3::{Colormap, LoadOptions, Policy};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -29,7 +27,8 @@ pub struct Args {
     /// Sky map as PFM (mono/metric models).
     #[arg(long)]
     sky: Option<PathBuf>,
-    /// Longest side of the processed image (a multiple of 14 is reached by resizing).
+    /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
+    /// resizing).
     #[arg(long, default_value_t = 504)]
     process_res: usize,
     /// What to do with operands the device cannot read: auto (mirror constant weights once,
@@ -45,58 +44,52 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
     }
     // Before any computing: an output that cannot be written fails now, not after inference.
-    for (flag, path) in [
+    let outputs: Vec<(&str, &Path)> = [
         ("--pfm", &args.pfm),
         ("--png", &args.png),
         ("--pose", &args.pose),
         ("--sky", &args.sky),
-    ] {
-        if let Some(path) = path {
-            check_output_folder(flag, path)?;
-        }
-    }
+    ]
+    .into_iter()
+    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
+    .collect();
+    check_outputs(&outputs, &input_files(&args.model, args.input.as_ref()))?;
     let image = load_input(args.input.as_ref())?;
-    let (device, cpu) = args.device.backends()?;
+    // Sizes are checked before the model is loaded or anything is allocated for them.
+    da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let options = LoadOptions {
         policy: args.policy,
-        log_decisions: true,
-        ..Default::default()
+        process_res: args.process_res,
+        ..args.device.options()?
     };
-    let mut model = args.model.load(device, cpu, &options)?;
-    let has_sky = model.config().head.sky;
-    if args.sky.is_some() && !has_sky {
+    let model = args.model.load_for_results(&options)?;
+    let config = model.config();
+    if args.sky.is_some() && !config.head.sky {
         bail!(
             "--sky: {} has no sky head (only mono/metric models do)",
-            model.config().name
+            config.name
         );
     }
-    if args.pose.is_some() && model.config().cam_dim.is_none() {
+    if args.pose.is_some() && config.cam_dim.is_none() {
         bail!(
             "--pose: {} has no camera decoder (only DualDPT models do)",
-            model.config().name
+            config.name
         );
     }
-    let mut prediction = model
-        .infer(&image, args.process_res)
-        .context("computing depth")?;
-    let (w, h) = (prediction.width, prediction.height);
-    if let Some(sky) = &prediction.sky {
-        fill_sky(&mut prediction.depth, sky);
-    }
-    let (lo, hi) = prediction
-        .depth
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
-            (a.min(v), b.max(v))
-        });
+    let mut session = model.session()?;
+    let prediction = session.predict_rgb(&image).context("computing depth")?;
+    let (lo, hi) = prediction.depth_range();
     println!(
-        "{}x{} -> {w}x{h} on {}: depth {lo:.4} .. {hi:.4}",
+        "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
         image.width,
         image.height,
-        model.device().name()
+        prediction.width,
+        prediction.height,
+        session.device().name()
     );
     if let Some(path) = &args.pfm {
-        write_pfm(path, &prediction.depth, w, h)?;
+        prediction.save_pfm(path)?;
         println!("wrote {}", path.display());
     }
     if let Some(path) = &args.png {
@@ -105,40 +98,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         } else {
             Colormap::Turbo
         };
-        write_png(path, &prediction.depth, w, h, colormap)?;
+        prediction.save_png(path, colormap)?;
         println!("wrote {}", path.display());
     }
-    if let (Some(path), Some(sky)) = (&args.sky, &prediction.sky) {
-        write_pfm(path, sky, w, h)?;
+    if let Some(path) = &args.sky {
+        prediction.save_sky_pfm(path)?;
         println!("wrote {}", path.display());
     }
-    if let (Some(path), Some(pose)) = (&args.pose, &prediction.pose) {
-        let json = serde_json::json!({
-            "width": w,
-            "height": h,
-            "intrinsics": pose.intrinsics,
-            "extrinsics_world_to_camera": pose.extrinsics,
-        });
-        write_atomically(path, |out| {
-            serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other)
-        })?;
+    if let Some(path) = &args.pose {
+        prediction.save_pose_json(path)?;
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The folder an output file goes to must exist (the file itself is written atomically later).
-fn check_output_folder(flag: &str, path: &Path) -> anyhow::Result<()> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !folder.is_dir() {
-        bail!(
-            "{flag} {}: the folder {} does not exist",
-            path.display(),
-            folder.display()
-        );
-    }
-    Ok(())
 }

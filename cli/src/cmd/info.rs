@@ -1,8 +1,9 @@
 //! `da3 info`: what a model file holds and where its weights end up.
 
 use super::common::{DeviceArgs, ModelArgs};
-use da3::da3::{convert, LoadOptions};
+use anyhow::Context as _;
 use da3::ggml::gguf::GgufFile;
+use da3::{convert, Model};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
@@ -16,11 +17,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = match &args.model.model {
-        Some(path) => GgufFile::open(path)?,
+        Some(path) => {
+            GgufFile::open(path).with_context(|| format!("loading model {}", path.display()))?
+        }
         None => convert::builtin_model_file()?,
     };
-    let (device, cpu) = args.device.backends()?;
-    let mut model = args.model.load(device, cpu, &LoadOptions::default())?;
+    let model = Model::from_gguf(&file, &args.device.options()?)?;
     let c = model.config().clone();
     println!("model        {}", args.model.describe());
     println!(
@@ -76,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !model.unused_tensors().is_empty() {
         println!("unused tensors: {}", model.unused_tensors().join(", "));
     }
-    let report = model.residency_report(504, 336)?;
+    let report = model.session()?.residency_report(504, 336)?;
     println!("{}", report.summary());
     Ok(ExitCode::SUCCESS)
 }

@@ -58,6 +58,7 @@ enum Command {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logger(cli.verbose, cli.quiet);
+    remove_temporary_files_on_signals();
     let result = match cli.command {
         Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(args),
@@ -70,9 +71,15 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("Error: {error}");
+            let mut shown = error.to_string();
+            eprintln!("Error: {shown}");
             for cause in error.chain().skip(1) {
-                eprintln!("  caused by: {cause}");
+                // Many errors repeat their source in their own message: print it once.
+                let cause = cause.to_string();
+                if !shown.contains(&cause) {
+                    eprintln!("  caused by: {cause}");
+                }
+                shown = cause;
             }
             ExitCode::FAILURE
         }
@@ -92,4 +99,24 @@ fn init_logger(verbose: u8, quiet: bool) {
         .format_target(false)
         .format_timestamp(None)
         .init();
+}
+
+/// On SIGINT or SIGTERM, removes the temporary files of outputs being written, then dies of
+/// the signal as it would have (so an interrupted run leaves no `.NAME.*.tmp` behind).
+fn remove_temporary_files_on_signals() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+        Ok(signals) => signals,
+        Err(e) => {
+            log::warn!("cannot watch for SIGINT/SIGTERM ({e}); an interrupted write may leave a temporary file");
+            return;
+        }
+    };
+    std::thread::spawn(move || {
+        if let Some(signal) = signals.forever().next() {
+            da3::outputs::remove_temporary_files();
+            let _ = signal_hook::low_level::emulate_default_handler(signal);
+            std::process::exit(128 + signal);
+        }
+    });
 }

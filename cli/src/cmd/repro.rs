@@ -11,9 +11,9 @@
 
 use super::common::{load_input, DeviceArgs, ModelArgs};
 use anyhow::{bail, Context as _};
-use da3::da3::LoadOptions;
 use da3::ggml::{rpc, Device, DeviceKind};
-use da3::residency::{self, Policy};
+use da3::residency;
+use da3::{LoadOptions, Policy};
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         other => other.to_owned(),
     };
     let device_args = DeviceArgs {
-        device: device_spec.clone(),
+        device: device_spec.parse()?,
         threads: args.threads,
     };
     let image = load_input(args.input.as_ref())?;
@@ -93,12 +93,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     // Reference: every weight on the CPU.
     let cpu_only = DeviceArgs {
-        device: "cpu".into(),
+        device: da3::Device::Cpu,
         threads: args.threads,
     };
-    let (cpu_dev, cpu) = cpu_only.backends()?;
-    let mut reference = args.model.load(cpu_dev, cpu, &LoadOptions::default())?;
-    let expected = reference.infer(&image, args.process_res)?.depth;
+    let reference = args.model.load(&cpu_only.options()?)?;
+    let expected = reference
+        .session()?
+        .predict_at(&image, args.process_res)?
+        .depth;
     drop(reference);
 
     // 1. The unchecked path, in a child process.
@@ -111,26 +113,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
     // 2. The planned path.
     println!("\n[2] planned path, policy {:?}", args.policy);
-    let (device, cpu) = device_args.backends()?;
-    let separate_memory = !device.is_cpu();
     let options = LoadOptions {
         policy: args.policy,
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
         log_decisions: false,
-        probes: false,
+        ..device_args.options()?
     };
-    let mut model = args.model.load(device, cpu, &options)?;
-    let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
+    let model = args.model.load(&options)?;
+    let separate_memory = model.device().kind() != DeviceKind::Cpu;
+    let mut model = model.session()?;
+    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
     match model.residency_report(processed.width, processed.height) {
-        Err(da3::da3::Error::Residency(residency::Error::Refused(report))) => {
+        Err(da3::Error::Residency(residency::Error::Refused(report))) => {
             println!("{report}");
             println!("strict: refused, as asked (the report above is the error)");
             return Ok(ExitCode::FAILURE);
         }
         other => other?,
     };
-    let prediction = model.infer_processed(&processed)?;
-    print!("{}", model.last_report().expect("set by infer"));
+    let prediction = model.forward(&processed)?;
+    print!("{}", model.last_report().expect("set by forward"));
     drop(model);
     let cmp = compare(&prediction.depth, &expected);
     println!(
@@ -140,9 +142,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // On a GPU the kernels differ from the CPU's; the exact check is against the same device
     // with every weight resident.
     let resident_cmp = if separate_memory {
-        let (device, cpu) = device_args.backends()?;
-        let mut resident = args.model.load(device, cpu, &LoadOptions::default())?;
-        let resident_depth = resident.infer_processed(&processed)?.depth;
+        let resident = args.model.load(&device_args.options()?)?;
+        let resident_depth = resident.session()?.forward(&processed)?.depth;
         let c = compare(&prediction.depth, &resident_depth);
         println!(
             "    depth vs {device_spec} with every weight resident: max abs {:.3e}, max rel {:.3e}",
@@ -315,19 +316,17 @@ fn signal_name(sig: i32) -> &'static str {
 /// The child: the crash layout, unchecked, on the device. Expected to die on a GPU or RPC.
 fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
     let device_args = DeviceArgs {
-        device: args.device.clone(),
+        device: args.device.parse()?,
         threads: args.threads,
     };
-    let (device, cpu) = device_args.backends()?;
     let options = LoadOptions {
         policy: Policy::Unchecked,
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
-        log_decisions: true,
-        probes: false,
+        ..device_args.options()?
     };
-    let mut model = args.model.load(device, cpu, &options)?;
+    let model = args.model.load(&options)?;
     let image = load_input(args.input.as_ref())?;
-    let prediction = model.infer(&image, args.process_res)?;
+    let prediction = model.session()?.predict_at(&image, args.process_res)?;
     let finite = prediction.depth.iter().all(|v| v.is_finite());
     println!(
         "unchecked compute returned ({} values, all finite: {finite})",

@@ -11,8 +11,8 @@ use crate::da3::multiview::{
 };
 
 /// Which blocks a graph runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Part {
     /// Image to outputs.
     Whole,
     /// Image to the tokens before block `n` (the input of the selection).
@@ -21,7 +21,10 @@ enum Part {
     Trunk(usize),
 }
 
-struct ViewsGraph {
+/// A session's scene graphs by (width, height, views, part), built on first use.
+pub(super) type ViewGraphs = HashMap<(usize, usize, usize, Part), ViewsGraph>;
+
+pub(super) struct ViewsGraph {
     graph: Graph,
     /// The image `[W, H, 3, views]` (Whole, Stem) or the tokens `[embed, tokens * views]`.
     input: Tensor,
@@ -41,9 +44,33 @@ struct ViewsGraph {
 }
 
 impl Model {
-    /// Preprocesses every image as the official InputProcessor does at `process_res` and
-    /// predicts them as one scene. Every image must reach the same processed size.
-    pub fn infer_views(
+    /// Depth, confidence and pose for every image of one scene (the official multi-view
+    /// forward, reference view by the official default `saddle_balanced`), in a session made
+    /// for this call. For many scenes keep a [`Session`].
+    pub fn predict_views(&self, images: &[image::DynamicImage]) -> Result<MultiPrediction, Error> {
+        self.session()?.predict_views(images)
+    }
+}
+
+impl Session {
+    /// Every image of one scene, preprocessed at the model's process resolution (all must
+    /// reach the same processed size), predicted together and post-processed per view; the
+    /// reference view by the official default strategy (`saddle_balanced`).
+    pub fn predict_views(
+        &mut self,
+        images: &[image::DynamicImage],
+    ) -> Result<MultiPrediction, Error> {
+        let images = images
+            .iter()
+            .map(RgbImage8::from_dynamic)
+            .collect::<Result<Vec<_>, _>>()?;
+        let res = self.model.shared.process_res;
+        self.predict_views_at(&images, res, RefViewStrategy::default())
+    }
+
+    /// [`Session::predict_views`] for 8-bit RGB images at an explicit process resolution
+    /// and reference-view strategy.
+    pub fn predict_views_at(
         &mut self,
         images: &[RgbImage8],
         process_res: usize,
@@ -53,12 +80,17 @@ impl Model {
             .iter()
             .map(|im| preprocess::preprocess(im, process_res))
             .collect::<Result<Vec<_>, _>>()?;
-        self.infer_views_processed(&processed, strategy)
+        let mut prediction = self.forward_views(&processed, strategy)?;
+        for view in &mut prediction.views {
+            postprocess(view);
+        }
+        Ok(prediction)
     }
 
-    /// Predicts already preprocessed views (all of one size) as one scene, in their order;
-    /// `strategy` picks the reference view when there are three or more.
-    pub fn infer_views_processed(
+    /// The network's outputs for already preprocessed views of one scene (all of one size),
+    /// in their order, before post-processing; `strategy` picks the reference view when there
+    /// are three or more.
+    pub fn forward_views(
         &mut self,
         images: &[ProcessedImage],
         strategy: RefViewStrategy,
@@ -78,12 +110,13 @@ impl Model {
         for im in images {
             chw.extend_from_slice(&im.chw);
         }
-        let alt_start = self.config.vit.alt_start;
+        let alt_start = self.model.shared.config.vit.alt_start;
         let known = positional_reference(views, strategy);
-        let (reference, graph, tokens, carried) = match (known, alt_start) {
+        let (reference, part, tokens, carried) = match (known, alt_start) {
             (None, Some(cut)) if cut >= 1 => {
                 // Run to the selection point, select, continue from the tokens.
-                let stem = self.build_views_graph(w, h, views, Part::Stem(cut - 1))?;
+                let stem = self.views_graph(w, h, views, Part::Stem(cut - 1))?;
+                let stem = &self.view_graphs[&stem];
                 let run = self.executor.run(&stem.graph)?;
                 run.write(&stem.input, &chw)?;
                 run.compute()?;
@@ -94,22 +127,18 @@ impl Model {
                     .map(|t| run.read::<f32>(t))
                     .collect::<Result<Vec<_>, _>>()?;
                 drop(run);
-                let e = self.config.vit.embed_dim;
+                let e = self.model.shared.config.vit.embed_dim;
                 let per_view = tokens.len() / views;
                 let token0: Vec<f32> = (0..views)
                     .flat_map(|v| tokens[v * per_view..v * per_view + e].iter().copied())
                     .collect();
                 let reference = select_reference_view(&token0, e, strategy);
-                let trunk = self.build_views_graph(w, h, views, Part::Trunk(cut - 1))?;
-                (reference, trunk, tokens, carried)
+                (reference, Part::Trunk(cut - 1), tokens, carried)
             }
-            _ => (
-                known.unwrap_or(0),
-                self.build_views_graph(w, h, views, Part::Whole)?,
-                chw,
-                Vec::new(),
-            ),
+            _ => (known.unwrap_or(0), Part::Whole, chw, Vec::new()),
         };
+        let key = self.views_graph(w, h, views, part)?;
+        let graph = &self.view_graphs[&key];
         let run = self.executor.run(&graph.graph)?;
         self.last_report = Some(run.report().clone());
         run.write(&graph.input, &tokens)?;
@@ -154,6 +183,22 @@ impl Model {
         })
     }
 
+    /// The key of the cached graph for this scene size and part (building it if needed).
+    fn views_graph(
+        &mut self,
+        width: usize,
+        height: usize,
+        views: usize,
+        part: Part,
+    ) -> Result<(usize, usize, usize, Part), Error> {
+        let key = (width, height, views, part);
+        if !self.view_graphs.contains_key(&key) {
+            let graph = self.build_views_graph(width, height, views, part)?;
+            self.view_graphs.insert(key, graph);
+        }
+        Ok(key)
+    }
+
     fn build_views_graph(
         &self,
         width: usize,
@@ -161,7 +206,8 @@ impl Model {
         views: usize,
         part: Part,
     ) -> Result<ViewsGraph, Error> {
-        let v = &self.config.vit;
+        let shared = &self.model.shared;
+        let v = &shared.config.vit;
         let p = v.patch_size;
         if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
             return Err(Error::Input(format!(
@@ -185,8 +231,8 @@ impl Model {
                     .map(|t| t.named(&format!("rope.pos{i}")))
             })
             .collect::<Result<_, _>>()?;
-        let uv_channels: Vec<usize> = if self.config.head.pos_embed {
-            self.config.head.out_channels.to_vec()
+        let uv_channels: Vec<usize> = if shared.config.head.pos_embed {
+            shared.config.head.out_channels.to_vec()
         } else {
             Vec::new()
         };
@@ -194,8 +240,8 @@ impl Model {
             .iter()
             .map(|&c| constants.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
             .collect::<Result<_, _>>()?;
-        let half = self.config.head.features / 2;
-        let output_uv = if self.config.head.pos_embed {
+        let half = shared.config.head.features / 2;
+        let output_uv = if shared.config.head.pos_embed {
             Some(constants.new_tensor(DType::F32, &[width as i64, height as i64, half as i64, 1])?)
         } else {
             None
@@ -217,7 +263,7 @@ impl Model {
 
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
         ctx.use_cpu_kernels(self.executor.device().is_cpu());
-        ctx.use_bf16_products(self.weights.bf16_products);
+        ctx.use_bf16_products(shared.weights.bf16_products);
         let input = match part {
             Part::Whole | Part::Stem(_) => ctx
                 .new_tensor(DType::F32, &[width as i64, height as i64, 3, s])?
@@ -250,8 +296,11 @@ impl Model {
             camera_slots: slots.clone(),
         };
         let (x, blocks) = match part {
-            Part::Whole => (self.backbone.embed(&ctx, &input, &bconst)?, 0..v.depth),
-            Part::Stem(n) => (self.backbone.embed(&ctx, &input, &bconst)?, 0..n),
+            Part::Whole => (
+                self.layers.backbone.embed(&ctx, &input, &bconst)?,
+                0..v.depth,
+            ),
+            Part::Stem(n) => (self.layers.backbone.embed(&ctx, &input, &bconst)?, 0..n),
             Part::Trunk(n) => (input.clone(), n..v.depth),
         };
         // Out layers before the cut: the stem hands their features to the trunk.
@@ -270,7 +319,10 @@ impl Model {
                 .collect::<Result<_, Error>>()?,
             _ => Vec::new(),
         };
-        let mut features = self.backbone.forward_blocks(&ctx, &x, blocks, &bconst)?;
+        let mut features = self
+            .layers
+            .backbone
+            .forward_blocks(&ctx, &x, blocks, &bconst)?;
         let carried = match part {
             Part::Stem(_) => features.features.clone(),
             _ => carried_in.clone(),
@@ -305,14 +357,14 @@ impl Model {
                 stage_uv,
                 output_uv,
             };
-            let out = self.head.forward(
+            let out = self.layers.head.forward(
                 ctx,
                 &features.features,
                 (gw as i64, gh as i64),
                 (width as i64, height as i64),
                 &hconst,
             )?;
-            built.pose = match (&self.camera, &features.camera_token) {
+            built.pose = match (&self.layers.camera, &features.camera_token) {
                 (Some(cam), Some(token)) => Some(cam.forward(ctx, token)?),
                 _ => None,
             };
@@ -323,7 +375,7 @@ impl Model {
             built.depth = Some(out.depth);
             built.confidence = out.confidence;
             built.sky = out.sky;
-            if self.probes {
+            if shared.probes {
                 if part == Part::Whole {
                     built
                         .probes

@@ -1,0 +1,449 @@
+//! Hostile and malformed input to the `da3` binary: every case must end with exit code 1 and
+//! one clean `Error:` message (no panic, abort or signal), leave nothing in the output folder,
+//! and leave device nodes and inputs untouched.
+
+use std::path::{Path, PathBuf};
+
+mod common;
+
+use common::{da3_in, Run};
+
+/// Exit 1, stderr starting with `Error:` and mentioning every one of `parts`, no panic.
+fn assert_clean_failure(run: &Run, parts: &[&str]) {
+    assert_eq!(run.code, Some(1), "{}", run.context());
+    assert!(
+        run.stderr.starts_with("Error:"),
+        "stderr should start with `Error:`\n{}",
+        run.context()
+    );
+    for bad in ["panicked", "RUST_BACKTRACE", "core dumped"] {
+        assert!(!run.stderr.contains(bad), "{}", run.context());
+    }
+    for part in parts {
+        assert!(
+            run.stderr.contains(part),
+            "stderr should mention `{part}`\n{}",
+            run.context()
+        );
+    }
+}
+
+/// The names in `dir` (hidden temporary files included), sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}
+
+/// A working folder with an empty `out/` for outputs.
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn new() -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("out")).unwrap();
+        Case { dir }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn run(&self, args: &[&str]) -> Run {
+        da3_in(self.dir.path(), args)
+    }
+    /// `da3 ARGS` fails cleanly naming `parts`, and `out/` stays empty.
+    fn assert_fails(&self, args: &[&str], parts: &[&str]) -> Run {
+        let run = self.run(args);
+        assert_clean_failure(&run, parts);
+        assert_eq!(
+            entries(&self.path("out")),
+            Vec::<String>::new(),
+            "{}",
+            run.context()
+        );
+        run
+    }
+}
+
+/// `da3 depth` on the built-in model at a small size, with `extra` arguments.
+fn depth_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["depth", "--device", "cpu", "--process-res", "112"];
+    args.extend_from_slice(extra);
+    args
+}
+
+// --- outputs -----------------------------------------------------------------------------------
+
+#[cfg(unix)]
+#[test]
+fn device_nodes_are_refused_and_untouched() {
+    use std::os::unix::fs::MetadataExt;
+    let case = Case::new();
+    for (device, flag, other) in [
+        ("/dev/null", "--pfm", ["--png", "out/d.png"]),
+        ("/dev/full", "--png", ["--pfm", "out/d.pfm"]),
+    ] {
+        let Ok(before) = std::fs::metadata(device) else {
+            panic!("{device} is missing on this machine");
+        };
+        let run = case.assert_fails(
+            &depth_args(&[other[0], other[1], flag, device]),
+            &[flag, device, "character device", "not a regular file"],
+        );
+        assert!(
+            !run.stdout.contains("depth"),
+            "refused before computing\n{}",
+            run.context()
+        );
+        let after = std::fs::metadata(device).unwrap();
+        assert!(
+            after.file_type() == before.file_type() && after.rdev() == before.rdev(),
+            "{device} is still the same device node"
+        );
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_a_directory_and_a_path_under_a_file_are_refused() {
+    let case = Case::new();
+    let fifo = case.path("fifo");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(status.success());
+    case.assert_fails(&depth_args(&["--pfm", "fifo"]), &["--pfm", "a FIFO"]);
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(
+        &std::fs::metadata(&fifo).unwrap().file_type()
+    ));
+    case.assert_fails(&depth_args(&["--png", "out"]), &["--png", "a directory"]);
+    std::fs::write(case.path("notes.txt"), "a file").unwrap();
+    case.assert_fails(
+        &depth_args(&["--pfm", "notes.txt/d.pfm"]),
+        &["notes.txt/d.pfm", "not a folder"],
+    );
+    case.assert_fails(
+        &depth_args(&["--pfm", "out/d.pfm", "--png", "no-such-folder/d.png"]),
+        &["--png", "no-such-folder", "does not exist"],
+    );
+    assert_eq!(entries(case.dir.path()), ["fifo", "notes.txt", "out"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_symbolic_link_is_not_followed_or_replaced() {
+    let case = Case::new();
+    std::fs::write(case.path("precious"), "keep me").unwrap();
+    std::os::unix::fs::symlink(case.path("precious"), case.path("out/d.pfm")).unwrap();
+    let run = case.run(&depth_args(&["--pfm", "out/d.pfm"]));
+    assert_clean_failure(&run, &["out/d.pfm", "symbolic link"]);
+    assert_eq!(std::fs::read(case.path("precious")).unwrap(), b"keep me");
+    assert!(std::fs::symlink_metadata(case.path("out/d.pfm"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(entries(&case.path("out")), ["d.pfm"]);
+}
+
+#[test]
+fn the_model_or_the_image_is_never_an_output() {
+    let case = Case::new();
+    let model = case.path("tiny.gguf");
+    da3::da3::convert::write_synthetic(
+        &model,
+        &da3::da3::Config::preset("da3-tiny").unwrap(),
+        da3::da3::convert::WeightType::F32,
+    )
+    .unwrap();
+    let model_bytes = std::fs::read(&model).unwrap();
+    // Through another spelling of the same path, and through a hard link.
+    std::fs::hard_link(&model, case.path("out/link.gguf")).unwrap();
+    let run = case.run(&depth_args(&[
+        "--model",
+        "tiny.gguf",
+        "--pfm",
+        "./out/../tiny.gguf",
+    ]));
+    assert_clean_failure(
+        &run,
+        &["--pfm", "the model", "refusing to overwrite an input"],
+    );
+    let run = case.run(&depth_args(&[
+        "--model",
+        "tiny.gguf",
+        "--png",
+        "out/link.gguf",
+    ]));
+    assert_clean_failure(&run, &["--png", "the model"]);
+    assert_eq!(std::fs::read(&model).unwrap(), model_bytes);
+
+    let image = case.path("photo.png");
+    image::RgbImage::from_pixel(64, 48, image::Rgb([10, 200, 30]))
+        .save(&image)
+        .unwrap();
+    let image_bytes = std::fs::read(&image).unwrap();
+    let run = case.run(&depth_args(&["--input", "photo.png", "--png", "photo.png"]));
+    assert_clean_failure(&run, &["--png", "the input image"]);
+    assert_eq!(std::fs::read(&image).unwrap(), image_bytes);
+
+    let run = case.run(&depth_args(&["--pfm", "out/a", "--png", "out/a"]));
+    assert_clean_failure(&run, &["--png out/a", "the same file as --pfm"]);
+    assert_eq!(entries(&case.path("out")), ["link.gguf"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn replacing_an_output_keeps_its_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let case = Case::new();
+    let out = case.path("out/d.pfm");
+    std::fs::write(&out, "old").unwrap();
+    std::fs::set_permissions(&out, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let run = case.run(&depth_args(&["--pfm", "out/d.pfm"]));
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(std::fs::read(&out).unwrap().starts_with(b"Pf\n"));
+    let mode = std::fs::metadata(&out).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert_eq!(entries(&case.path("out")), ["d.pfm"], "no temporary left");
+}
+
+/// An interrupted run dies of its signal (not a panic) and leaves no file behind.
+#[cfg(unix)]
+#[test]
+fn sigint_during_a_run_leaves_no_file() {
+    let case = Case::new();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args([
+            "depth",
+            "--device",
+            "cpu",
+            "--process-res",
+            "1400",
+            "--pfm",
+            "out/d.pfm",
+            "--png",
+            "out/d.png",
+        ])
+        .current_dir(case.dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(2), "died of SIGINT: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(entries(&case.path("out")), Vec::<String>::new());
+}
+
+#[test]
+fn no_model_path_is_written_over_by_convert() {
+    let case = Case::new();
+    let ckpt = case.path("ckpt");
+    std::fs::create_dir(&ckpt).unwrap();
+    std::fs::write(ckpt.join("config.json"), r#"{"model_name": "da3-small"}"#).unwrap();
+    std::fs::write(ckpt.join("model.safetensors"), "weights").unwrap();
+    case.assert_fails(
+        &["convert", "ckpt", "-o", "ckpt/model.safetensors"],
+        &["--output", "the checkpoint's weights"],
+    );
+    assert_eq!(
+        std::fs::read(ckpt.join("model.safetensors")).unwrap(),
+        b"weights"
+    );
+    case.assert_fails(
+        &["convert", "ckpt", "-o", "/dev/null"],
+        &["--output", "/dev/null", "character device"],
+    );
+}
+
+// --- images ------------------------------------------------------------------------------------
+
+/// CRC-32 (IEEE), as PNG chunks carry it.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+fn png_chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8], crc: Option<u32>) {
+    out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    let mut body = kind.to_vec();
+    body.extend_from_slice(data);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&crc.unwrap_or_else(|| crc32(&body)).to_be_bytes());
+}
+
+/// A PNG whose IHDR declares `width` x `height` (RGB8), with a wrong IHDR CRC if asked; the
+/// pixel data is a tiny valid zlib stream, far too short for a large image.
+fn png_with_header(width: u32, height: u32, bad_crc: bool) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut ihdr = Vec::new();
+    ihdr.extend_from_slice(&width.to_be_bytes());
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
+    png_chunk(&mut png, b"IHDR", &ihdr, bad_crc.then_some(0x1234_5678));
+    // zlib: stored block of one zero byte.
+    png_chunk(
+        &mut png,
+        b"IDAT",
+        &[
+            0x78, 0x01, 0x01, 0x01, 0x00, 0xFE, 0xFF, 0x00, 0x00, 0x01, 0x00, 0x01,
+        ],
+        None,
+    );
+    png_chunk(&mut png, b"IEND", &[], None);
+    png
+}
+
+fn encoded(format: image::ImageFormat) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(96, 64, |x, y| {
+        image::Rgb([(x * 2) as u8, (y * 3) as u8, ((x + y) % 256) as u8])
+    });
+    let mut bytes = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut bytes, format).unwrap();
+    bytes.into_inner()
+}
+
+/// `da3 depth --input NAME` (the file made from `bytes`) fails with a one-line error naming
+/// the file and `parts`.
+fn assert_image_refused(name: &str, bytes: &[u8], parts: &[&str]) {
+    let case = Case::new();
+    std::fs::write(case.path(name), bytes).unwrap();
+    let run = case.assert_fails(&depth_args(&["--input", name, "--pfm", "out/d.pfm"]), parts);
+    assert!(run.stderr.contains(name), "{}", run.context());
+    assert_eq!(
+        run.stderr.trim_end().lines().count(),
+        1,
+        "one line\n{}",
+        run.context()
+    );
+    assert!(
+        !run.stderr.contains(" { "),
+        "no debug structs\n{}",
+        run.context()
+    );
+}
+
+#[test]
+fn a_png_with_a_bad_crc_is_one_clean_line() {
+    assert_image_refused(
+        "bad-crc.png",
+        &png_with_header(16, 16, true),
+        &["cannot decode image", "PNG: CRC error", "IHDR chunk"],
+    );
+}
+
+#[test]
+fn truncated_pngs_and_jpegs_are_errors() {
+    let png = encoded(image::ImageFormat::Png);
+    assert_image_refused("cut.png", &png[..png.len() / 2], &["PNG", "end of file"]);
+    let jpeg = encoded(image::ImageFormat::Jpeg);
+    // The whole JPEG decodes; cut anywhere in the image data, it does not.
+    let case = Case::new();
+    std::fs::write(case.path("whole.jpg"), &jpeg).unwrap();
+    let run = case.run(&depth_args(&["--input", "whole.jpg", "--pfm", "out/d.pfm"]));
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    for cut in [jpeg.len() - 2, jpeg.len() - 100, jpeg.len() / 2] {
+        assert_image_refused(
+            "cut.jpg",
+            &jpeg[..cut],
+            &["JPEG", "no end-of-image marker", "truncated"],
+        );
+    }
+}
+
+#[test]
+fn images_over_the_limits_are_refused_from_their_header() {
+    assert_image_refused(
+        "huge.png",
+        &png_with_header(20_000, 20_000, false),
+        &["too large", "20000x20000", "limit of 50000000"],
+    );
+    assert_image_refused(
+        "wide.png",
+        &png_with_header(100_000, 10, false),
+        &["too large", "limit of 32768 px"],
+    );
+}
+
+#[test]
+fn a_directory_or_a_text_file_is_not_an_image() {
+    let case = Case::new();
+    std::fs::create_dir(case.path("photos")).unwrap();
+    let run = case.assert_fails(
+        &depth_args(&["--input", "photos", "--pfm", "out/d.pfm"]),
+        &["photos", "is a directory"],
+    );
+    assert_eq!(
+        run.stderr.trim_end().lines().count(),
+        1,
+        "{}",
+        run.context()
+    );
+    assert_image_refused("notes.png", b"hello\n", &["notes.png"]);
+}
+
+// --- bounds ------------------------------------------------------------------------------------
+
+#[test]
+fn process_res_and_threads_have_limits() {
+    let case = Case::new();
+    for res in ["100000", "2049"] {
+        let started = std::time::Instant::now();
+        case.assert_fails(
+            &[
+                "depth",
+                "--device",
+                "cpu",
+                "--process-res",
+                res,
+                "--pfm",
+                "out/d.pfm",
+            ],
+            &["--process-res", res, "limit of 2048"],
+        );
+        assert!(started.elapsed().as_secs() < 10, "refused before any work");
+    }
+    case.assert_fails(
+        &depth_args(&["--threads", "100000", "--pfm", "out/d.pfm"]),
+        &["--threads 100000", "at most"],
+    );
+    case.assert_fails(
+        &[
+            "bench",
+            "--device",
+            "cpu",
+            "--process-res",
+            "5000",
+            "--runs",
+            "1",
+        ],
+        &["--process-res 5000", "limit of 2048"],
+    );
+}

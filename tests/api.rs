@@ -1,0 +1,209 @@
+//! The library's front door as another Rust program meets it: a model file written by
+//! depth-anything.cpp's own converter, the five-line path, thread sharing, and the types'
+//! thread-safety contract.
+
+mod common;
+
+use common::correlation;
+use da3::{Colormap, Device, LoadOptions, Model, Prediction, Session};
+use std::path::{Path, PathBuf};
+
+fn peer(name: &str) -> PathBuf {
+    common::fixture_dir("peer").join(name)
+}
+
+fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn cpu_options() -> LoadOptions {
+    LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..LoadOptions::default()
+    }
+}
+
+fn peer_model() -> Model {
+    Model::load(peer("peer-tiny-seed0-f32.gguf"), &cpu_options()).unwrap()
+}
+
+fn peer_image() -> da3::image::DynamicImage {
+    da3::image::open(peer("test-640x480.png")).unwrap()
+}
+
+/// depth-anything.cpp's converter wrote the file (with its quirks: a wrong `cam.dim_in`, no
+/// `general.file_type`); the official code computed the reference depth, confidence and pose
+/// for the same weights and image.
+#[test]
+fn peer_written_file_predicts_the_official_outputs() {
+    let model = peer_model();
+    assert!(model.unused_tensors().is_empty(), "{:?}", model.unused_tensors());
+    let prediction = model.predict(&peer_image()).unwrap();
+    assert_eq!((prediction.width, prediction.height), (504, 378));
+    for (ours, file) in [
+        (&prediction.depth, "peer-tiny-seed0.depth.f32"),
+        (prediction.confidence.as_ref().unwrap(), "peer-tiny-seed0.conf.f32"),
+    ] {
+        let theirs = read_f32(&peer(file));
+        assert_eq!(ours.len(), theirs.len());
+        let scale = theirs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let max_rel = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs() / scale)
+            .fold(0f32, f32::max);
+        let corr = correlation(ours, &theirs);
+        assert!(max_rel <= 1e-3 && corr >= 0.99999, "{file}: max rel {max_rel}, corr {corr}");
+    }
+    let official: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(peer("peer-tiny-seed0.pose.json")).unwrap())
+            .unwrap();
+    let pose = prediction.pose.unwrap();
+    for (r, row) in pose.extrinsics.iter().enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            let theirs = official["extrinsics_world_to_camera_3x4"][r][c].as_f64().unwrap();
+            assert!((v as f64 - theirs).abs() <= 1e-3, "extrinsics[{r}][{c}] {v} vs {theirs}");
+        }
+    }
+    for (r, row) in pose.intrinsics.iter().enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            let theirs = official["intrinsics_3x3"][r][c].as_f64().unwrap();
+            assert!((v as f64 - theirs).abs() <= 1e-3 * theirs.abs().max(1.0), "K[{r}][{c}]");
+        }
+    }
+}
+
+/// The README's five lines, on the peer file: a PNG of the depth, decodable, of the processed
+/// size.
+#[test]
+fn five_line_program_writes_a_png() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("depth.png");
+    let model = Model::load(peer("peer-tiny-seed0-f32.gguf"), &cpu_options()).unwrap();
+    let image = da3::image::open(peer("test-640x480.png")).unwrap();
+    let prediction = model.predict(&image).unwrap();
+    prediction.save_png(&out, Colormap::Turbo).unwrap();
+    let png = da3::image::open(&out).unwrap();
+    assert_eq!((png.width(), png.height()), (504, 378));
+}
+
+fn assert_send_sync<T: Send + Sync>() {}
+
+#[test]
+fn shareable_types_are_send_and_sync() {
+    assert_send_sync::<Model>();
+    assert_send_sync::<Prediction>();
+    assert_send_sync::<Device>();
+    assert_send_sync::<LoadOptions>();
+    assert_send_sync::<da3::Config>();
+    assert_send_sync::<da3::Pose>();
+    assert_send_sync::<da3::Error>();
+    assert_send_sync::<da3::ggml::Device>();
+    assert_send_sync::<da3::ggml::SharedContext>();
+    assert_send_sync::<da3::ggml::Error>();
+}
+
+// A session, like the ggml objects it holds, is single-threaded by type.
+static_assertions::assert_not_impl_any!(Session: Send, Sync);
+static_assertions::assert_not_impl_any!(da3::ggml::Context: Send, Sync);
+static_assertions::assert_not_impl_any!(da3::ggml::Tensor: Send, Sync);
+static_assertions::assert_not_impl_any!(da3::ggml::Backend: Send, Sync);
+
+/// Four threads share one model (one set of weights), each with its own session, at two
+/// resolutions; every result equals the sequential one bit for bit.
+#[test]
+fn four_threads_share_one_model_with_sequential_results() {
+    let model = peer_model();
+    let images: Vec<da3::image::DynamicImage> = vec![
+        peer_image(),
+        peer_image().crop_imm(0, 0, 400, 300),
+        peer_image().fliph(),
+    ];
+    let sequential: Vec<Vec<u32>> = {
+        let mut session = model.session().unwrap();
+        images
+            .iter()
+            .map(|im| bits(&session.predict(im).unwrap()))
+            .collect()
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let model = model.clone();
+                let images = &images;
+                scope.spawn(move || {
+                    let mut session = model.session().unwrap();
+                    // Each thread visits the images in its own order.
+                    (0..6)
+                        .map(|k| {
+                            let i = (t + k) % images.len();
+                            (i, bits(&session.predict(&images[i]).unwrap()))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for handle in handles {
+            for (i, result) in handle.join().unwrap() {
+                assert!(result == sequential[i], "image {i} differs from the sequential run");
+            }
+        }
+    });
+}
+
+fn bits(p: &Prediction) -> Vec<u32> {
+    p.depth
+        .iter()
+        .chain(p.confidence.iter().flatten())
+        .map(|v| v.to_bits())
+        .collect()
+}
+
+/// A model moves into a thread and outlives the thread that loaded it.
+#[test]
+fn model_moves_into_a_thread() {
+    let model = peer_model();
+    let image = peer_image();
+    let here = model.predict(&image).unwrap();
+    let there = std::thread::spawn(move || model.predict(&image).unwrap())
+        .join()
+        .unwrap();
+    assert_eq!(bits(&here), bits(&there));
+}
+
+#[test]
+fn device_parses_the_cli_spellings() {
+    for (text, device) in [
+        ("auto", Device::Auto),
+        ("cpu", Device::Cpu),
+        ("CPU", Device::Cpu),
+        ("CUDA0", Device::Named("CUDA0".into())),
+        ("MTL0", Device::Named("MTL0".into())),
+        ("rpc:127.0.0.1:50052", Device::Rpc("127.0.0.1:50052".into())),
+        ("rpc:[::1]:50052", Device::Rpc("[::1]:50052".into())),
+    ] {
+        assert_eq!(text.parse::<Device>().unwrap(), device, "{text}");
+        assert_eq!(
+            device.to_string().parse::<Device>().unwrap(),
+            device,
+            "{text} round trip"
+        );
+    }
+    for bad in ["rpc:localhost", "rpc::50052", "rpc:host:0", "rpc:host:99999", "", "cu da"] {
+        let err = bad.parse::<Device>().unwrap_err().to_string();
+        assert!(!err.is_empty(), "{bad}");
+    }
+    assert!("rpc:localhost"
+        .parse::<Device>()
+        .unwrap_err()
+        .to_string()
+        .contains("no port"));
+    // A name that parses but names no device: a clear error when resolved.
+    let err = Device::Named("CUDA7".into()).resolve().unwrap_err().to_string();
+    assert!(err.contains("CUDA7") && err.contains("CPU"), "{err}");
+}
