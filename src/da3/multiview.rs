@@ -11,8 +11,9 @@
 //! views changes nothing but the order of the sums in global attention: the graph keeps the
 //! input order and gives each view its camera token by slot ([`camera_slots`]).
 
-use super::outputs::Prediction;
+use super::outputs::{write_atomically, Prediction};
 use super::Error;
+use std::path::Path;
 
 /// Fewer views than this never select (the official `THRESH_FOR_REF_SELECTION`): view 0 is
 /// the reference.
@@ -214,6 +215,39 @@ pub struct MultiPrediction {
     pub reference: usize,
     /// The strategy that was asked for (below three views none selects: view 0).
     pub strategy: RefViewStrategy,
+}
+
+impl MultiPrediction {
+    /// Writes the scene's cameras as JSON: `reference`, `ref_view_strategy` and `views`, one
+    /// entry per view in input order (`index`, `name` from `names` when given, `width`,
+    /// `height`, `intrinsics`, `extrinsics_world_to_camera`, `reference`). An error when the
+    /// model has no camera decoder.
+    pub fn save_poses_json(&self, path: impl AsRef<Path>, names: &[String]) -> Result<(), Error> {
+        let mut views = Vec::with_capacity(self.views.len());
+        for (i, view) in self.views.iter().enumerate() {
+            let pose = view.pose.as_ref().ok_or_else(|| {
+                Error::Input("this model has no camera decoder (only DualDPT models do)".into())
+            })?;
+            views.push(serde_json::json!({
+                "index": i,
+                "name": names.get(i),
+                "width": view.width,
+                "height": view.height,
+                "reference": i == self.reference,
+                "intrinsics": pose.intrinsics,
+                "extrinsics_world_to_camera": pose.extrinsics,
+            }));
+        }
+        let json = serde_json::json!({
+            "reference": self.reference,
+            "ref_view_strategy": self.strategy.name(),
+            "views": views,
+        });
+        write_atomically(path.as_ref(), |out| {
+            serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
+            out.write_all(b"\n")
+        })
+    }
 }
 
 #[cfg(test)]
