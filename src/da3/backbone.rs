@@ -19,6 +19,13 @@ pub struct BackboneConstants {
     pub global_x: Tensor,
     /// Fused attention with f16 K/V (GPUs) instead of the exact f32 path.
     pub half_kv_attention: bool,
+    /// Views of one scene in the graph (1 for a single image). Tokens are then
+    /// `[embed, tokens, views]`, stored as `[embed, tokens * views]`, and the positions above
+    /// hold `tokens * views` values (the same per view, as the official code tiles them).
+    pub views: usize,
+    /// With several views: which camera token (0 reference, 1 other) each view takes at
+    /// `alt_start`, i32 `[views]`, written per request.
+    pub camera_slots: Option<Tensor>,
 }
 
 enum FfnWeights {
@@ -58,12 +65,28 @@ pub struct Backbone {
 
 /// What the head and the camera decoder take from the backbone.
 pub struct BackboneOutput {
-    /// Per out layer, patch tokens only: [feature_dim, n_patches].
+    /// Per out layer, patch tokens only: [feature_dim, n_patches] (one view) or
+    /// [feature_dim, n_patches, views].
     pub features: Vec<Tensor>,
-    /// Token 0 of the last out layer, concat(local_x, x), not normalised: [feature_dim, 1].
-    pub camera_token: Tensor,
-    /// Tokens after patch embedding and positional embedding (for stage checks).
+    /// Token 0 of the last out layer, concat(local_x, x), not normalised: [feature_dim, views].
+    /// Absent when the blocks run stop before the last out layer.
+    pub camera_token: Option<Tensor>,
+    /// The tokens the first block of the run received (after patch and positional embedding
+    /// for a run from block 0), for stage checks.
     pub tokens_in: Tensor,
+    /// The tokens after the last block of the run: [embed, tokens * views].
+    pub tokens_out: Tensor,
+}
+
+/// How a block attends.
+#[derive(Debug, Clone, Copy)]
+struct AttentionMode {
+    /// Fused attention with f16 K/V.
+    half_kv: bool,
+    /// With more than 1, the T tokens are that many views of T / views tokens each and every
+    /// view attends only within itself (a local block of a scene); a global block has 1: all
+    /// tokens attend jointly.
+    views: usize,
 }
 
 impl Block {
@@ -108,11 +131,11 @@ impl Block {
         cfg: &VitConfig,
         x: &Tensor,
         pos: Option<(&Tensor, &Tensor)>,
-        half_kv: bool,
+        mode: AttentionMode,
         name: &str,
     ) -> Result<Tensor, Error> {
         let h = self.norm1.forward(g, x)?;
-        let heads = self.attention(g, cfg, &h, pos, half_kv)?;
+        let heads = self.attention(g, cfg, &h, pos, mode)?;
         let x = self
             .attn_proj
             .forward_scaled_residual(g, &heads, &self.ls1, x)?;
@@ -141,8 +164,9 @@ impl Block {
         cfg: &VitConfig,
         h: &Tensor,
         pos: Option<(&Tensor, &Tensor)>,
-        half_kv: bool,
+        mode: AttentionMode,
     ) -> Result<Tensor, Error> {
+        let AttentionMode { half_kv, views } = mode;
         let (e, heads, d) = (
             cfg.embed_dim as i64,
             cfg.num_heads as i64,
@@ -169,7 +193,22 @@ impl Block {
             q = rope_2d(g, &q, py, px, cfg.rope_freq)?;
             k = rope_2d(g, &k, py, px, cfg.rope_freq)?;
         }
-        let per_head = |x: &Tensor| g.permute(x, [0, 2, 1, 3]); // [D, H, T] -> [D, T, H]
+        // [D, H, T] -> [D, T, H]; with views, [D, H, T/S, S] -> [D, T/S, H, S] (a batch of
+        // views for the attention op).
+        let s = views as i64;
+        let per_head = |x: &Tensor| {
+            if s == 1 {
+                return g.permute(x, [0, 2, 1, 3]);
+            }
+            let nb = x.nb();
+            let per_view = g.view(
+                x,
+                &[d, heads, t / s, s],
+                &[nb[1], nb[2], nb[2] * (t / s) as usize],
+                0,
+            )?;
+            g.permute(&per_view, [0, 2, 1, 3])
+        };
         let attend = if half_kv {
             Context::attention_half_kv
         } else {
@@ -181,7 +220,7 @@ impl Block {
             &per_head(&k)?,
             &per_head(&v)?,
             1.0 / (d as f32).sqrt(),
-        )?; // [D, H, T]
+        )?; // [D, H, T] (or [D, H, T/S, S])
         Ok(g.reshape(&out, &[e, t])?)
     }
 }
@@ -232,16 +271,28 @@ impl Backbone {
         })
     }
 
-    /// Builds the backbone on `image` ([W, H, 3, 1], normalised).
+    /// Builds the backbone on `image` ([W, H, 3, views], normalised).
     pub fn forward(
         &self,
         g: &Context,
         image: &Tensor,
         c: &BackboneConstants,
     ) -> Result<BackboneOutput, Error> {
+        let tokens = self.embed(g, image, c)?;
+        self.forward_blocks(g, &tokens, 0..self.cfg.depth, c)
+    }
+
+    /// Patch embedding, cls token and positional embedding: [embed, tokens * views].
+    pub fn embed(
+        &self,
+        g: &Context,
+        image: &Tensor,
+        c: &BackboneConstants,
+    ) -> Result<Tensor, Error> {
         let cfg = &self.cfg;
         let (e, p) = (cfg.embed_dim as i64, cfg.patch_size as i32);
-        // Patch embedding as one product: columns [3*p*p, gw, gh] x kernel -> [E, patches].
+        let s = c.views as i64;
+        // Patch embedding as one product: columns [3*p*p, gw, gh, S] x kernel -> [E, patches].
         let columns = g.im2col(
             &self.patch_embed_w,
             image,
@@ -251,39 +302,88 @@ impl Backbone {
             crate::ggml::DType::F32,
         )?;
         let [k, gw, gh, _] = columns.ne();
-        let columns = g.reshape(&columns, &[k, gw * gh])?;
+        let columns = g.reshape(&columns, &[k, gw * gh * s])?;
         let kernel = g.reshape(&self.patch_embed_w, &[k, e])?;
         let patches = g.add(&g.mul_mat(&kernel, &columns)?, &self.patch_embed_b)?;
         let cls = g.reshape(&self.cls_token, &[e, 1])?;
-        let tokens = g.concat(&cls, &patches, 1)?;
-        let mut x = g.add(&tokens, &c.pos_embed)?.named("tokens_in");
+        if s == 1 {
+            let tokens = g.concat(&cls, &patches, 1)?;
+            return Ok(g.add(&tokens, &c.pos_embed)?.named("tokens_in"));
+        }
+        // Per view: the cls token, then that view's patches; the same positional embedding.
+        let mut cls_per_view = cls.clone();
+        for _ in 1..s {
+            cls_per_view = g.concat(&cls_per_view, &cls, 1)?;
+        }
+        let cls_per_view = g.reshape(&cls_per_view, &[e, 1, s])?;
+        let patches = g.reshape(&patches, &[e, gw * gh, s])?;
+        let tokens = g.add(&g.concat(&cls_per_view, &patches, 1)?, &c.pos_embed)?;
+        Ok(g.reshape(&tokens, &[e, (gw * gh + 1) * s])?
+            .named("tokens_in"))
+    }
+
+    /// Runs `blocks` on `x` ([embed, tokens * views], the input of the first of them). A run
+    /// that starts after `alt_start` would miss the camera token; one that starts at a global
+    /// block has no latest local output: both are refused.
+    pub fn forward_blocks(
+        &self,
+        g: &Context,
+        x: &Tensor,
+        blocks: std::ops::Range<usize>,
+        c: &BackboneConstants,
+    ) -> Result<BackboneOutput, Error> {
+        let cfg = &self.cfg;
+        let e = cfg.embed_dim as i64;
+        let is_global = |i: usize| cfg.alt_start.is_some_and(|s| i >= s && i % 2 == 1);
+        if blocks.end > cfg.depth
+            || cfg.alt_start.is_some_and(|a| blocks.start > a)
+            || (blocks.start < blocks.end && is_global(blocks.start))
+        {
+            return Err(Error::Input(format!(
+                "cannot run backbone blocks {blocks:?} on their own (depth {}, alt_start {:?})",
+                cfg.depth, cfg.alt_start
+            )));
+        }
         let tokens_in = x.clone();
-        let t = x.ne()[1];
+        let mut x = x.clone();
+        let s = c.views as i64;
+        let t = x.ne()[1] / s; // tokens per view
+        let row = x.nb()[1];
 
         let mut local_x = x.clone();
         let mut features = Vec::new();
         let mut camera_token = None;
-        for (i, block) in self.blocks.iter().enumerate() {
+        for i in blocks {
+            let block = &self.blocks[i];
             if cfg.alt_start == Some(i) {
                 let cam = self.camera_token.as_ref().expect("loaded with alt_start");
-                let cam0 = g.view(cam, &[e, 1], &[cam.nb()[1]], 0)?;
-                let rest = g.view(&x, &[e, t - 1], &[x.nb()[1]], x.nb()[1])?;
-                x = g.concat(&cam0, &rest, 1)?;
+                x = if s == 1 {
+                    let cam0 = g.view(cam, &[e, 1], &[cam.nb()[1]], 0)?;
+                    let rest = g.view(&x, &[e, t - 1], &[row], row)?;
+                    g.concat(&cam0, &rest, 1)?
+                } else {
+                    // Token 0 of each view := camera_token[slot of the view] (0 for the
+                    // reference view, 1 for the others).
+                    let slots = c.camera_slots.as_ref().ok_or_else(|| {
+                        Error::Input("several views need camera slots".to_owned())
+                    })?;
+                    let table = g.reshape(cam, &[e, 2])?;
+                    let cams = g.reshape(&g.get_rows(&table, slots)?, &[e, 1, s])?;
+                    let rest = g.view(&x, &[e, t - 1, s], &[row, row * t as usize], row)?;
+                    g.reshape(&g.concat(&cams, &rest, 1)?, &[e, t * s])?
+                };
             }
-            let global = cfg.alt_start.is_some_and(|s| i >= s && i % 2 == 1);
+            let global = is_global(i);
             let pos = if global {
                 (&c.global_y, &c.global_x)
             } else {
                 (&c.local_y, &c.local_x)
             };
-            x = block.forward(
-                g,
-                cfg,
-                &x,
-                Some(pos),
-                c.half_kv_attention,
-                &format!("blk.{i}"),
-            )?;
+            let mode = AttentionMode {
+                half_kv: c.half_kv_attention,
+                views: if global { 1 } else { c.views },
+            };
+            x = block.forward(g, cfg, &x, Some(pos), mode, &format!("blk.{i}"))?;
             if !global {
                 local_x = x.clone();
             }
@@ -298,27 +398,30 @@ impl Backbone {
                     (normed, None)
                 };
                 let c_dim = feature.ne()[0];
-                let patches = g.view(
-                    &feature,
-                    &[c_dim, t - 1],
-                    &[feature.nb()[1]],
-                    feature.nb()[1],
-                )?;
+                let fr = feature.nb()[1];
+                let patches = if s == 1 {
+                    g.view(&feature, &[c_dim, t - 1], &[fr], fr)?
+                } else {
+                    g.view(&feature, &[c_dim, t - 1, s], &[fr, fr * t as usize], fr)?
+                };
                 features.push(g.cont(&patches)?.named(&format!("feat{}", features.len())));
                 if let Some(raw) = raw {
+                    let rr = raw.nb()[1];
                     camera_token =
-                        Some(g.cont(&g.view(&raw, &[c_dim, 1], &[raw.nb()[1]], 0)?)?);
+                        Some(g.cont(&g.view(&raw, &[c_dim, s], &[rr * t as usize], 0)?)?);
                 }
             }
         }
         let camera_token = match camera_token {
-            Some(t) => t,
-            None => g.cont(&g.view(&x, &[e, 1], &[x.nb()[1]], 0)?)?,
+            Some(token) => Some(token),
+            None if features.is_empty() => None,
+            None => Some(g.cont(&g.view(&x, &[e, s], &[row * t as usize], 0)?)?),
         };
         Ok(BackboneOutput {
             features,
             camera_token,
             tokens_in,
+            tokens_out: x,
         })
     }
 }

@@ -99,7 +99,7 @@ pub struct Head {
     sky: Option<(Conv, Conv)>,
 }
 
-/// The head's outputs, each [W, H] at the processed resolution.
+/// The head's outputs, each [W, H] (one view) or [W, H, views] at the processed resolution.
 pub struct HeadOutput {
     pub depth: Tensor,
     pub confidence: Option<Tensor>,
@@ -162,7 +162,8 @@ impl Head {
         })
     }
 
-    /// `features`: four [C, gw*gh] patch-token features; returns maps at (`width`, `height`).
+    /// `features`: four [C, gw*gh] (or [C, gw*gh, views]) patch-token features; returns maps
+    /// at (`width`, `height`), every view through the same ops as a batch.
     pub fn forward(
         &self,
         g: &Context,
@@ -178,8 +179,8 @@ impl Head {
                 Some(norm) => norm.forward(g, feature)?,
                 None => feature.clone(),
             };
-            let channels = x.ne()[0];
-            let map = g.reshape(&g.cont(&g.transpose(&x)?)?, &[gw, gh, channels, 1])?;
+            let [channels, _, views, _] = x.ne();
+            let map = g.reshape(&g.cont(&g.transpose(&x)?)?, &[gw, gh, channels, views])?;
             let mut y = self.proj[s].forward(g, &map)?;
             if self.cfg.pos_embed {
                 y = g.add(&y, &c.stage_uv[s])?;
@@ -218,9 +219,15 @@ impl Head {
             .out2b
             .forward(g, &g.relu(&self.out2a.forward(g, &out)?)?)?;
         let (w, h) = size;
+        let views = logits.ne()[3];
         let channel = |i: i64| -> Result<Tensor, Error> {
             let nb = logits.nb();
-            Ok(g.view(&logits, &[w, h], &[nb[1]], i as usize * nb[2])?)
+            let offset = i as usize * nb[2];
+            Ok(if views == 1 {
+                g.view(&logits, &[w, h], &[nb[1]], offset)?
+            } else {
+                g.view(&logits, &[w, h, views], &[nb[1], nb[3]], offset)?
+            })
         };
         let depth = g.exp(&g.cont(&channel(0)?)?)?.named("depth");
         let confidence = match self.cfg.kind {
@@ -233,7 +240,12 @@ impl Head {
         let sky = match &self.sky {
             Some((a, b)) => {
                 let s = b.forward(g, &g.relu(&a.forward(g, &out)?)?)?;
-                Some(g.relu(&g.reshape(&s, &[w, h])?)?.named("sky"))
+                let shape = if views == 1 {
+                    vec![w, h]
+                } else {
+                    vec![w, h, views]
+                };
+                Some(g.relu(&g.reshape(&s, &shape)?)?.named("sky"))
             }
             None => None,
         };
@@ -270,7 +282,7 @@ impl CameraDecoder {
             fc_fov: Linear::load(l, "cam.fc_fov", d, 2)?,
         }))
     }
-    /// `token`: [D, 1] -> pose encoding [9].
+    /// `token`: [D, views] -> pose encodings [9, views].
     pub fn forward(&self, g: &Context, token: &Tensor) -> Result<Tensor, Error> {
         let h = g.relu(&self.bb0.forward(g, token)?)?;
         let h = g.relu(&self.bb2.forward(g, &h)?)?;

@@ -10,6 +10,7 @@ pub mod config;
 pub mod convert;
 mod head;
 mod model;
+pub mod multiview;
 pub mod outputs;
 pub mod preprocess;
 pub mod synthetic;
@@ -17,6 +18,7 @@ mod weights;
 
 pub use config::{Config, Ffn, HeadKind, PRESETS};
 pub use model::{LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
+pub use multiview::{MultiPrediction, RefViewStrategy};
 pub use outputs::{Colormap, Pose, Prediction};
 pub use weights::{Loader, Role};
 

@@ -21,6 +21,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
+mod views;
+
 /// How to load a model.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -209,6 +211,8 @@ pub struct Session {
     layers: Layers,
     executor: Executor,
     graphs: HashMap<(usize, usize), ResolutionGraph>,
+    /// Graphs of scenes of several views (see `views`).
+    view_graphs: views::ViewGraphs,
     last_report: Option<Report>,
 }
 
@@ -263,6 +267,7 @@ impl Session {
             model,
             executor,
             graphs: HashMap::new(),
+            view_graphs: Default::default(),
             last_report: None,
         })
     }
@@ -287,6 +292,7 @@ impl Session {
     /// Drops the cached graphs (the next image of each resolution builds its graph again).
     pub fn clear_graphs(&mut self) {
         self.graphs.clear();
+        self.view_graphs.clear();
     }
     /// The graph of a processed resolution (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
@@ -447,6 +453,8 @@ impl Session {
                     self.executor.device().device().kind(),
                     DeviceKind::Gpu | DeviceKind::IntegratedGpu
                 ),
+            views: 1,
+            camera_slots: None,
         };
         let features = self.layers.backbone.forward(&ctx, &image, &bconst)?;
         let hconst = HeadConstants {
@@ -460,9 +468,9 @@ impl Session {
             (width as i64, height as i64),
             &hconst,
         )?;
-        let pose = match &self.layers.camera {
-            Some(cam) => Some(cam.forward(&ctx, &features.camera_token)?),
-            None => None,
+        let pose = match (&self.layers.camera, &features.camera_token) {
+            (Some(cam), Some(token)) => Some(cam.forward(&ctx, token)?),
+            _ => None,
         };
         let graph = ctx.new_graph(GRAPH_NODES)?;
         let mut outputs: Vec<&Tensor> = vec![&out.depth];
@@ -475,7 +483,12 @@ impl Session {
             for (i, f) in features.features.iter().enumerate() {
                 probes.push((format!("feat{i}"), f.clone()));
             }
-            probes.push(("cam_token".to_owned(), features.camera_token.clone()));
+            probes.extend(
+                features
+                    .camera_token
+                    .iter()
+                    .map(|t| ("cam_token".to_owned(), t.clone())),
+            );
         }
         for t in outputs.iter().copied().chain(probes.iter().map(|(_, t)| t)) {
             t.mark_output();

@@ -558,6 +558,24 @@ impl Context {
             if Self::cpu_attention_applies(q, k, v, scale) {
                 return self.cpu_attention(q, k, v);
             }
+            // A batch (ne[3]) of attentions the fused kernel takes one at a time.
+            let batch = q.ne()[3];
+            if batch > 1 && k.ne()[3] == batch && v.ne()[3] == batch {
+                let (q0, k0, v0) = (
+                    self.batch_item(q, 0)?,
+                    self.batch_item(k, 0)?,
+                    self.batch_item(v, 0)?,
+                );
+                if Self::cpu_attention_applies(&q0, &k0, &v0, scale) {
+                    return self.per_batch(batch, |b| {
+                        self.cpu_attention(
+                            &self.batch_item(q, b)?,
+                            &self.batch_item(k, b)?,
+                            &self.batch_item(v, b)?,
+                        )
+                    });
+                }
+            }
             return self.flash_attn_ext(q, k, v, None, scale);
         }
         // Contiguous copies, as every backend's matrix product takes them.
@@ -928,6 +946,28 @@ impl Context {
         self.result(raw, "pad", &[a])
     }
 
+    /// Item `b` of the batch (ne[3]) of `a`: a view of shape [ne0, ne1, ne2, 1].
+    fn batch_item(&self, a: &Tensor, b: i64) -> Result<Tensor> {
+        let [n0, n1, n2, _] = a.ne();
+        let nb = a.nb();
+        self.view(
+            a,
+            &[n0, n1, n2, 1],
+            &[nb[1], nb[2], nb[3]],
+            b as usize * nb[3],
+        )
+    }
+
+    /// `f(b)` for every item of a batch of `n`, joined along dim 3: for ops whose CPU kernels
+    /// take one image (or one attention) at a time.
+    fn per_batch(&self, n: i64, f: impl Fn(i64) -> Result<Tensor>) -> Result<Tensor> {
+        let mut out = f(0)?;
+        for b in 1..n {
+            out = self.concat(&out, &f(b)?, 3)?;
+        }
+        Ok(out)
+    }
+
     // --- images ---------------------------------------------------------------------------------
 
     /// 2D convolution in f32: `kernel [KW, KH, IC, OC]` over `input [W, H, IC, N]` ->
@@ -945,6 +985,14 @@ impl Context {
         if self.cpu_kernels() && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
         {
             return self.cpu_conv_2d_same(kernel, input, None);
+        }
+        if self.cpu_kernels() && input.ne()[3] > 1 && input.is_contiguous() {
+            let first = self.batch_item(input, 0)?;
+            if Self::cpu_conv_2d_applies(kernel, &first, stride, padding, dilation) {
+                return self.per_batch(input.ne()[3], |b| {
+                    self.cpu_conv_2d_same(kernel, &self.batch_item(input, b)?, None)
+                });
+            }
         }
         let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
         let (kn, cn) = (kernel.ne(), columns.ne());
@@ -991,6 +1039,14 @@ impl Context {
             && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
         {
             return self.cpu_conv_2d_same(kernel, input, Some(bias));
+        }
+        if fused && self.cpu_kernels() && input.ne()[3] > 1 && input.is_contiguous() {
+            let first = self.batch_item(input, 0)?;
+            if Self::cpu_conv_2d_applies(kernel, &first, stride, padding, dilation) {
+                return self.per_batch(input.ne()[3], |b| {
+                    self.cpu_conv_2d_same(kernel, &self.batch_item(input, b)?, Some(bias))
+                });
+            }
         }
         let y = self.conv_2d(kernel, input, stride, padding, dilation)?;
         self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
@@ -1111,8 +1167,15 @@ impl Context {
         }
         require_dtype("conv_transpose_2d", kernel, &[DType::F32, DType::F16])?;
         let s = stride as i64;
-        if kn[0] == s && kn[1] == s && inp[3] == 1 && kernel.dtype() == DType::F32 {
-            return self.conv_transpose_2d_disjoint(kernel, input);
+        if kn[0] == s && kn[1] == s && kernel.dtype() == DType::F32 {
+            if inp[3] == 1 {
+                return self.conv_transpose_2d_disjoint(kernel, input);
+            }
+            if input.is_contiguous() {
+                return self.per_batch(inp[3], |b| {
+                    self.conv_transpose_2d_disjoint(kernel, &self.batch_item(input, b)?)
+                });
+            }
         }
         let out = |i: i64, k: i64| (i - 1) * stride as i64 + k;
         self.reserve_result(

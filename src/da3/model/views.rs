@@ -1,0 +1,398 @@
+//! Several views of one scene through one graph: tokens `[embed, tokens, views]`, local blocks
+//! per view, global blocks over the scene, the head and the camera decoder batched over the
+//! views. When the reference view depends on the tokens (the saddle strategies, three or more
+//! views), the graph is cut before block `alt_start - 1`: the first part's token 0 of every
+//! view goes to [`select_reference_view`] on the host, and the second part continues from its
+//! tokens with the camera token of every view chosen.
+
+use super::*;
+use crate::da3::multiview::{
+    camera_slots, positional_reference, select_reference_view, MultiPrediction, RefViewStrategy,
+};
+
+/// Which blocks a graph runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Part {
+    /// Image to outputs.
+    Whole,
+    /// Image to the tokens before block `n` (the input of the selection).
+    Stem(usize),
+    /// Tokens before block `n` to outputs.
+    Trunk(usize),
+}
+
+/// A session's scene graphs by (width, height, views, part), built on first use.
+pub(super) type ViewGraphs = HashMap<(usize, usize, usize, Part), ViewsGraph>;
+
+pub(super) struct ViewsGraph {
+    graph: Graph,
+    /// The image `[W, H, 3, views]` (Whole, Stem) or the tokens `[embed, tokens * views]`.
+    input: Tensor,
+    /// i32 `[views]`: the camera token of every view (several views with `alt_start`).
+    slots: Option<Tensor>,
+    /// Stem: the tokens it ends with.
+    tokens_out: Option<Tensor>,
+    /// Features of the out layers before the cut: outputs of the stem, inputs of the trunk.
+    carried: Vec<Tensor>,
+    depth: Option<Tensor>,
+    confidence: Option<Tensor>,
+    sky: Option<Tensor>,
+    pose: Option<Tensor>,
+    probes: Vec<(String, Tensor)>,
+    _ctx: Context,
+    _constants: Context,
+}
+
+impl Model {
+    /// Depth, confidence and pose for every image of one scene (the official multi-view
+    /// forward, reference view by the official default `saddle_balanced`), in a session made
+    /// for this call. For many scenes keep a [`Session`].
+    pub fn predict_views(&self, images: &[image::DynamicImage]) -> Result<MultiPrediction, Error> {
+        self.session()?.predict_views(images)
+    }
+}
+
+impl Session {
+    /// Every image of one scene, preprocessed at the model's process resolution (all must
+    /// reach the same processed size), predicted together and post-processed per view; the
+    /// reference view by the official default strategy (`saddle_balanced`).
+    pub fn predict_views(
+        &mut self,
+        images: &[image::DynamicImage],
+    ) -> Result<MultiPrediction, Error> {
+        let images = images
+            .iter()
+            .map(RgbImage8::from_dynamic)
+            .collect::<Result<Vec<_>, _>>()?;
+        let res = self.model.shared.process_res;
+        self.predict_views_at(&images, res, RefViewStrategy::default())
+    }
+
+    /// [`Session::predict_views`] for 8-bit RGB images at an explicit process resolution
+    /// and reference-view strategy.
+    pub fn predict_views_at(
+        &mut self,
+        images: &[RgbImage8],
+        process_res: usize,
+        strategy: RefViewStrategy,
+    ) -> Result<MultiPrediction, Error> {
+        let processed = images
+            .iter()
+            .map(|im| preprocess::preprocess(im, process_res))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut prediction = self.forward_views(&processed, strategy)?;
+        for view in &mut prediction.views {
+            postprocess(view);
+        }
+        Ok(prediction)
+    }
+
+    /// The network's outputs for already preprocessed views of one scene (all of one size),
+    /// in their order, before post-processing; `strategy` picks the reference view when there
+    /// are three or more.
+    pub fn forward_views(
+        &mut self,
+        images: &[ProcessedImage],
+        strategy: RefViewStrategy,
+    ) -> Result<MultiPrediction, Error> {
+        let first = images
+            .first()
+            .ok_or_else(|| Error::Input("a scene needs at least one view".to_owned()))?;
+        let (w, h) = (first.width, first.height);
+        if let Some(other) = images.iter().find(|im| (im.width, im.height) != (w, h)) {
+            return Err(Error::Input(format!(
+                "the views of a scene must share one processed size: {w}x{h} and {}x{}",
+                other.width, other.height
+            )));
+        }
+        let views = images.len();
+        let mut chw = Vec::with_capacity(first.chw.len() * views);
+        for im in images {
+            chw.extend_from_slice(&im.chw);
+        }
+        let alt_start = self.model.shared.config.vit.alt_start;
+        let known = positional_reference(views, strategy);
+        let (reference, part, tokens, carried) = match (known, alt_start) {
+            (None, Some(cut)) if cut >= 1 => {
+                // Run to the selection point, select, continue from the tokens.
+                let stem = self.views_graph(w, h, views, Part::Stem(cut - 1))?;
+                let stem = &self.view_graphs[&stem];
+                let run = self.executor.run(&stem.graph)?;
+                run.write(&stem.input, &chw)?;
+                run.compute()?;
+                let tokens = run.read::<f32>(stem.tokens_out.as_ref().expect("stem output"))?;
+                let carried = stem
+                    .carried
+                    .iter()
+                    .map(|t| run.read::<f32>(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                drop(run);
+                let e = self.model.shared.config.vit.embed_dim;
+                let per_view = tokens.len() / views;
+                let token0: Vec<f32> = (0..views)
+                    .flat_map(|v| tokens[v * per_view..v * per_view + e].iter().copied())
+                    .collect();
+                let reference = select_reference_view(&token0, e, strategy);
+                (reference, Part::Trunk(cut - 1), tokens, carried)
+            }
+            _ => (known.unwrap_or(0), Part::Whole, chw, Vec::new()),
+        };
+        let key = self.views_graph(w, h, views, part)?;
+        let graph = &self.view_graphs[&key];
+        let run = self.executor.run(&graph.graph)?;
+        self.last_report = Some(run.report().clone());
+        run.write(&graph.input, &tokens)?;
+        for (t, values) in graph.carried.iter().zip(&carried) {
+            run.write(t, values)?;
+        }
+        if let Some(slots) = &graph.slots {
+            run.write(slots, &camera_slots(views, reference))?;
+        }
+        run.compute()?;
+        let read = |t: &Option<Tensor>| t.as_ref().map(|t| run.read::<f32>(t)).transpose();
+        let (depth, confidence, sky, pose) = (
+            read(&graph.depth)?.expect("the trunk ends in depth"),
+            read(&graph.confidence)?,
+            read(&graph.sky)?,
+            read(&graph.pose)?,
+        );
+        let mut probes = Vec::new();
+        for (name, t) in &graph.probes {
+            probes.push((name.clone(), run.read::<f32>(t)?));
+        }
+        let plane = w * h;
+        let per_view = |values: &Option<Vec<f32>>, v: usize, n: usize| {
+            values.as_ref().map(|all| all[v * n..(v + 1) * n].to_vec())
+        };
+        let predictions = (0..views)
+            .map(|v| Prediction {
+                width: w,
+                height: h,
+                depth: depth[v * plane..(v + 1) * plane].to_vec(),
+                confidence: per_view(&confidence, v, plane),
+                sky: per_view(&sky, v, plane),
+                pose: per_view(&pose, v, 9).map(|enc| Pose::from_encoding(&enc, w, h)),
+                // Probes hold every view (views last).
+                probes: probes.clone(),
+            })
+            .collect();
+        Ok(MultiPrediction {
+            views: predictions,
+            reference,
+            strategy,
+        })
+    }
+
+    /// The key of the cached graph for this scene size and part (building it if needed).
+    fn views_graph(
+        &mut self,
+        width: usize,
+        height: usize,
+        views: usize,
+        part: Part,
+    ) -> Result<(usize, usize, usize, Part), Error> {
+        let key = (width, height, views, part);
+        if !self.view_graphs.contains_key(&key) {
+            let graph = self.build_views_graph(width, height, views, part)?;
+            self.view_graphs.insert(key, graph);
+        }
+        Ok(key)
+    }
+
+    fn build_views_graph(
+        &self,
+        width: usize,
+        height: usize,
+        views: usize,
+        part: Part,
+    ) -> Result<ViewsGraph, Error> {
+        let shared = &self.model.shared;
+        let v = &shared.config.vit;
+        let p = v.patch_size;
+        if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
+            return Err(Error::Input(format!(
+                "processed size {width}x{height} is not a positive multiple of the patch size {p}"
+            )));
+        }
+        let (gw, gh) = (width / p, height / p);
+        let tokens = gw * gh + 1;
+        let s = views as i64;
+        let e = v.embed_dim as i64;
+
+        // Constants of this resolution and scene size.
+        let constants = Context::metadata_with_graph(16, 1)?;
+        let pos = constants
+            .new_tensor(DType::F32, &[e, tokens as i64])?
+            .named("pos_embed.resampled");
+        let positions: Vec<Tensor> = (0..4)
+            .map(|i| {
+                constants
+                    .new_tensor(DType::I32, &[tokens as i64 * s])
+                    .map(|t| t.named(&format!("rope.pos{i}")))
+            })
+            .collect::<Result<_, _>>()?;
+        let uv_channels: Vec<usize> = if shared.config.head.pos_embed {
+            shared.config.head.out_channels.to_vec()
+        } else {
+            Vec::new()
+        };
+        let stage_uv: Vec<Tensor> = uv_channels
+            .iter()
+            .map(|&c| constants.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
+            .collect::<Result<_, _>>()?;
+        let half = shared.config.head.features / 2;
+        let output_uv = if shared.config.head.pos_embed {
+            Some(constants.new_tensor(DType::F32, &[width as i64, height as i64, half as i64, 1])?)
+        } else {
+            None
+        };
+        constants.allocate_on(self.executor.device(), BufferUsage::Any)?;
+        constants.write(&pos, &self.resampled_pos_embed(gh, gw)?)?;
+        let (ly, lx, gy, gx) = rope_positions(gh, gw);
+        for (t, values) in positions.iter().zip([ly, lx, gy, gx]) {
+            // The same positions in every view (no view index).
+            constants.write(t, &values.repeat(views))?;
+        }
+        let aspect = width as f64 / height as f64;
+        for (t, &c) in stage_uv.iter().zip(&uv_channels) {
+            constants.write(t, &scaled_uv(gw, gh, c, aspect)?)?;
+        }
+        if let Some(uv) = &output_uv {
+            constants.write(uv, &scaled_uv(width, height, half, aspect)?)?;
+        }
+
+        let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
+        ctx.use_cpu_kernels(self.executor.device().is_cpu());
+        ctx.use_bf16_products(shared.weights.bf16_products);
+        let input = match part {
+            Part::Whole | Part::Stem(_) => ctx
+                .new_tensor(DType::F32, &[width as i64, height as i64, 3, s])?
+                .named("image"),
+            Part::Trunk(_) => ctx
+                .new_tensor(DType::F32, &[e, tokens as i64 * s])?
+                .named("tokens"),
+        };
+        input.mark_input();
+        let needs_slots = views > 1 && v.alt_start.is_some() && !matches!(part, Part::Stem(_));
+        let slots = if needs_slots {
+            let t = ctx.new_tensor(DType::I32, &[s])?.named("camera_slots");
+            t.mark_input();
+            Some(t)
+        } else {
+            None
+        };
+        let bconst = BackboneConstants {
+            pos_embed: pos,
+            local_y: positions[0].clone(),
+            local_x: positions[1].clone(),
+            global_y: positions[2].clone(),
+            global_x: positions[3].clone(),
+            half_kv_attention: !self.executor.device().is_rpc()
+                && matches!(
+                    self.executor.device().device().kind(),
+                    DeviceKind::Gpu | DeviceKind::IntegratedGpu
+                ),
+            views,
+            camera_slots: slots.clone(),
+        };
+        let (x, blocks) = match part {
+            Part::Whole => (
+                self.layers.backbone.embed(&ctx, &input, &bconst)?,
+                0..v.depth,
+            ),
+            Part::Stem(n) => (self.layers.backbone.embed(&ctx, &input, &bconst)?, 0..n),
+            Part::Trunk(n) => (input.clone(), n..v.depth),
+        };
+        // Out layers before the cut: the stem hands their features to the trunk.
+        let carried_in: Vec<Tensor> = match part {
+            Part::Trunk(n) => v
+                .out_layers
+                .iter()
+                .filter(|&&layer| layer < n)
+                .map(|layer| {
+                    let t = ctx
+                        .new_tensor(DType::F32, &[v.feature_dim() as i64, tokens as i64 - 1, s])?
+                        .named(&format!("carried.{layer}"));
+                    t.mark_input();
+                    Ok(t)
+                })
+                .collect::<Result<_, Error>>()?,
+            _ => Vec::new(),
+        };
+        let mut features = self
+            .layers
+            .backbone
+            .forward_blocks(&ctx, &x, blocks, &bconst)?;
+        let carried = match part {
+            Part::Stem(_) => features.features.clone(),
+            _ => carried_in.clone(),
+        };
+        if !carried_in.is_empty() {
+            features.features = carried_in.into_iter().chain(features.features).collect();
+        }
+        let graph = ctx.new_graph(GRAPH_NODES)?;
+        let mut built = ViewsGraph {
+            graph,
+            input,
+            slots,
+            tokens_out: None,
+            carried,
+            depth: None,
+            confidence: None,
+            sky: None,
+            pose: None,
+            probes: Vec::new(),
+            _ctx: ctx,
+            _constants: constants,
+        };
+        let ctx = &built._ctx;
+        let mut outputs: Vec<Tensor> = Vec::new();
+        if let Part::Stem(_) = part {
+            let t = features.tokens_out.clone();
+            outputs.push(t.clone());
+            outputs.extend(built.carried.iter().cloned());
+            built.tokens_out = Some(t);
+        } else {
+            let hconst = HeadConstants {
+                stage_uv,
+                output_uv,
+            };
+            let out = self.layers.head.forward(
+                ctx,
+                &features.features,
+                (gw as i64, gh as i64),
+                (width as i64, height as i64),
+                &hconst,
+            )?;
+            built.pose = match (&self.layers.camera, &features.camera_token) {
+                (Some(cam), Some(token)) => Some(cam.forward(ctx, token)?),
+                _ => None,
+            };
+            outputs.push(out.depth.clone());
+            outputs.extend(out.confidence.iter().cloned());
+            outputs.extend(out.sky.iter().cloned());
+            outputs.extend(built.pose.iter().cloned());
+            built.depth = Some(out.depth);
+            built.confidence = out.confidence;
+            built.sky = out.sky;
+            if shared.probes {
+                if part == Part::Whole {
+                    built
+                        .probes
+                        .push(("tokens_in".to_owned(), features.tokens_in.clone()));
+                }
+                for (i, f) in features.features.iter().enumerate() {
+                    built.probes.push((format!("feat{i}"), f.clone()));
+                }
+                if let Some(t) = &features.camera_token {
+                    built.probes.push(("cam_token".to_owned(), t.clone()));
+                }
+            }
+        }
+        for t in outputs.iter().chain(built.probes.iter().map(|(_, t)| t)) {
+            t.mark_output();
+            built.graph.expand(t)?;
+        }
+        Ok(built)
+    }
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+r"""Multi-view reference outputs of the official Depth Anything 3 network.
+
+Scenes of several synthetic views (each made and preprocessed exactly as in da3_reference.py,
+all reaching the same processed size) go through one float32 forward of the official
+DepthAnything3Net, (B = 1, S views), with a reference-view strategy. Recorded per scene:
+depth, depth_conf, extrinsics, intrinsics, the camera decoder's input, the reference view the
+official backbone chose and the token 0 of every view it chose from. Also: the official
+`select_reference_view` on seeded random tokens, for every strategy.
+
+Weights: the formula of da3_reference.py (no checkpoint is committed).
+
+Example (the committed fixture, from the repository root):
+    PY=/path/to/venv/bin/python
+    $PY tests/reference/da3_multiview_reference.py --out tests/fixtures/da3-tiny-multiview
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import da3_reference as R  # noqa: E402
+
+from depth_anything_3.model import reference_view_selector  # noqa: E402
+from depth_anything_3.model.dinov2 import vision_transformer  # noqa: E402
+
+# (name, view sizes (width, height), strategy). The sizes share the aspect 8:3, so at 112 every
+# view is processed to 112 x 42 (8 x 3 patches). Two views never select (the reference is view
+# 0); with three, "first" keeps view 0 and "saddle_balanced" (the official default) picks by
+# the tokens.
+SCENES = [
+    ("2v", [(640, 240), (600, 225)], "saddle_balanced"),
+    ("3v_first", [(640, 240), (600, 225), (680, 255)], "first"),
+    ("3v_saddle_balanced", [(600, 225), (680, 255), (640, 240)], "saddle_balanced"),
+]
+STRATEGIES = ["first", "middle", "saddle_balanced", "saddle_sim_range"]
+
+
+def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
+    """One forward; the selection the backbone made (if any) is recorded from inside."""
+    chosen = {}
+    original = vision_transformer.select_reference_view
+
+    def recording(tokens, strategy="saddle_balanced"):
+        b_idx = original(tokens, strategy=strategy)
+        chosen["token0"] = tokens[:, :, 0].detach().float().clone()
+        chosen["b_idx"] = int(b_idx[0])
+        return b_idx
+
+    captured = {}
+    handle = net.cam_dec.register_forward_hook(
+        lambda m, a, o: captured.update(cam_input=a[0].detach().float().clone())
+    )
+    vision_transformer.select_reference_view = recording
+    try:
+        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+            out = net(x, ref_view_strategy=strategy)
+    finally:
+        vision_transformer.select_reference_view = original
+        handle.remove()
+    arrays = {
+        "depth": out["depth"].float(),
+        "depth_conf": out["depth_conf"].float(),
+        "extrinsics": out["extrinsics"].float(),
+        "intrinsics": out["intrinsics"].float(),
+        "cam_token": captured["cam_input"],
+    }
+    if "token0" in chosen:
+        arrays["selection_token0"] = chosen["token0"]
+    return {"arrays": arrays, "reference": chosen.get("b_idx", 0), "selected": "b_idx" in chosen}
+
+
+def selector_cases() -> list[dict]:
+    """The official selection on seeded normal tokens (B = 1, N = 1), for every strategy."""
+    cases = []
+    for seed, (views, dim) in enumerate([(3, 8), (4, 8), (5, 16), (6, 16), (7, 8), (3, 4)]):
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randn(1, views, 1, dim, generator=g)
+        if seed % 2 == 1:
+            tokens = tokens + 0.5 * torch.arange(views).view(1, views, 1, 1)  # norms differ
+        picks = {
+            s: int(reference_view_selector.select_reference_view(tokens, strategy=s)[0])
+            for s in STRATEGIES
+        }
+        cases.append(
+            {
+                "views": views,
+                "dim": dim,
+                "tokens": [float(v) for v in tokens.reshape(-1).tolist()],
+                "picks": picks,
+            }
+        )
+    return cases
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--out", required=True)
+    p.add_argument("--preset", default="da3-tiny", choices=R.PRESETS)
+    p.add_argument("--process-res", type=int, default=112)
+    args = p.parse_args()
+
+    torch.set_grad_enabled(False)
+    net = R.build_net(args.preset)
+    R.fill_weights(net)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.rglob("*.f32"):
+        old.unlink()
+    scenes = []
+    for name, sizes, strategy in SCENES:
+        xs = []
+        for w, h in sizes:
+            _, x = R.preprocess(R.make_image(w, h), args.process_res, "upper_bound_resize")
+            xs.append(x)
+        shapes = {tuple(x.shape[-2:]) for x in xs}
+        assert len(shapes) == 1, f"{name}: views reach different sizes {shapes}"
+        x = torch.cat(xs, dim=1)  # [1, S, 3, H, W]
+        result = run_scene(net, x, strategy)
+        entry = {
+            "name": name,
+            "views": [{"width": w, "height": h} for w, h in sizes],
+            "processed_width": int(x.shape[-1]),
+            "processed_height": int(x.shape[-2]),
+            "strategy": strategy,
+            "reference": result["reference"],
+            "selected": result["selected"],
+            "arrays": {},
+        }
+        for key, t in result["arrays"].items():
+            entry["arrays"][key] = R.store(t[0].numpy(), "full", out_dir, f"{name}/{key}")
+        if result["selected"]:
+            tok = result["arrays"]["selection_token0"]
+            entry["official_picks_on_token0"] = {
+                s: int(reference_view_selector.select_reference_view(tok[:, :, None], s)[0])
+                for s in STRATEGIES
+            }
+        scenes.append(entry)
+        d = result["arrays"]["depth"]
+        print(
+            f"{name}: {len(sizes)} views at {x.shape[-1]}x{x.shape[-2]}, {strategy} -> "
+            f"reference {result['reference']}, depth [{d.min():.4g}, {d.max():.4g}]",
+            file=sys.stderr,
+        )
+    manifest = {
+        "preset": args.preset,
+        "process_res": args.process_res,
+        "generator": "tests/reference/da3_multiview_reference.py",
+        "official_package": "depth-anything-3==0.1.1",
+        "torch": torch.__version__,
+        "array_format": (
+            "raw little-endian float32, row-major; shapes without the batch dim: depth and "
+            "depth_conf [S, H, W], extrinsics [S, 3, 4] (world-to-camera), intrinsics "
+            "[S, 3, 3], cam_token [S, 2 * embed] (camera decoder input), selection_token0 "
+            "[S, embed] (token 0 of every view before block alt_start - 1, in input order)"
+        ),
+        "scenes": scenes,
+        "selector_cases": selector_cases(),
+    }
+    (out_dir / "manifest.json").write_text(R.dump_json(manifest))
+
+
+if __name__ == "__main__":
+    main()
