@@ -42,7 +42,7 @@ pub mod residency;
 #[doc(hidden)]
 pub use crate::da3::synthetic;
 pub use crate::da3::{
-    convert, multiview, outputs, preprocess, Colormap, Config, Error, LoadOptions, Model,
+    convert, export, multiview, outputs, preprocess, Colormap, Config, Error, LoadOptions, Model,
     MultiPrediction, Pose, Prediction, RefViewStrategy, Session, DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;

@@ -154,10 +154,10 @@ fn a_symbolic_link_is_not_followed_or_replaced() {
 fn the_model_or_the_image_is_never_an_output() {
     let case = Case::new();
     let model = case.path("tiny.gguf");
-    da3::da3::convert::write_synthetic(
+    da3::convert::write_synthetic(
         &model,
-        &da3::da3::Config::preset("da3-tiny").unwrap(),
-        da3::da3::convert::WeightType::F32,
+        &da3::Config::preset("da3-tiny").unwrap(),
+        da3::convert::WeightType::F32,
     )
     .unwrap();
     let model_bytes = std::fs::read(&model).unwrap();
@@ -447,16 +447,20 @@ fn process_res_and_threads_have_limits() {
 // --- model files -------------------------------------------------------------------------------
 
 fn tiny_model(path: &Path) {
-    da3::da3::convert::write_synthetic(
+    da3::convert::write_synthetic(
         path,
-        &da3::da3::Config::preset("da3-tiny").unwrap(),
-        da3::da3::convert::WeightType::F32,
+        &da3::Config::preset("da3-tiny").unwrap(),
+        da3::convert::WeightType::F32,
     )
     .unwrap();
 }
 
-fn cpu() -> da3::ggml::Backend {
-    da3::ggml::Backend::cpu(2).unwrap()
+fn cpu_options() -> da3::LoadOptions {
+    da3::LoadOptions {
+        device: da3::Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    }
 }
 
 /// A model file cut short after it was opened (another process truncating it while `da3
@@ -464,7 +468,7 @@ fn cpu() -> da3::ggml::Backend {
 /// kill this test process.
 #[test]
 fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
-    use da3::da3::{LoadOptions, Model};
+    use da3::Model;
     let case = Case::new();
     let path = case.path("tiny.gguf");
     tiny_model(&path);
@@ -476,7 +480,7 @@ fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let err = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default())
+    let err = Model::from_gguf(&file, &cpu_options())
         .err()
         .expect("a truncated file cannot load");
     let text = err.to_string();
@@ -493,7 +497,7 @@ fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
 /// A file rewritten in place (same size, new bytes) while it loads is noticed at the end.
 #[test]
 fn a_model_rewritten_in_place_while_loading_is_an_error() {
-    use da3::da3::{LoadOptions, Model};
+    use da3::Model;
     let case = Case::new();
     let path = case.path("tiny.gguf");
     tiny_model(&path);
@@ -507,7 +511,7 @@ fn a_model_rewritten_in_place_while_loading_is_an_error() {
         .unwrap()
         .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
         .unwrap();
-    let err = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default())
+    let err = Model::from_gguf(&file, &cpu_options())
         .err()
         .expect("a rewritten file is refused");
     assert!(
@@ -519,14 +523,17 @@ fn a_model_rewritten_in_place_while_loading_is_an_error() {
 /// Once loaded, a model no longer reads its file: truncating it changes nothing.
 #[test]
 fn a_model_truncated_after_loading_still_computes_the_same_depth() {
-    use da3::da3::{synthetic, LoadOptions, Model};
+    use da3::{synthetic, Model};
     let case = Case::new();
     let path = case.path("tiny.gguf");
     tiny_model(&path);
     let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
-    let mut model = Model::from_gguf(&file, cpu(), cpu(), &LoadOptions::default()).unwrap();
+    let mut model = Model::from_gguf(&file, &cpu_options())
+        .unwrap()
+        .session()
+        .unwrap();
     let image = synthetic::image(160, 120);
-    let before = model.infer(&image, 112).unwrap().depth;
+    let before = model.predict_at(&image, 112).unwrap().depth;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
@@ -534,7 +541,7 @@ fn a_model_truncated_after_loading_still_computes_the_same_depth() {
         .set_len(100)
         .unwrap();
     model.clear_graphs();
-    let after = model.infer(&image, 112).unwrap().depth;
+    let after = model.predict_at(&image, 112).unwrap().depth;
     assert_eq!(before, after);
     assert!(before.iter().all(|d| d.is_finite()));
     drop(file);
@@ -559,16 +566,16 @@ fn a_directory_as_the_model_is_named_as_one() {
 /// by `edit` of its bytes, written to `dest`.
 fn poisoned_model(
     dest: &Path,
-    weight_type: da3::da3::convert::WeightType,
+    weight_type: da3::convert::WeightType,
     name: &str,
     edit: impl Fn(&mut Vec<u8>),
     metadata: &[(&str, da3::ggml::gguf::Value)],
 ) {
     use da3::ggml::gguf::{GgufFile, GgufWriter};
     let source = dest.with_extension("source.gguf");
-    da3::da3::convert::write_synthetic(
+    da3::convert::write_synthetic(
         &source,
-        &da3::da3::Config::preset("da3-tiny").unwrap(),
+        &da3::Config::preset("da3-tiny").unwrap(),
         weight_type,
     )
     .unwrap();
@@ -596,7 +603,7 @@ fn poisoned_model(
 }
 
 fn model_case(
-    weight_type: da3::da3::convert::WeightType,
+    weight_type: da3::convert::WeightType,
     name: &str,
     edit: impl Fn(&mut Vec<u8>),
     metadata: &[(&str, da3::ggml::gguf::Value)],
@@ -622,7 +629,7 @@ fn depth_with_model(case: &Case, parts: &[&str]) -> Run {
 
 #[test]
 fn nan_and_infinity_in_weights_are_named_at_load() {
-    use da3::da3::convert::WeightType;
+    use da3::convert::WeightType;
     // f32: a NaN in a LayerNorm weight; f16: an infinity in a matrix weight (kept in f16 or
     // packed to bf16) and a NaN in a converted-to-f32 tensor.
     let nan_f32 = |d: &mut Vec<u8>| d[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
@@ -640,7 +647,7 @@ fn nan_and_infinity_in_weights_are_named_at_load() {
 
 #[test]
 fn weights_that_overflow_give_an_error_not_a_nan_picture() {
-    use da3::da3::convert::WeightType;
+    use da3::convert::WeightType;
     let huge = |d: &mut Vec<u8>| {
         for v in d.chunks_exact_mut(4) {
             v.copy_from_slice(&1.0e30f32.to_le_bytes());
@@ -660,7 +667,7 @@ fn weights_that_overflow_give_an_error_not_a_nan_picture() {
 
 #[test]
 fn image_normalisation_keys_are_checked() {
-    use da3::da3::convert::WeightType;
+    use da3::convert::WeightType;
     use da3::ggml::gguf::Value;
     let keep = |_: &mut Vec<u8>| {};
     let cases: [(&str, Value, &[&str]); 5] = [

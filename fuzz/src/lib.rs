@@ -2,11 +2,11 @@
 //! includes this file), so that every input a fuzzer found is replayed by `cargo test`.
 //! Each function must return (never panic, abort or crash) on any input.
 
-use da3::da3::{preprocess, Config, LoadOptions, Model};
 use da3::ggml::{
     gguf::GgufFile, Backend, Context, DType, Gallocr, Interpolation, Pool, RopeMode, Tensor,
     TensorView,
 };
+use da3::{preprocess, Config, Device, LoadOptions, Model};
 
 /// A GGUF file from bytes, every tensor's data, then the DA3 config, the loader and, when the
 /// model loads, its graph at the smallest resolution.
@@ -22,10 +22,13 @@ pub fn gguf_model(data: &[u8]) {
         return;
     };
     let _ = config.validate();
-    let Ok(cpu) = Backend::cpu(1) else { return };
-    let options = LoadOptions::default();
-    if let Ok(mut model) = Model::from_gguf(&file, cpu.clone(), cpu, &options) {
-        let _ = model.graph(14, 14);
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 1,
+        ..LoadOptions::default()
+    };
+    if let Ok(mut session) = Model::from_gguf(&file, &options).and_then(|m| m.session()) {
+        let _ = session.graph(14, 14);
     }
 }
 

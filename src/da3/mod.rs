@@ -8,6 +8,7 @@
 mod backbone;
 pub mod config;
 pub mod convert;
+pub mod export;
 mod head;
 mod model;
 pub mod multiview;

@@ -91,9 +91,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let mut session = model.session()?;
-    let prediction = session
-        .predict_rgb(&image)
-        .with_context(|| format!("computing depth with {}; nothing written", args.model.describe()))?;
+    let prediction = session.predict_rgb(&image).with_context(|| {
+        format!(
+            "computing depth with {}; nothing written",
+            args.model.describe()
+        )
+    })?;
     let (lo, hi) = prediction.depth_range();
     println!(
         "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
