@@ -13,6 +13,7 @@ mod devices;
 mod info;
 mod repro;
 mod rpc_server;
+mod serve;
 
 #[derive(Parser)]
 #[command(
@@ -53,6 +54,8 @@ enum Command {
     Devices(devices::Args),
     /// Serve this machine's CPU as a ggml RPC device (no authentication: loopback by default).
     RpcServer(rpc_server::Args),
+    /// Serve depth over HTTP (loopback by default; see /openapi.json).
+    Serve(serve::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -64,7 +67,10 @@ pub fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_logger(cli.verbose, cli.quiet);
-    remove_temporary_files_on_signals();
+    // `serve` handles SIGINT/SIGTERM itself (finishing the requests in flight).
+    if !matches!(cli.command, Command::Serve(_)) {
+        remove_temporary_files_on_signals();
+    }
     let result = match cli.command {
         Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(args),
@@ -73,6 +79,7 @@ pub fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc_server::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(code) => code,

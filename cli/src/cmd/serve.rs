@@ -1,0 +1,775 @@
+//! `da3 serve`: an HTTP service for depth (axum on tokio).
+//!
+//! The model is loaded once; `--workers` OS threads each own a [`da3::Session`] (sessions are
+//! `!Send`, so each is made inside its thread) and take jobs from one bounded queue
+//! (`--queue`). A full queue answers 503 with `Retry-After`; a job not answered within
+//! `--timeout` answers 504. SIGINT/SIGTERM stop accepting, finish what is in flight, exit 0.
+//! Every error is JSON `{"error": "...", "code": N}`.
+
+use super::common::{DeviceArgs, ModelArgs};
+use anyhow::Context as _;
+use axum::extract::multipart::{MultipartError, MultipartRejection};
+use axum::extract::{DefaultBodyLimit, Multipart, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine as _;
+use da3::preprocess::{decode_image, PreprocessError, RgbImage8};
+use da3::{Colormap, Model, Prediction};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+mod api;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    device: DeviceArgs,
+    /// Address to listen on (port 0: any free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Allow a non-loopback `--addr` (there is no authentication).
+    #[arg(long)]
+    allow_remote: bool,
+    /// Inference threads, each with its own session.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    workers: u16,
+    /// Requests waiting for a worker before new ones get 503.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    queue: u32,
+    /// Seconds a request may wait and compute before it gets 504.
+    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    timeout: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 32 << 20)]
+    max_upload_bytes: usize,
+    /// Most images in one request.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    max_views: u16,
+}
+
+/// What a request may ask for besides the JSON summary.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Output {
+    DepthPng,
+    DepthF32,
+    ConfidenceF32,
+    SkyF32,
+    Pose,
+}
+
+impl Output {
+    const ALL: [(&'static str, Output); 5] = [
+        ("depth_png", Output::DepthPng),
+        ("depth_f32", Output::DepthF32),
+        ("confidence_f32", Output::ConfidenceF32),
+        ("sky_f32", Output::SkyF32),
+        ("pose", Output::Pose),
+    ];
+    fn name(self) -> &'static str {
+        Output::ALL.iter().find(|(_, o)| *o == self).unwrap().0
+    }
+}
+
+/// One request's images, for one worker.
+struct Job {
+    images: Vec<RgbImage8>,
+    process_res: Option<usize>,
+    reply: oneshot::Sender<Result<Vec<Prediction>, ApiError>>,
+}
+
+/// An error answer: `{"error": message, "code": status}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    retry_after: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (
+            self.status,
+            Json(json!({"error": self.message, "code": self.status.as_u16()})),
+        )
+            .into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// Latency histogram bucket bounds, seconds.
+const BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Bucket counts (not cumulative), sum of seconds, count.
+type Histogram = ([u64; BUCKETS.len()], f64, u64);
+
+#[derive(Default)]
+struct Metrics {
+    /// (path, status) -> count.
+    requests: Mutex<BTreeMap<(&'static str, u16), u64>>,
+    /// Per path: bucket counts (cumulative at render time), sum, count.
+    latency: Mutex<BTreeMap<&'static str, Histogram>>,
+    queue_depth: AtomicU64,
+    jobs_in_flight: AtomicU64,
+    http_in_flight: AtomicU64,
+}
+
+struct Shared {
+    queue: SyncSender<Job>,
+    metrics: Arc<Metrics>,
+    model_name: String,
+    preset: String,
+    device: String,
+    has_pose: bool,
+    has_sky: bool,
+    has_confidence: bool,
+    timeout: Duration,
+    max_upload_bytes: usize,
+    max_views: usize,
+}
+
+type AppState = Arc<Shared>;
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if !args.addr.ip().is_loopback() {
+        if !args.allow_remote {
+            anyhow::bail!(
+                "--addr {}: not a loopback address; the server has no authentication, pass \
+                 --allow-remote to listen there anyway",
+                args.addr
+            );
+        }
+        eprintln!(
+            "WARNING: listening on {} (not loopback) with no authentication: anyone who can \
+             reach it can use this machine's compute",
+            args.addr
+        );
+    }
+    let options = args.device.options()?;
+    let model = args.model.load_for_results(&options)?;
+    let config = model.config();
+    let model_name = match &args.model.model {
+        Some(path) => path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into(),
+        ),
+        None => "builtin".to_owned(),
+    };
+    let (queue, jobs) = sync_channel::<Job>(args.queue as usize);
+    let metrics = Arc::new(Metrics::default());
+    let workers = start_workers(&model, args.workers as usize, jobs, &metrics)?;
+    let shared = Arc::new(Shared {
+        queue,
+        metrics,
+        model_name,
+        preset: config.name.clone(),
+        device: model.device().name(),
+        has_pose: config.cam_dim.is_some(),
+        has_sky: config.head.sky,
+        has_confidence: config.head.kind == da3::da3::HeadKind::DualDpt,
+        timeout: Duration::from_secs(args.timeout),
+        max_upload_bytes: args.max_upload_bytes,
+        max_views: args.max_views as usize,
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.addr)
+            .await
+            .with_context(|| format!("listening on {}", args.addr))?;
+        let bound = listener.local_addr()?;
+        println!("listening on http://{bound}");
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let app = router(shared);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving")?;
+        anyhow::Ok(())
+    })?;
+    // The router (and with it the queue's sender) is gone: workers finish and return.
+    for worker in workers {
+        let _ = worker.join();
+    }
+    log::info!("shut down cleanly");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("cannot watch for SIGTERM ({e})");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    log::info!("signal received: finishing requests in flight");
+}
+
+/// Starts `n` workers, each making its own session; returns once every one is ready (or the
+/// first error).
+fn start_workers(
+    model: &Model,
+    n: usize,
+    jobs: Receiver<Job>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Vec<std::thread::JoinHandle<()>>> {
+    let jobs = Arc::new(Mutex::new(jobs));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let mut handles = Vec::new();
+    for i in 0..n {
+        let model = model.clone();
+        let jobs = Arc::clone(&jobs);
+        let ready = ready_tx.clone();
+        let metrics = Arc::clone(metrics);
+        let handle = std::thread::Builder::new()
+            .name(format!("da3-worker-{i}"))
+            .spawn(move || worker(model, jobs, &metrics, ready))
+            .context("starting a worker thread")?;
+        handles.push(handle);
+    }
+    drop(ready_tx);
+    for _ in 0..n {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => anyhow::bail!("creating a session: {e}"),
+            Err(_) => anyhow::bail!("a worker thread died while creating its session"),
+        }
+    }
+    Ok(handles)
+}
+
+fn worker(
+    model: Model,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    metrics: &Metrics,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let mut session = match model.session() {
+        Ok(s) => {
+            let _ = ready.send(Ok(()));
+            s
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
+    };
+    drop(ready);
+    loop {
+        let job = {
+            let Ok(jobs) = jobs.lock() else { return };
+            match jobs.recv() {
+                Ok(job) => job,
+                Err(_) => return, // the server is gone
+            }
+        };
+        metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        if job.reply.is_closed() {
+            continue; // timed out while waiting
+        }
+        metrics.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
+        let mut result = Ok(Vec::with_capacity(job.images.len()));
+        for (i, image) in job.images.iter().enumerate() {
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.process_res {
+                    Some(res) => session.predict_at(image, res),
+                    None => session.predict_rgb(image),
+                }));
+            match outcome {
+                Ok(Ok(prediction)) => {
+                    if let Ok(list) = &mut result {
+                        list.push(prediction);
+                    }
+                }
+                Ok(Err(e)) => {
+                    let status = match e {
+                        da3::Error::Preprocess(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                        _ => StatusCode::INTERNAL_SERVER_ERROR,
+                    };
+                    result = Err(ApiError::new(status, format!("image {}: {e}", i + 1)));
+                    break;
+                }
+                Err(_) => {
+                    log::error!("inference panicked; replacing the worker's session");
+                    if let Ok(s) = model.session() {
+                        session = s;
+                    }
+                    result = Err(ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("image {}: internal error during inference", i + 1),
+                    ));
+                    break;
+                }
+            }
+        }
+        metrics.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
+        let _ = job.reply.send(result);
+    }
+}
+
+fn router(shared: AppState) -> Router {
+    let limit = shared.max_upload_bytes;
+    Router::new()
+        .route("/", get(index))
+        .route("/healthz", get(healthz))
+        .route("/v1/models", get(models))
+        .route("/v1/depth", post(depth))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            record,
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+            },
+        ))
+        .with_state(shared)
+}
+
+/// The metrics' name for a request path (a fixed set: unknown paths are `other`).
+fn path_label(path: &str) -> &'static str {
+    match path {
+        "/" => "/",
+        "/healthz" => "/healthz",
+        "/v1/models" => "/v1/models",
+        "/v1/depth" => "/v1/depth",
+        "/metrics" => "/metrics",
+        "/openapi.json" => "/openapi.json",
+        _ => "other",
+    }
+}
+
+async fn record(State(shared): State<AppState>, request: Request, next: Next) -> Response {
+    let label = path_label(request.uri().path());
+    let start = Instant::now();
+    let m = &shared.metrics;
+    m.http_in_flight.fetch_add(1, Ordering::Relaxed);
+    let response = next.run(request).await;
+    m.http_in_flight.fetch_sub(1, Ordering::Relaxed);
+    let seconds = start.elapsed().as_secs_f64();
+    *m.requests
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry((label, response.status().as_u16()))
+        .or_default() += 1;
+    let mut latency = m.latency.lock().unwrap_or_else(|e| e.into_inner());
+    let entry = latency.entry(label).or_default();
+    if let Some(i) = BUCKETS.iter().position(|&b| seconds <= b) {
+        entry.0[i] += 1;
+    }
+    entry.1 += seconds;
+    entry.2 += 1;
+    response
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such endpoint (see /openapi.json)",
+    )
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed on this endpoint (see /openapi.json)",
+    )
+}
+
+async fn index() -> Html<&'static str> {
+    Html(include_str!("serve/index.html"))
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn models(State(shared): State<AppState>) -> Json<Value> {
+    Json(json!({"models": [{
+        "name": shared.model_name,
+        "preset": shared.preset,
+        "device": shared.device,
+        "pose": shared.has_pose,
+        "sky": shared.has_sky,
+        "confidence": shared.has_confidence,
+    }]}))
+}
+
+async fn openapi() -> Json<Value> {
+    Json(api::openapi())
+}
+
+async fn metrics(State(shared): State<AppState>) -> impl IntoResponse {
+    use std::fmt::Write as _;
+    let m = &shared.metrics;
+    let mut out = String::new();
+    out.push_str("# HELP da3_http_requests_total HTTP requests answered, by path and status.\n");
+    out.push_str("# TYPE da3_http_requests_total counter\n");
+    for ((path, status), n) in m.requests.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let _ = writeln!(
+            out,
+            "da3_http_requests_total{{path=\"{path}\",status=\"{status}\"}} {n}"
+        );
+    }
+    out.push_str("# HELP da3_http_request_duration_seconds Time to answer, by path.\n");
+    out.push_str("# TYPE da3_http_request_duration_seconds histogram\n");
+    for (path, (buckets, sum, count)) in m.latency.lock().unwrap_or_else(|e| e.into_inner()).iter()
+    {
+        let mut cumulative = 0;
+        for (bound, n) in BUCKETS.iter().zip(buckets) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "da3_http_request_duration_seconds_bucket{{path=\"{path}\",le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "da3_http_request_duration_seconds_bucket{{path=\"{path}\",le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "da3_http_request_duration_seconds_sum{{path=\"{path}\"}} {sum}"
+        );
+        let _ = writeln!(
+            out,
+            "da3_http_request_duration_seconds_count{{path=\"{path}\"}} {count}"
+        );
+    }
+    for (name, help, value) in [
+        (
+            "da3_queue_depth",
+            "Depth requests waiting for a worker.",
+            &m.queue_depth,
+        ),
+        (
+            "da3_jobs_in_flight",
+            "Depth requests being computed.",
+            &m.jobs_in_flight,
+        ),
+        (
+            "da3_http_requests_in_flight",
+            "HTTP requests being answered.",
+            &m.http_in_flight,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+            value.load(Ordering::Relaxed)
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
+}
+
+fn multipart_error(e: MultipartError, limit: usize) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large(limit);
+    }
+    ApiError::bad_request(format!("malformed multipart upload: {}", e.body_text()))
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the upload is larger than the limit of {limit} bytes"),
+    )
+}
+
+async fn depth(
+    State(shared): State<AppState>,
+    headers: HeaderMap,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = shared.max_upload_bytes;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    let mut multipart = multipart.map_err(|e| {
+        ApiError::new(
+            e.status(),
+            format!(
+                "expected a multipart/form-data upload with `image` fields: {}",
+                e.body_text()
+            ),
+        )
+    })?;
+    let mut files: Vec<(Option<String>, axum::body::Bytes)> = Vec::new();
+    let mut process_res = None;
+    let mut outputs: Vec<Output> = Vec::new();
+    while let Some(field) = multipart
+        .next_field()
+        .await
+        .map_err(|e| multipart_error(e, limit))?
+    {
+        let name = field.name().unwrap_or("").to_owned();
+        match name.as_str() {
+            "image" => {
+                if files.len() == shared.max_views {
+                    return Err(ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "more than {} images in one request (the limit)",
+                            shared.max_views
+                        ),
+                    ));
+                }
+                let file_name = field.file_name().map(str::to_owned);
+                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
+                files.push((file_name, bytes));
+            }
+            "process_res" => {
+                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
+                let value = text.trim().parse::<usize>().map_err(|_| {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        format!("process_res {text:?}: not a whole number"),
+                    )
+                })?;
+                if !(da3::preprocess::PATCH_SIZE..=da3::preprocess::MAX_PROCESS_RES)
+                    .contains(&value)
+                {
+                    return Err(ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        format!(
+                            "process_res {value}: must be from {} to {}",
+                            da3::preprocess::PATCH_SIZE,
+                            da3::preprocess::MAX_PROCESS_RES
+                        ),
+                    ));
+                }
+                process_res = Some(value);
+            }
+            "outputs" => {
+                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
+                for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    let Some((_, output)) = Output::ALL.iter().find(|(n, _)| *n == item) else {
+                        return Err(ApiError::bad_request(format!(
+                            "outputs: unknown output {item:?} (known: depth_png, depth_f32, \
+                             confidence_f32, sky_f32, pose)"
+                        )));
+                    };
+                    let missing = match output {
+                        Output::Pose => !shared.has_pose,
+                        Output::SkyF32 => !shared.has_sky,
+                        Output::ConfidenceF32 => !shared.has_confidence,
+                        _ => false,
+                    };
+                    if missing {
+                        return Err(ApiError::new(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            format!("outputs: model {} has no {item}", shared.preset),
+                        ));
+                    }
+                    if !outputs.contains(output) {
+                        outputs.push(*output);
+                    }
+                }
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown form field {other:?} (expected image, process_res, outputs)"
+                )));
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(ApiError::bad_request(
+            "no `image` field: upload one or more images as multipart fields named `image`",
+        ));
+    }
+    // Decoding is CPU work: off the async threads.
+    let names: Vec<Option<String>> = files.iter().map(|(n, _)| n.clone()).collect();
+    let images = tokio::task::spawn_blocking(move || {
+        files
+            .iter()
+            .enumerate()
+            .map(|(i, (_, bytes))| decode(i, bytes, process_res))
+            .collect::<Result<Vec<_>, ApiError>>()
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error decoding"))??;
+    let sizes: Vec<(usize, usize)> = images.iter().map(|i| (i.width, i.height)).collect();
+
+    let (reply, answer) = oneshot::channel();
+    let job = Job {
+        images,
+        process_res,
+        reply,
+    };
+    shared.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    match shared.queue.try_send(job) {
+        Ok(()) => {}
+        Err(e) => {
+            shared.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            let message = match e {
+                TrySendError::Full(_) => "the server is busy (queue full); retry later",
+                TrySendError::Disconnected(_) => "the server is shutting down",
+            };
+            return Err(ApiError {
+                retry_after: Some(1),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+            });
+        }
+    }
+    let predictions = match tokio::time::timeout(shared.timeout, answer).await {
+        Ok(Ok(result)) => result?,
+        Ok(Err(_)) => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the worker stopped before answering",
+            ))
+        }
+        Err(_) => {
+            return Err(ApiError::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "no result within the limit of {} s",
+                    shared.timeout.as_secs()
+                ),
+            ))
+        }
+    };
+    let model = shared.model_name.clone();
+    let body = tokio::task::spawn_blocking(move || {
+        let images = predictions
+            .iter()
+            .zip(&names)
+            .zip(&sizes)
+            .map(|((p, name), size)| encode(p, name.as_deref(), *size, &outputs))
+            .collect::<Result<Vec<_>, ApiError>>()?;
+        Ok::<_, ApiError>(json!({"model": model, "images": images}))
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error encoding"))??;
+    Ok(Json(body))
+}
+
+fn decode(i: usize, bytes: &[u8], process_res: Option<usize>) -> Result<RgbImage8, ApiError> {
+    let image = decode_image(bytes).map_err(|e| {
+        let status = match e {
+            PreprocessError::ImageTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        ApiError::new(status, format!("image {}: {e}", i + 1))
+    })?;
+    let res = process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
+    da3::preprocess::plan_resize(image.width, image.height, res).map_err(|e| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("image {}: {e}", i + 1),
+        )
+    })?;
+    Ok(image)
+}
+
+fn f32_base64(values: &[f32]) -> String {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn encode(
+    p: &Prediction,
+    name: Option<&str>,
+    (input_width, input_height): (usize, usize),
+    outputs: &[Output],
+) -> Result<Value, ApiError> {
+    let (lo, hi) = p.depth_range();
+    let mut encoded = serde_json::Map::new();
+    for output in outputs {
+        let value = match output {
+            Output::DepthPng => {
+                let dir = tempfile::tempdir().map_err(internal)?;
+                let path = dir.path().join("depth.png");
+                da3::outputs::write_png(&path, &p.depth, p.width, p.height, Colormap::Turbo)
+                    .map_err(internal)?;
+                let png = std::fs::read(&path).map_err(internal)?;
+                base64::engine::general_purpose::STANDARD.encode(png)
+            }
+            Output::DepthF32 => f32_base64(&p.depth),
+            Output::ConfidenceF32 => match &p.confidence {
+                Some(c) => f32_base64(c),
+                None => continue,
+            },
+            Output::SkyF32 => match &p.sky {
+                Some(s) => f32_base64(s),
+                None => continue,
+            },
+            Output::Pose => continue, // always in `pose` when the model has one
+        };
+        encoded.insert(output.name().to_owned(), Value::String(value));
+    }
+    Ok(json!({
+        "filename": name,
+        "input_width": input_width,
+        "input_height": input_height,
+        "width": p.width,
+        "height": p.height,
+        "depth_min": lo,
+        "depth_max": hi,
+        "pose": p.pose.as_ref().map(|pose| json!({
+            "intrinsics": pose.intrinsics,
+            "extrinsics": pose.extrinsics,
+        })),
+        "outputs": encoded,
+    }))
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    log::error!("encoding a result: {e}");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("encoding the result: {e}"),
+    )
+}

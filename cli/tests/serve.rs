@@ -1,0 +1,508 @@
+//! `da3 serve`: the binary started on a free loopback port with the built-in model, driven over
+//! HTTP (ureq), stopped with SIGTERM.
+
+use base64::Engine as _;
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const IMAGE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../tests/fixtures/peer/test-640x480.png"
+);
+
+/// A running `da3 serve`; killed on drop unless [`Server::stop`] ran.
+struct Server {
+    child: Option<Child>,
+    /// Kept open: the server may print more.
+    _stdout: BufReader<std::process::ChildStdout>,
+    addr: String,
+    agent: ureq::Agent,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
+            .args(["-q", "serve", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .env("GGML_NO_BACKTRACE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("da3 starts");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        Server {
+            child: Some(child),
+            _stdout: stdout,
+            addr,
+            agent,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// GET: (status, content type, body).
+    fn get(&self, path: &str) -> (u16, String, String) {
+        let mut r = self.agent.get(self.url(path)).call().unwrap();
+        let ct = header(&r, "content-type");
+        (
+            r.status().as_u16(),
+            ct,
+            r.body_mut().read_to_string().unwrap(),
+        )
+    }
+
+    /// POST /v1/depth with a multipart body: (status, headers' Retry-After, JSON).
+    fn post(&self, content_type: &str, body: &[u8]) -> (u16, Value) {
+        let mut r = self
+            .agent
+            .post(self.url("/v1/depth"))
+            .header("Content-Type", content_type)
+            .send(body)
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r
+            .body_mut()
+            .with_config()
+            .limit(256 << 20)
+            .read_to_string()
+            .unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("status {status}: not JSON ({e}): {text}"));
+        (status, json)
+    }
+
+    fn depth(&self, parts: &[(&str, Option<&str>, &[u8])]) -> (u16, Value) {
+        let (ct, body) = multipart(parts);
+        self.post(&ct, &body)
+    }
+
+    /// Writes `request` on a new connection, closes the writing half, reads the answer.
+    fn raw(&self, request: &[u8]) -> String {
+        let mut raw = std::net::TcpStream::connect(&self.addr).unwrap();
+        raw.write_all(request).unwrap();
+        raw.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        let _ = raw.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    /// SIGTERM, then the exit status (which must be success).
+    fn stop(mut self) {
+        let mut child = self.child.take().unwrap();
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "after SIGTERM: {status:?}");
+                return;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn header(r: &ureq::http::Response<ureq::Body>, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default()
+}
+
+const BOUNDARY: &str = "da3-test-boundary-7MA4YWxkTrZu0gW";
+
+/// A multipart/form-data body of `(field, file name, bytes)`.
+fn multipart(parts: &[(&str, Option<&str>, &[u8])]) -> (String, Vec<u8>) {
+    let mut body = Vec::new();
+    for (name, file, bytes) in parts {
+        write!(
+            body,
+            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\""
+        )
+        .unwrap();
+        if let Some(file) = file {
+            write!(
+                body,
+                "; filename=\"{file}\"\r\nContent-Type: application/octet-stream"
+            )
+            .unwrap();
+        }
+        body.extend_from_slice(b"\r\n\r\n");
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    write!(body, "--{BOUNDARY}--\r\n").unwrap();
+    (format!("multipart/form-data; boundary={BOUNDARY}"), body)
+}
+
+fn png() -> Vec<u8> {
+    std::fs::read(IMAGE).unwrap()
+}
+
+fn f32s(b64: &Value) -> Vec<f32> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64.as_str().expect("a base64 string"))
+        .unwrap();
+    assert_eq!(bytes.len() % 4, 0);
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn library_model() -> da3::Model {
+    let file = da3::convert::builtin_model_file().unwrap();
+    da3::Model::from_gguf(&file, &da3::LoadOptions::default()).unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Asserts an error answer: the status, `{"error", "code"}` with code == status, and the
+/// message containing `needle`.
+fn assert_error(answer: (u16, Value), status: u16, needle: &str) {
+    let (got, json) = answer;
+    assert_eq!(got, status, "{json}");
+    assert_eq!(json["code"], status, "{json}");
+    let message = json["error"].as_str().expect("an error message");
+    assert!(
+        message.contains(needle),
+        "{message:?} should mention {needle:?}"
+    );
+}
+
+#[test]
+fn service_endpoints() {
+    let server = Server::start(&[]);
+    let (status, ct, body) = server.get("/healthz");
+    assert_eq!((status, ct.as_str()), (200, "application/json"));
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "ok"
+    );
+
+    let (status, _, body) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&body).unwrap();
+    let model = &models["models"][0];
+    assert_eq!(model["name"], "builtin");
+    assert_eq!(model["preset"], "da3-tiny");
+    assert!(!model["device"].as_str().unwrap().is_empty());
+
+    let (status, _, body) = server.get("/openapi.json");
+    assert_eq!(status, 200);
+    let api: Value = serde_json::from_str(&body).unwrap();
+    assert!(api["openapi"].as_str().unwrap().starts_with("3."));
+    for path in [
+        "/healthz",
+        "/v1/models",
+        "/v1/depth",
+        "/metrics",
+        "/openapi.json",
+    ] {
+        assert!(api["paths"][path].is_object(), "openapi lacks {path}");
+    }
+    assert!(api["components"]["schemas"]["Error"].is_object());
+
+    let (status, ct, body) = server.get("/");
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/html"), "{ct}");
+    assert!(body.contains("/v1/depth"));
+
+    let (status, _, body) = server.get("/no/such/thing");
+    assert_eq!(status, 404);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["code"], 404);
+
+    // One depth request and one error, then the counters show them.
+    let (status, _) = server.depth(&[("image", Some("a.png"), &png())]);
+    assert_eq!(status, 200);
+    let (status, _) = server.depth(&[("image", Some("a.txt"), b"hello")]);
+    assert_eq!(status, 422);
+    let (status, ct, text) = server.get("/metrics");
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/plain"), "{ct}");
+    for line in [
+        "da3_http_requests_total{path=\"/v1/depth\",status=\"200\"} 1",
+        "da3_http_requests_total{path=\"/v1/depth\",status=\"422\"} 1",
+        "da3_http_requests_total{path=\"/healthz\",status=\"200\"} 1",
+        "da3_http_requests_total{path=\"other\",status=\"404\"} 1",
+        "da3_http_request_duration_seconds_count{path=\"/v1/depth\"} 2",
+        "da3_http_request_duration_seconds_bucket{path=\"/v1/depth\",le=\"+Inf\"} 2",
+        "da3_queue_depth 0",
+        "da3_jobs_in_flight 0",
+        "da3_http_requests_in_flight 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "metrics lack {line:?}:\n{text}"
+        );
+    }
+    server.stop();
+}
+
+#[test]
+fn depth_equals_the_library_bit_for_bit() {
+    let server = Server::start(&[]);
+    let bytes = png();
+    let (status, json) = server.depth(&[
+        ("outputs", None, b"depth_f32,depth_png,confidence_f32,pose"),
+        ("image", Some("test-640x480.png"), &bytes),
+    ]);
+    assert_eq!(status, 200, "{json}");
+
+    let image = da3::preprocess::decode_image(&bytes).unwrap();
+    let model = library_model();
+    let mut session = model.session().unwrap();
+    let expected = session.predict_rgb(&image).unwrap();
+
+    let result = &json["images"][0];
+    assert_eq!(json["images"].as_array().unwrap().len(), 1);
+    assert_eq!(result["filename"], "test-640x480.png");
+    assert_eq!(
+        (
+            result["input_width"].as_u64(),
+            result["input_height"].as_u64()
+        ),
+        (Some(640), Some(480))
+    );
+    assert_eq!(result["width"].as_u64().unwrap() as usize, expected.width);
+    assert_eq!(result["height"].as_u64().unwrap() as usize, expected.height);
+    let depth = f32s(&result["outputs"]["depth_f32"]);
+    assert_eq!(bits(&depth), bits(&expected.depth));
+    let confidence = f32s(&result["outputs"]["confidence_f32"]);
+    assert_eq!(
+        bits(&confidence),
+        bits(expected.confidence.as_ref().unwrap())
+    );
+    let (lo, hi) = expected.depth_range();
+    assert_eq!(result["depth_min"].as_f64().unwrap() as f32, lo);
+    assert_eq!(result["depth_max"].as_f64().unwrap() as f32, hi);
+    let pose = expected
+        .pose
+        .as_ref()
+        .expect("da3-tiny has a camera decoder");
+    let k: Vec<Vec<f32>> = serde_json::from_value(result["pose"]["intrinsics"].clone()).unwrap();
+    assert_eq!(k[0][0], pose.intrinsics[0][0]);
+    assert_eq!(k[1][2], pose.intrinsics[1][2]);
+    let e: Vec<Vec<f32>> = serde_json::from_value(result["pose"]["extrinsics"].clone()).unwrap();
+    assert_eq!((e.len(), e[0].len()), (3, 4));
+    assert_eq!(e[2][3], pose.extrinsics[2][3]);
+    // The PNG is a PNG of the map's size.
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(result["outputs"]["depth_png"].as_str().unwrap())
+        .unwrap();
+    let decoded = image::load_from_memory_with_format(&png, image::ImageFormat::Png).unwrap();
+    assert_eq!(
+        (decoded.width() as usize, decoded.height() as usize),
+        (expected.width, expected.height)
+    );
+
+    // process_res, and two views in one request, in order.
+    let (status, json) = server.depth(&[
+        ("process_res", None, b"280"),
+        ("outputs", None, b"depth_f32"),
+        ("image", Some("one.png"), &bytes),
+        ("image", Some("two.png"), &bytes),
+    ]);
+    assert_eq!(status, 200, "{json}");
+    let expected = session.predict_at(&image, 280).unwrap();
+    let images = json["images"].as_array().unwrap();
+    assert_eq!(images.len(), 2);
+    assert_eq!(images[1]["filename"], "two.png");
+    for result in images {
+        assert_eq!(result["width"].as_u64().unwrap() as usize, expected.width);
+        assert_eq!(
+            bits(&f32s(&result["outputs"]["depth_f32"])),
+            bits(&expected.depth)
+        );
+    }
+    server.stop();
+}
+
+#[test]
+fn bad_requests_get_json_errors() {
+    let server = Server::start(&["--max-upload-bytes", "1000000", "--max-views", "2"]);
+    let bytes = png();
+    assert_error(
+        server.depth(&[("image", Some("x.png"), b"not an image at all")]),
+        422,
+        "image 1",
+    );
+    assert_error(
+        server.depth(&[("image", Some("x.png"), &bytes[..bytes.len() / 2])]),
+        422,
+        "cannot decode",
+    );
+    assert_error(
+        server.depth(&[("outputs", None, b"depth_png")]),
+        400,
+        "no `image` field",
+    );
+    assert_error(server.depth(&[]), 400, "no `image` field");
+    assert_error(
+        server.depth(&[("photo", Some("x.png"), &bytes)]),
+        400,
+        "unknown form field \"photo\"",
+    );
+    assert_error(
+        server.depth(&[
+            ("image", None, &bytes),
+            ("image", None, &bytes),
+            ("image", None, &bytes),
+        ]),
+        413,
+        "more than 2 images",
+    );
+    assert_error(
+        server.depth(&[("image", None, &bytes), ("outputs", None, b"depth,normals")]),
+        400,
+        "unknown output \"depth\"",
+    );
+    assert_error(
+        server.depth(&[("image", None, &bytes), ("outputs", None, b"sky_f32")]),
+        422,
+        "no sky_f32",
+    );
+    assert_error(
+        server.depth(&[("image", None, &bytes), ("process_res", None, b"big")]),
+        422,
+        "process_res",
+    );
+    assert_error(
+        server.depth(&[("image", None, &bytes), ("process_res", None, b"4096")]),
+        422,
+        "2048",
+    );
+    // Over the byte limit: a declared length over it is refused before the body is read.
+    let (ct, _) = multipart(&[]);
+    let answer = server.raw(&format!(
+        "POST /v1/depth HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\nContent-Length: 1000001\r\n\r\n"
+    ).into_bytes());
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("\"code\":413") && answer.contains("limit of 1000000 bytes"),
+        "{answer}"
+    );
+    // Without a declared length (chunked), the limit stops the reading.
+    let mut chunked = format!(
+        "POST /v1/depth HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).into_bytes();
+    let (_, body) = multipart(&[("image", Some("x.png"), &vec![0u8; 1_000_100])]);
+    write!(chunked, "{:x}\r\n", body.len()).unwrap();
+    chunked.extend_from_slice(&body);
+    chunked.extend_from_slice(b"\r\n0\r\n\r\n");
+    let answer = server.raw(&chunked);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("limit of 1000000 bytes"), "{answer}");
+    // Multipart that is not: no boundary, a body without parts, a body cut off mid-file.
+    assert_error(server.post("multipart/form-data", b"x"), 400, "multipart");
+    assert_error(server.post("application/json", b"{}"), 400, "multipart");
+    assert_error(
+        server.post(
+            &format!("multipart/form-data; boundary={BOUNDARY}"),
+            b"garbage without parts",
+        ),
+        400,
+        "malformed multipart",
+    );
+    let (ct, body) = multipart(&[("image", Some("x.png"), &bytes)]);
+    assert_error(
+        server.post(&ct, &body[..body.len() / 2]),
+        400,
+        "malformed multipart",
+    );
+    // A connection that ends before its declared length.
+    let mut request = format!(
+        "POST /v1/depth HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(&body[..body.len() / 2]);
+    let answer = server.raw(&request);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("\"code\":400"), "{answer}");
+    // Wrong method.
+    let mut r = server.agent.get(server.url("/v1/depth")).call().unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let json: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(json["code"], 405);
+    // And after all that the server still answers.
+    assert_eq!(server.depth(&[("image", None, &bytes)]).0, 200);
+    server.stop();
+}
+
+#[test]
+fn concurrent_requests_equal_sequential() {
+    let server = Server::start(&["--workers", "2", "--queue", "16"]);
+    let bytes = png();
+    let request = |res: &str| {
+        server.depth(&[
+            ("outputs", None, b"depth_f32"),
+            ("process_res", None, res.as_bytes()),
+            ("image", None, &bytes),
+        ])
+    };
+    let resolutions = ["140", "196", "252", "280", "140", "196", "252", "280"];
+    let sequential: Vec<Vec<u32>> = resolutions
+        .iter()
+        .map(|r| {
+            let (status, json) = request(r);
+            assert_eq!(status, 200, "{json}");
+            bits(&f32s(&json["images"][0]["outputs"]["depth_f32"]))
+        })
+        .collect();
+    let concurrent: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = resolutions.iter().map(|r| s.spawn(|| request(r))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (status, json) = h.join().unwrap();
+                assert_eq!(status, 200, "{json}");
+                bits(&f32s(&json["images"][0]["outputs"]["depth_f32"]))
+            })
+            .collect()
+    });
+    assert_eq!(concurrent, sequential);
+    assert_ne!(sequential[0].len(), sequential[1].len());
+    server.stop();
+}
+
+#[test]
+fn non_loopback_needs_allow_remote() {
+    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["serve", "--addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--allow-remote"), "{stderr}");
+}
