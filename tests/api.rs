@@ -230,7 +230,7 @@ fn device_parses_the_cli_spellings() {
         .parse::<Device>()
         .unwrap_err()
         .to_string()
-        .contains("no port"));
+        .contains("the port is missing"));
     // A name that parses but names no device: a clear error when resolved.
     let err = Device::Named("CUDA7".into())
         .resolve()

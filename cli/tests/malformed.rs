@@ -742,10 +742,12 @@ fn rpc_endpoints_without_a_port_say_so() {
         ("rpc:localhost:http", "`http` is not a port number"),
         ("rpc:localhost:70000", "`70000` is not a port number"),
     ] {
-        let run = case.assert_fails(
-            &["depth", "--device", spec, "--pfm", "out/d.pfm"],
-            &[spec, why, "rpc:HOST:PORT"],
-        );
-        assert!(!run.stderr.contains("unreachable"), "{}", run.context());
+        // A malformed value is bad usage (exit 2), refused while parsing the arguments.
+        let run = case.run(&["depth", "--device", spec, "--pfm", "out/d.pfm"]);
+        assert_eq!(run.code, Some(2), "{}", run.context());
+        for part in [spec, why, "rpc:HOST:PORT"] {
+            assert!(run.stderr.contains(part), "`{part}`\n{}", run.context());
+        }
+        assert!(!run.stderr.contains("unreachable") && !run.stderr.contains("panicked"));
     }
 }

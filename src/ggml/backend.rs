@@ -403,14 +403,16 @@ impl std::str::FromStr for DeviceSpec {
             return Ok(DeviceSpec::Cpu);
         }
         if let Some(endpoint) = s.strip_prefix("rpc:") {
+            let usage = "write rpc:HOST:PORT, e.g. rpc:127.0.0.1:50052";
             let Some((host, port)) = endpoint.rsplit_once(':') else {
-                return Err(invalid(format!(
-                    "`{s}` has no port: write rpc:HOST:PORT (e.g. rpc:127.0.0.1:50052)"
-                )));
+                return Err(invalid(format!("`{s}`: the port is missing ({usage})")));
             };
-            if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            if host.is_empty() {
+                return Err(invalid(format!("`{s}`: the host is missing ({usage})")));
+            }
+            if port.parse::<u16>().map_or(true, |p| p == 0) {
                 return Err(invalid(format!(
-                    "`{s}`: write rpc:HOST:PORT with a port from 1 to 65535"
+                    "`{s}`: `{port}` is not a port number 1-65535 ({usage})"
                 )));
             }
             return Ok(DeviceSpec::Rpc(endpoint.to_owned()));

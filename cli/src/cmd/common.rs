@@ -50,6 +50,11 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn load(&self, options: &LoadOptions) -> anyhow::Result<Model> {
+        // A device that does not exist is named as the flag that asked for it.
+        options
+            .device
+            .resolve()
+            .with_context(|| format!("--device {}", options.device))?;
         match &self.model {
             Some(path) => Model::load(path, options)
                 .with_context(|| format!("loading model {}", path.display())),
