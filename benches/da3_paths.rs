@@ -29,7 +29,10 @@ impl Server {
             .port();
         let endpoint = format!("127.0.0.1:{port}");
         let serve_at = endpoint.clone();
-        std::thread::spawn(move || rpc::serve(&serve_at, Device::cpu(), 2));
+        std::thread::spawn(move || {
+            // Serves until the bench process ends; a bind failure shows as the wait timing out.
+            let _ = rpc::serve(&serve_at, Device::cpu(), 2);
+        });
         rpc::wait_until_listening(&endpoint, Duration::from_secs(20)).unwrap();
         Server(endpoint)
     }

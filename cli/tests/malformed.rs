@@ -480,9 +480,7 @@ fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let err = Model::from_gguf(&file, &cpu_options())
-        .err()
-        .expect("a truncated file cannot load");
+    let err = Model::from_gguf(&file, &cpu_options()).expect_err("a truncated file cannot load");
     let text = err.to_string();
     assert!(
         text.contains("tiny.gguf") && text.contains("changed while in use"),
@@ -511,9 +509,7 @@ fn a_model_rewritten_in_place_while_loading_is_an_error() {
         .unwrap()
         .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000))
         .unwrap();
-    let err = Model::from_gguf(&file, &cpu_options())
-        .err()
-        .expect("a rewritten file is refused");
+    let err = Model::from_gguf(&file, &cpu_options()).expect_err("a rewritten file is refused");
     assert!(
         err.to_string().contains("modified while it was being read"),
         "{err}"
