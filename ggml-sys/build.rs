@@ -16,6 +16,8 @@ mod cc_build;
 #[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
 #[path = "build/cmake_build.rs"]
 mod cmake_build;
+#[path = "build/cpu_variants.rs"]
+mod cpu_variants;
 #[path = "build/prebuilt.rs"]
 mod prebuilt;
 #[path = "build/source.rs"]
@@ -29,6 +31,7 @@ fn main() {
         "GGML_INCLUDE_DIR",
         "GGML_SOURCE_DIR",
         "CUDA_ARCHITECTURES",
+        "GGML_SYS_CPU_VARIANTS",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }

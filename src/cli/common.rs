@@ -12,7 +12,7 @@ pub struct DeviceArgs {
     /// from `da3 devices` (e.g. `CUDA0`, `MTL0`), or `rpc:HOST:PORT` for a `da3 rpc-server`.
     #[arg(long, default_value = "auto")]
     pub device: String,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: one per physical core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }

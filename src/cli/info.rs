@@ -23,6 +23,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut model = args.model.load(device, cpu, &LoadOptions::default())?;
     let c = model.config().clone();
     println!("model        {}", args.model.describe());
+    println!("cpu          {}", da3::ggml::cpu_features());
     println!(
         "architecture depthanything3 ({}), GGUF v{}",
         c.name,

@@ -118,6 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
         log_decisions: false,
         probes: false,
+        ..Default::default()
     };
     let mut model = args.model.load(device, cpu, &options)?;
     let processed = da3::da3::preprocess::preprocess(&image, args.process_res)?;
@@ -324,6 +325,7 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
         log_decisions: true,
         probes: false,
+        ..Default::default()
     };
     let mut model = args.model.load(device, cpu, &options)?;
     let image = load_input(args.input.as_ref())?;

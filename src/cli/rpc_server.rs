@@ -28,7 +28,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let threads = if args.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        da3::ggml::default_threads()
     } else {
         args.threads
     };

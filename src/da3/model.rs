@@ -25,6 +25,10 @@ pub struct LoadOptions {
     pub probes: bool,
     /// Print the planner's one-line decision (once per graph).
     pub log_decisions: bool,
+    /// Compute every node with ggml's own ops even on the CPU backend, as happens anyway
+    /// where the CPU kernels would be slower than ggml's ([`crate::ggml::KernelSet::beats_ggml`]):
+    /// for comparing the two paths.
+    pub ggml_ops_only: bool,
 }
 
 /// Weights and hyperparameters of a Depth Anything 3 model on one device.
@@ -39,6 +43,8 @@ pub struct Model {
     executor: Executor,
     sessions: HashMap<(usize, usize), Session>,
     probes: bool,
+    /// Whether graphs use the CPU kernels (on the CPU backend, where they beat ggml's ops).
+    cpu_kernels: bool,
     last_report: Option<Report>,
 }
 
@@ -76,7 +82,11 @@ impl Model {
     ) -> Result<Model, Error> {
         let config = Config::from_gguf(file)?;
         let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
-        let mut loader = Loader::new(file, &host_only)?.pack_linears(device.is_cpu());
+        // The CPU kernels only where they beat ggml's ops: with the portable set, ggml's
+        // vectorised ops run every node.
+        let cpu_kernels =
+            device.is_cpu() && crate::ggml::kernel_set().beats_ggml() && !options.ggml_ops_only;
+        let mut loader = Loader::new(file, &host_only)?.pack_linears(cpu_kernels);
         let backbone = Backbone::load(&mut loader, &config.vit)?;
         let head = Head::load(&mut loader, &config.head, config.vit.feature_dim())?;
         let camera = if config.head.kind == HeadKind::DualDpt {
@@ -109,6 +119,7 @@ impl Model {
             executor,
             sessions: HashMap::new(),
             probes: options.probes,
+            cpu_kernels,
             last_report: None,
         })
     }
@@ -249,7 +260,7 @@ impl Model {
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
         // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
         // attention); a graph for another device keeps to ops every backend has.
-        ctx.use_cpu_kernels(self.executor.device().is_cpu());
+        ctx.use_cpu_kernels(self.cpu_kernels);
         ctx.use_bf16_products(self.weights.bf16_products);
         let image = ctx
             .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
