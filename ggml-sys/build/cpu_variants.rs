@@ -4,7 +4,7 @@
 //! ggml's own answer (`GGML_CPU_ALL_VARIANTS`) builds each variant as a shared library that
 //! the registry `dlopen`s and scores (`ggml_backend_score`); a static `cc` build has no place
 //! to install those libraries. Here instead each variant's objects are partially linked into
-//! one relocatable object (`cc -r`), every symbol it defines is renamed with the variant's
+//! one relocatable object (`cc -r`, section groups dissolved), every symbol it defines is renamed with the variant's
 //! prefix (`objcopy --redefine-syms`, so the variants' copies, including C++ inline functions,
 //! never merge), and a generated C file defines each C function of the CPU backend as a GNU
 //! indirect function whose resolver reads CPUID once and returns the best variant's copy.
@@ -194,8 +194,8 @@ pub fn build(
     objects
 }
 
-/// Every global symbol `object` defines, with nm's type letter, except GNU unique ones
-/// (libstdc++'s, shared by design).
+/// Every global symbol `object` defines, with nm's type letter (GNU unique ones too: without
+/// their groups they would be defined once per variant).
 fn defined_symbols(nm: &str, object: &Path) -> Vec<(String, String)> {
     let output = Command::new(nm)
         .args(["-g", "--defined-only", "-P"])
@@ -215,7 +215,6 @@ fn defined_symbols(nm: &str, object: &Path) -> Vec<(String, String)> {
             let mut fields = line.split_whitespace();
             Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
         })
-        .filter(|(_, kind)| kind != "u")
         .collect()
 }
 
