@@ -112,6 +112,19 @@ macro_rules! x86_vectors {
             // SAFETY: as for `splat`.
             unsafe { $fma(a, b, c) }
         }
+        // The lanes of a vector and back: for the bf16 fallback, which the AVX-512 set lacks.
+        #[allow(dead_code)]
+        #[inline(always)]
+        pub fn to_lanes(v: F) -> [f32; LANES] {
+            // SAFETY: a vector is LANES plain f32 values.
+            unsafe { std::mem::transmute::<F, [f32; LANES]>(v) }
+        }
+        #[allow(dead_code)]
+        #[inline(always)]
+        pub fn from_lanes(lanes: [f32; LANES]) -> F {
+            // SAFETY: as above.
+            unsafe { std::mem::transmute::<[f32; LANES], F>(lanes) }
+        }
         /// # Safety
         /// `p` is valid for reading LANES values.
         #[inline(always)]
@@ -140,16 +153,12 @@ macro_rules! bf16_by_lanes {
         }
         #[inline(always)]
         pub fn bf16_madd(acc: F, [x0, x1]: [f32; 2], b: F) -> F {
-            // SAFETY: a vector is LANES plain f32 values, and back.
-            let mut lanes = unsafe { std::mem::transmute::<F, [f32; LANES]>(acc) };
-            // SAFETY: as above.
-            let b = unsafe { std::mem::transmute::<F, [f32; LANES]>(b) };
-            for (a, b) in lanes.iter_mut().zip(b) {
+            let mut lanes = to_lanes(acc);
+            for (a, b) in lanes.iter_mut().zip(to_lanes(b)) {
                 let [b0, b1] = super::super::bf16_unpack(b.to_bits());
                 *a = x1.mul_add(b1, x0.mul_add(b0, *a));
             }
-            // SAFETY: as above.
-            unsafe { std::mem::transmute::<[f32; LANES], F>(lanes) }
+            from_lanes(lanes)
         }
     };
 }
@@ -250,6 +259,14 @@ mod portable {
         #[inline(always)]
         pub fn splat(x: f32) -> F {
             [x; LANES]
+        }
+        #[inline(always)]
+        pub fn to_lanes(v: F) -> [f32; LANES] {
+            v
+        }
+        #[inline(always)]
+        pub fn from_lanes(lanes: [f32; LANES]) -> F {
+            lanes
         }
         #[inline(always)]
         pub fn fma(a: F, b: F, c: F) -> F {

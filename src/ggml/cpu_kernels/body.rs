@@ -360,7 +360,7 @@ fn transpose_rows(
 
 /// The attention kernel takes value rows of whole vectors.
 /// Value rows are whole vectors (the dispatcher promises multiples of 16).
-const _: () = assert!(super::ATTENTION_DV_MULTIPLE % LANES == 0);
+const _: () = assert!(super::ATTENTION_DV_MULTIPLE.is_multiple_of(LANES));
 
 /// Queries per tile: their scores against every key stay in the L2 cache.
 const QT: usize = 24;
