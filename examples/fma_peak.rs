@@ -6,6 +6,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+/// A throughput measurement: GFLOP/s of `threads` threads over `iters` rounds.
+type Bench = fn(usize, usize) -> f64;
+
 /// Independent accumulators: enough to cover the FMA latency (4 cycles) on two units.
 const CHAINS: usize = 12;
 
@@ -38,7 +41,7 @@ fn main() {
         .nth(1)
         .map_or(2, |t| t.parse().expect("a thread count"));
     // 12 chains of 16 lanes need 24 vector registers: only AVX-512 has them.
-    let widths: &[(usize, fn(usize, usize) -> f64)] = if cfg!(target_feature = "avx512f") {
+    let widths: &[(usize, Bench)] = if cfg!(target_feature = "avx512f") {
         &[(8, gflops::<8>), (16, gflops::<16>)]
     } else {
         &[(8, gflops::<8>)]
