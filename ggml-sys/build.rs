@@ -25,6 +25,8 @@ mod cmake_args;
 #[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
 #[path = "build/cmake_build.rs"]
 mod cmake_build;
+#[path = "build/cpu_variants.rs"]
+mod cpu_variants;
 #[cfg(any(feature = "metal", feature = "cuda", feature = "vulkan"))]
 #[path = "build/cuda.rs"]
 mod cuda;
@@ -44,6 +46,7 @@ fn main() {
         "GGML_INCLUDE_DIR",
         "GGML_SOURCE_DIR",
         "CUDA_ARCHITECTURES",
+        "GGML_SYS_CPU_VARIANTS",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
     }

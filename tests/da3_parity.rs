@@ -197,3 +197,39 @@ fn mono_large_matches_official_before_sky_postprocessing() {
         "the fixture has no sky pixel on the sample grid"
     );
 }
+
+/// The path a CPU without a vector kernel set of ours takes (every node on ggml's ops, no
+/// packed weights) gives the depth of the CPU-kernel path, da3-tiny at two aspect ratios.
+#[test]
+fn ggml_ops_path_matches_cpu_kernels() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tiny.gguf");
+    write_synthetic(&path, &Config::preset("da3-tiny").unwrap(), WeightType::F32).unwrap();
+    let depth = |ggml_ops_only: bool, width: usize, height: usize| {
+        let options = LoadOptions {
+            device: Device::Cpu,
+            threads: 2,
+            ggml_ops_only,
+            ..Default::default()
+        };
+        let model = Model::load(&path, &options).unwrap();
+        let image = synthetic::image(width, height);
+        let processed = preprocess(&image, 280).unwrap();
+        model.session().unwrap().forward(&processed).unwrap().depth
+    };
+    for (width, height) in [(640, 427), (300, 400)] {
+        let (kernels, ggml) = (depth(false, width, height), depth(true, width, height));
+        assert_eq!(kernels.len(), ggml.len());
+        let scale = ggml.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let diff = kernels
+            .iter()
+            .zip(&ggml)
+            .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!(
+            "{width}x{height}, kernels {}: max abs diff {diff:e} of {scale:e}",
+            da3::ggml::kernel_set().name()
+        );
+        assert!(diff <= 1e-3 * scale, "{width}x{height}: {diff} of {scale}");
+        assert!(correlation(&kernels, &ggml) > 0.99999);
+    }
+}

@@ -576,6 +576,34 @@ fn process_res_below_the_patch_size_is_refused() {
 
 // --- da3 info, da3 devices ---------------------------------------------------------------------
 
+/// `da3 info` names the CPU kernel set and ggml's CPU variant; `DA3_CPU_KERNELS=portable`
+/// forces the portable set, whose nodes ggml computes, and the model still loads and plans.
+#[test]
+fn info_names_the_cpu_kernel_set_and_honours_the_override() {
+    let run = da3(&["info", "--device", "cpu"]);
+    assert_success(&run);
+    let cpu = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .unwrap_or_else(|| panic!("no `cpu` line\n{}", run.context()));
+    assert!(
+        cpu.contains("kernels ") && cpu.contains("ggml CPU "),
+        "{cpu}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["info", "--device", "cpu"])
+        .env("DA3_CPU_KERNELS", "portable")
+        .output()
+        .expect("da3 starts");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("kernels portable (ggml's ops run every node)"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn info_shows_architecture_groups_on_cpu_and_gallocr_plan() {
     let run = da3(&["info", "--device", "cpu"]);

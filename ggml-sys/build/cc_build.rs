@@ -1,9 +1,10 @@
 //! Default mode: ggml-base, the backend registry, the CPU backend and the RPC backend compiled
 //! with the `cc` crate into one static library. Needs only a C/C++ compiler.
 
+use crate::cpu_variants;
 use crate::source::Source;
 use crate::util::{export_metadata, out_dir, target_arch, target_features, target_os};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 const BASE_SOURCES: &[&str] = &[
     "ggml.c",
@@ -55,13 +56,40 @@ pub fn build(src: &Source) {
     cpu_sources.extend(arch_sources);
     let mut cpu_defines = vec!["GGML_USE_CPU_REPACK", "GGML_USE_LLAMAFILE"];
     cpu_defines.extend(arch_defines);
-    objects.extend(compile(
-        src,
-        &generated,
-        &cpu_sources,
-        &cpu_defines,
-        &arch_flags,
-    ));
+    let variants = cpu_variants::plan(&arch_flags);
+    if variants.len() > 1 {
+        let cpu = |name: &str, flags: &[String]| {
+            compile_in(
+                &out_dir().join(format!("cpu-{name}")),
+                src,
+                &generated,
+                &cpu_sources,
+                &cpu_defines,
+                flags,
+            )
+        };
+        objects.extend(cpu_variants::build(&variants, cpu));
+    } else {
+        objects.extend(compile(
+            src,
+            &generated,
+            &cpu_sources,
+            &cpu_defines,
+            &arch_flags,
+        ));
+    }
+    println!("cargo::rustc-check-cfg=cfg(ggml_sys_cpu_dispatch)");
+    if variants.len() > 1 {
+        println!("cargo:rustc-cfg=ggml_sys_cpu_dispatch");
+    }
+    println!(
+        "cargo:rustc-env=GGML_SYS_CPU_BUILT_VARIANTS={}",
+        variants
+            .iter()
+            .map(|v| v.name)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     objects.extend(compile(src, &generated, RPC_SOURCES, &[], &[]));
 
     // One archive, so the static link order between ggml's parts never matters.
@@ -86,6 +114,18 @@ fn compile(
     defines: &[&str],
     flags: &[String],
 ) -> Vec<PathBuf> {
+    compile_in(&out_dir(), src, generated, files, defines, flags)
+}
+
+/// [`compile`] with the objects in `dir` (the CPU variants compile the same files).
+fn compile_in(
+    dir: &Path,
+    src: &Source,
+    generated: &PathBuf,
+    files: &[&str],
+    defines: &[&str],
+    flags: &[String],
+) -> Vec<PathBuf> {
     let (c_files, cpp_files): (Vec<&str>, Vec<&str>) =
         files.iter().partition(|f| f.ends_with(".c"));
     let mut objects = Vec::new();
@@ -95,6 +135,7 @@ fn compile(
         }
         let mut build = cc::Build::new();
         build
+            .out_dir(dir)
             .cpp(is_cpp)
             .std(if is_cpp { "c++17" } else { "c11" })
             // ggml's kernels are unusably slow unoptimised, whatever the cargo profile.

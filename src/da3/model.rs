@@ -28,7 +28,7 @@ mod views;
 pub struct LoadOptions {
     /// Where to compute (default `auto`: a GPU when ggml has one, else the CPU).
     pub device: DeviceSpec,
-    /// CPU threads of each session (0: one per core).
+    /// CPU threads of each session (0: one per physical core).
     pub threads: usize,
     /// Longest side of the processed image for [`Session::predict`] (the official default
     /// 504; sides become multiples of the patch size 14).
@@ -42,6 +42,10 @@ pub struct LoadOptions {
     pub probes: bool,
     /// Log the planner's one-line decision (`log::info!`, once per graph).
     pub log_decisions: bool,
+    /// Compute every node with ggml's own ops even on the CPU backend, as happens anyway
+    /// where the CPU kernels would be slower than ggml's ([`crate::ggml::KernelSet::beats_ggml`]):
+    /// for comparing the two paths.
+    pub ggml_ops_only: bool,
 }
 
 impl Default for LoadOptions {
@@ -54,6 +58,7 @@ impl Default for LoadOptions {
             host_only: Vec::new(),
             probes: false,
             log_decisions: true,
+            ggml_ops_only: false,
         }
     }
 }
@@ -79,6 +84,8 @@ struct ModelShared {
     policy: Policy,
     probes: bool,
     log_decisions: bool,
+    /// Whether graphs use the CPU kernels (on the CPU backend, where they beat ggml's ops).
+    cpu_kernels: bool,
     /// `vit.pos_embed` on the host, [tokens, embed] (cls first), for the per-resolution resample.
     pos_embed: Vec<f32>,
     weights: LoadedWeights,
@@ -122,8 +129,12 @@ impl Model {
         let config = Config::from_gguf(file)?;
         let device = options.device.resolve()?;
         let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
-        let mut loader =
-            Loader::new(file, &host_only)?.pack_linears(device.kind() == DeviceKind::Cpu);
+        // The CPU kernels only where they beat ggml's ops: with the portable set, ggml's
+        // vectorised ops run every node.
+        let cpu_kernels = device.kind() == DeviceKind::Cpu
+            && crate::ggml::kernel_set().beats_ggml()
+            && !options.ggml_ops_only;
+        let mut loader = Loader::new(file, &host_only)?.pack_linears(cpu_kernels);
         // Declaring the layers checks every tensor; the handles are bound again per session.
         declare_layers(&mut loader, &config)?;
         let pos_embed = loader.host_f32("vit.pos_embed")?;
@@ -137,6 +148,7 @@ impl Model {
                 policy: options.policy,
                 probes: options.probes,
                 log_decisions: options.log_decisions,
+                cpu_kernels,
                 pos_embed,
                 weights,
             }),
@@ -434,7 +446,7 @@ impl Session {
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
         // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
         // attention); a graph for another device keeps to ops every backend has.
-        ctx.use_cpu_kernels(self.executor.device().is_cpu());
+        ctx.use_cpu_kernels(shared.cpu_kernels);
         ctx.use_bf16_products(shared.weights.bf16_products);
         let image = ctx
             .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?

@@ -5,8 +5,8 @@ use super::config::Config;
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
-    pack_linear_panels, pack_linear_panels_bf16, BufferUsage, Context, DType, Device,
-    SharedContext, Tensor, TensorView, LINEAR_BF16, LINEAR_PANEL,
+    linear_bf16, pack_linear_panels, pack_linear_panels_bf16, BufferUsage, Context, DType, Device,
+    SharedContext, Tensor, TensorView, LINEAR_PANEL,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -192,7 +192,7 @@ impl<'f> Loader<'f> {
     /// Stores linear weights packed for the CPU's matrix-product kernel
     /// ([`crate::ggml::Context::linear_panels`]); only for models computed on the CPU backend.
     /// f32 weights stay f32; f16 and bf16 weights become bf16 products where the CPU has them
-    /// ([`crate::ggml::LINEAR_BF16`]), the "fast" mode of half-precision files.
+    /// ([`crate::ggml::linear_bf16`]), the "fast" mode of half-precision files.
     pub fn pack_linears(mut self, on: bool) -> Self {
         self.pack_linears = on;
         self
@@ -322,7 +322,7 @@ impl<'f> Loader<'f> {
             (_, _) if !pack || host => None,
             (&[n_out, _], _) if !n_out.is_multiple_of(LINEAR_PANEL) => None,
             ([_, _], DType::F32) => Some(Packing::F32),
-            (&[_, n_in], DType::F16 | DType::BF16) if LINEAR_BF16 && n_in % 2 == 0 => {
+            (&[_, n_in], DType::F16 | DType::BF16) if linear_bf16() && n_in % 2 == 0 => {
                 Some(Packing::Bf16)
             }
             _ => None,

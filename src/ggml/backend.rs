@@ -240,7 +240,7 @@ impl Backend {
             }),
         })
     }
-    /// The CPU backend with `threads` threads (0: all cores).
+    /// The CPU backend with `threads` threads (0: one per physical core).
     pub fn cpu(threads: usize) -> Result<Backend> {
         let backend = Self::new(Device::cpu())?;
         backend.set_threads(threads);
@@ -275,11 +275,11 @@ impl Backend {
     pub fn same_as(&self, other: &Backend) -> bool {
         Rc::ptr_eq(&self.inner, &other.inner)
     }
-    /// Sets the thread count of a CPU backend (0: all cores) and gives it a pool of that many
+    /// Sets the thread count of a CPU backend (0: [`default_threads`]) and gives it a pool of that many
     /// threads, kept until the next call or the backend's end; no effect on other backends.
     pub fn set_threads(&self, threads: usize) {
         let threads = if threads == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            default_threads()
         } else {
             threads
         };
@@ -336,10 +336,85 @@ impl std::fmt::Debug for Backend {
     }
 }
 
+/// The thread count used where none is given: one per physical core this process may run
+/// on. A second hardware thread of a core shares its vector units, so it adds little to
+/// these compute-bound kernels and costs synchronisation. Linux reads the core topology from
+/// sysfs; elsewhere, or when that fails, every logical CPU counts.
+pub fn default_threads() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    physical_cores().map_or(logical, |cores| cores.clamp(1, logical))
+}
+
+/// Distinct (package, core) pairs of the online CPUs, from sysfs.
+fn physical_cores() -> Option<usize> {
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
+    let mut cores = std::collections::HashSet::new();
+    for entry in std::fs::read_dir("/sys/devices/system/cpu").ok()? {
+        let entry = entry.ok()?;
+        let name = entry.file_name();
+        let name = name.to_str().unwrap_or("");
+        if !name
+            .strip_prefix("cpu")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
+        let read = |f: &str| std::fs::read_to_string(entry.path().join("topology").join(f)).ok();
+        // Offline CPUs have no topology directory.
+        if let (Some(package), Some(core)) = (read("physical_package_id"), read("core_id")) {
+            cores.insert((package.trim().to_owned(), core.trim().to_owned()));
+        }
+    }
+    (!cores.is_empty()).then_some(cores.len())
+}
+
 /// The ggml version the library reports at run time.
 pub fn ggml_version() -> String {
     // SAFETY: returns a static string.
     c_str(unsafe { sys::ggml_version() })
+}
+
+/// What computes on the CPU in this process, one line: the kernel set of the CPU kernels
+/// ([`super::kernel_set`]) and the variant of ggml's CPU backend (with the vector units ggml
+/// reports it was compiled for), e.g.
+/// `kernels avx2; ggml CPU haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`.
+pub fn cpu_features() -> String {
+    let set = super::kernel_set();
+    let kernels = if set.beats_ggml() {
+        set.name().to_owned()
+    } else {
+        format!("{} (ggml's ops run every node)", set.name())
+    };
+    // SAFETY: argument-free queries of compile-time flags of the CPU backend in use.
+    let flags: Vec<&str> = unsafe {
+        [
+            (sys::ggml_cpu_has_avx2(), "AVX2"),
+            (sys::ggml_cpu_has_fma(), "FMA"),
+            (sys::ggml_cpu_has_f16c(), "F16C"),
+            (sys::ggml_cpu_has_avx512(), "AVX512"),
+            (sys::ggml_cpu_has_avx512_vnni(), "AVX512_VNNI"),
+            (sys::ggml_cpu_has_avx512_bf16(), "AVX512_BF16"),
+            (sys::ggml_cpu_has_neon(), "NEON"),
+            (sys::ggml_cpu_has_dotprod(), "DOTPROD"),
+        ]
+    }
+    .into_iter()
+    .filter(|(on, _)| *on != 0)
+    .map(|(_, name)| name)
+    .collect();
+    let flags = if flags.is_empty() {
+        "no vector extensions beyond the baseline".to_owned()
+    } else {
+        flags.join(" ")
+    };
+    let variant = match sys::cpu_variant() {
+        Some(v) => format!("{v} of {}", sys::CPU_VARIANTS),
+        None if sys::CPU_VARIANTS == "target" => "built for the target".to_owned(),
+        None => format!("of a {} build", sys::CPU_VARIANTS),
+    };
+    format!("kernels {kernels}; ggml CPU {variant} ({flags})")
 }
 
 pub(crate) fn cstring(what: &str, s: &str) -> Result<CString> {

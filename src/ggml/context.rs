@@ -182,13 +182,13 @@ impl Context {
         self.inner.cpu_kernels.get()
     }
     /// Lets the CPU kernels built from now on (attention, convolution) multiply in bf16 with f32 sums
-    /// where the CPU has bf16 products ([`crate::ggml::LINEAR_BF16`]): about twice as fast,
+    /// where the CPU has bf16 products ([`crate::ggml::linear_bf16`]): about twice as fast,
     /// with about 2^-9 relative error per product. Has no effect elsewhere.
     pub fn use_bf16_products(&self, on: bool) {
         self.inner.bf16_products.set(on);
     }
     pub(crate) fn bf16_products(&self) -> bool {
-        self.inner.bf16_products.get() && super::cpu_ops::LINEAR_BF16
+        self.inner.bf16_products.get() && super::cpu_ops::linear_bf16()
     }
     /// Whether tensor data lives outside the pool.
     pub fn is_metadata_only(&self) -> bool {

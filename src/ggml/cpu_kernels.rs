@@ -1,678 +1,344 @@
 //! Kernels of the CPU custom ops: safe Rust over slices (`cpu_ops.rs` hands them to ggml),
-//! except the register tile ([`tile`]) that the matrix product, the convolution and attention
-//! share, written with intrinsics.
+//! except the register tile that the matrix product, the convolution and attention share,
+//! written with intrinsics.
+//!
+//! The kernels (`cpu_kernels/body.rs`) are compiled once per instruction set, AVX-512 with
+//! BF16, AVX2 with FMA, and portable arrays, each inside functions enabling those features
+//! (`#[target_feature]`); which one runs is decided once per process from what the CPU has
+//! ([`kernel_set`]), not from the features the crate was built with. So a build for the
+//! baseline x86-64 target runs the AVX2 or AVX-512 kernels on a CPU that has them.
 
 use super::cpu_ops::Src;
 use super::dtype::DType;
 use std::ops::Range;
+use std::sync::OnceLock;
 
-/// Lanes of the element-wise loops (softmax): the compiler vectorises arrays of this width.
-const V: usize = 16;
-
-/// `a * b + c`, fused where the target has FMA (elsewhere `mul_add` is a slow library call).
-#[inline(always)]
-fn madd(a: f32, b: f32, c: f32) -> f32 {
-    if cfg!(any(target_feature = "fma", target_arch = "aarch64")) {
-        a.mul_add(b, c)
-    } else {
-        a * b + c
-    }
+/// The instruction set the CPU kernels use in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    /// AVX-512F vectors, bf16 products with `vdpbf16ps` (AMD Zen 4, Intel Sapphire Rapids).
+    Avx512Bf16,
+    /// AVX2 vectors with FMA (x86-64-v3: Intel Haswell, AMD Zen 1 and later).
+    Avx2,
+    /// Plain arrays the compiler may vectorise: correct, not fast. The ops that have a ggml
+    /// equivalent use ggml's instead ([`KernelSet::beats_ggml`]).
+    Portable,
 }
 
-/// The sizes of a stride-1 convolution with "same" zero padding.
-struct Conv {
-    kw: usize,
-    kh: usize,
-    w: usize,
-    h: usize,
-    /// Values per output channel in the kernel: IC * KH * KW.
-    k_len: usize,
-    /// A padded input row: `kw / 2` zeros, the row, zeros up to whole blocks and the far taps.
-    padded_w: usize,
-}
-
-impl Conv {
-    fn new(kernel: &Src<'_>, input: &Src<'_>) -> Conv {
-        let [kw, kh, channels, _] = kernel.ne;
-        let [w, h, _, _] = input.ne;
-        Conv {
-            kw,
-            kh,
-            w,
-            h,
-            k_len: kw * kh * channels,
-            padded_w: w.div_ceil(CONV_SPAN) * CONV_SPAN + kw - 1,
+impl KernelSet {
+    /// "avx512bf16", "avx2" or "portable" (the values `DA3_CPU_KERNELS` accepts).
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelSet::Avx512Bf16 => "avx512bf16",
+            KernelSet::Avx2 => "avx2",
+            KernelSet::Portable => "portable",
         }
     }
 
-    /// [`Conv::fill_band`] as words of bf16 pairs: row `p` holds rows `2p` and `2p + 1` of the
-    /// band (the second zero past the last), pixel by pixel, in f32 slots.
-    fn fill_pair_band(&self, band: &mut [f32], input: &[f32], oy: usize) {
-        let (pad_x, pad_y) = (self.kw / 2, self.kh / 2);
-        let taps = self.k_len / self.kw;
-        let row = |ck: usize| -> Option<&[f32]> {
-            let (c, ky) = (ck / self.kh, ck % self.kh);
-            let iy = (oy + ky).wrapping_sub(pad_y);
-            (ck < taps && iy < self.h).then(|| &input[(c * self.h + iy) * self.w..][..self.w])
-        };
-        for (p, dst) in band.chunks_exact_mut(self.padded_w).enumerate() {
-            let dst = &mut dst[pad_x..pad_x + self.w];
-            match (row(2 * p), row(2 * p + 1)) {
-                (Some(lo), Some(hi)) => {
-                    for ((d, &l), &h) in dst.iter_mut().zip(lo).zip(hi) {
-                        *d = f32::from_bits(bf16_bits(l) | bf16_bits(h) << 16);
-                    }
-                }
-                (Some(lo), None) => {
-                    for (d, &l) in dst.iter_mut().zip(lo) {
-                        *d = f32::from_bits(bf16_bits(l));
-                    }
-                }
-                (None, Some(hi)) => {
-                    for (d, &h) in dst.iter_mut().zip(hi) {
-                        *d = f32::from_bits(bf16_bits(h) << 16);
-                    }
-                }
-                (None, None) => dst.fill(0.0),
+    /// Whether the kernels of this set are faster than ggml's ops for the same nodes: the
+    /// vector ones are; the portable register tile is several times slower than ggml's
+    /// vectorised product, so with it every node keeps ggml's op.
+    pub fn beats_ggml(self) -> bool {
+        self != KernelSet::Portable
+    }
+
+    /// Whether this set multiplies bf16 pairs in one instruction (the fast mode of f16 files).
+    pub fn has_bf16_products(self) -> bool {
+        self == KernelSet::Avx512Bf16
+    }
+
+    /// The best set this CPU runs.
+    fn detect() -> KernelSet {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16") {
+                return KernelSet::Avx512Bf16;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return KernelSet::Avx2;
             }
         }
-    }
-
-    /// The input rows that output row `oy` reads, one per (channel, ky), zero-padded.
-    fn fill_band(&self, band: &mut [f32], input: &[f32], oy: usize) {
-        let (pad_x, pad_y) = (self.kw / 2, self.kh / 2);
-        for (ck, row) in band.chunks_exact_mut(self.padded_w).enumerate() {
-            let (c, ky) = (ck / self.kh, ck % self.kh);
-            // Rows before the input wrap around to huge values, so one test covers both sides.
-            let iy = (oy + ky).wrapping_sub(pad_y);
-            let dst = &mut row[pad_x..pad_x + self.w];
-            if iy < self.h {
-                dst.copy_from_slice(&input[(c * self.h + iy) * self.w..][..self.w]);
-            } else {
-                dst.fill(0.0);
-            }
-        }
+        KernelSet::Portable
     }
 }
 
-/// Output channels computed together by the convolution kernel, each over `CONV_VECTORS`
-/// vectors of consecutive pixels: 24 accumulators with AVX-512, 12 with AVX2.
-const CONV_CHANNELS: usize = if simd::REGISTERS >= 32 { 8 } else { 4 };
-const CONV_VECTORS: usize = 3;
-const CONV_SPAN: usize = CONV_VECTORS * LANES;
-
-/// Output channels `channels` (planes of `out`) of a "same" convolution: `srcs` are the
-/// kernel [KW, KH, IC, OC], the input [W, H, IC, 1] and optionally a bias [OC].
-pub(super) fn conv_same_planes(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    _ne: [usize; 4],
-    channels: Range<usize>,
-    _param: f32,
-) {
-    conv_planes(srcs, out, channels, false)
-}
-
-/// [`conv_same_planes`] with bf16 products: the input rows of each pair of (channel, ky)
-/// taps, and the matching weights, as bf16 pairs; sums in f32.
-pub(super) fn conv_same_planes_bf16(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    _ne: [usize; 4],
-    channels: Range<usize>,
-    _param: f32,
-) {
-    conv_planes(srcs, out, channels, true)
-}
-
-/// A kernel row's operands: f32 weights over an f32 band, or bf16 pairs over a pair band.
-#[derive(Clone, Copy)]
-enum Taps<'a> {
-    F32(&'a [f32]),
-    Bf16(&'a [u32]),
-}
-
-fn conv_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>, bf16: bool) {
-    let (kernel, input) = (&srcs[0], &srcs[1]);
-    let bias = |o: usize| srcs.get(2).map_or(0.0, |b| b.data[o]);
-    let conv = Conv::new(kernel, input);
-    let plane_len = conv.w * conv.h;
-    let taps = conv.k_len / conv.kw;
-    // bf16: weights of this thread's channels as pairs of consecutive (channel, ky) rows at
-    // the same kx, so that a step of the tile is one kx over one pair of band rows.
-    let pair_rows = taps.div_ceil(2);
-    let pair_len = pair_rows * conv.kw;
-    let mut pair_weights = vec![0u32; if bf16 { channels.len() * pair_len } else { 0 }];
-    for (o, dst) in channels
-        .clone()
-        .zip(pair_weights.chunks_exact_mut(pair_len.max(1)))
-    {
-        let w = &kernel.data[o * conv.k_len..][..conv.k_len];
-        for (i, word) in dst.iter_mut().enumerate() {
-            let (p, kx) = (i / conv.kw, i % conv.kw);
-            let hi = (2 * p + 1 < taps).then(|| w[(2 * p + 1) * conv.kw + kx]);
-            *word = bf16_pair(w[2 * p * conv.kw + kx], hi.unwrap_or(0.0));
+/// The kernel set of this process: the best the CPU runs, or a lower one named by the
+/// environment variable `DA3_CPU_KERNELS` (`portable`, `avx2`, `avx512bf16`; a set the CPU
+/// lacks gives the best one below it). Decided on first use, then fixed.
+pub fn kernel_set() -> KernelSet {
+    static SET: OnceLock<KernelSet> = OnceLock::new();
+    *SET.get_or_init(|| {
+        let best = KernelSet::detect();
+        // Fastest first: a request can only go down from what the CPU has.
+        let order = [KernelSet::Avx512Bf16, KernelSet::Avx2, KernelSet::Portable];
+        let rank = |set: KernelSet| order.iter().position(|s| *s == set).unwrap_or(0);
+        let requested = std::env::var("DA3_CPU_KERNELS").ok();
+        match order
+            .iter()
+            .find(|s| Some(s.name()) == requested.as_deref())
+        {
+            Some(&set) => order[rank(set).max(rank(best))],
+            None => best,
         }
-    }
-    let band_rows = if bf16 { pair_rows } else { taps };
-    let mut band = vec![0.0; conv.padded_w * band_rows];
-    for oy in 0..conv.h {
-        if bf16 {
-            conv.fill_pair_band(&mut band, input.data, oy);
-        } else {
-            conv.fill_band(&mut band, input.data, oy);
-        }
-        let mut o = channels.start;
-        while o < channels.end {
-            let i = o - channels.start;
-            let planes = &mut out[i * plane_len..];
-            let weights = if bf16 {
-                Taps::Bf16(&pair_weights[i * pair_len..])
-            } else {
-                Taps::F32(&kernel.data[o * conv.k_len..])
-            };
-            let left = channels.end - o;
-            o += if left >= CONV_CHANNELS {
-                conv_row::<CONV_CHANNELS>(&conv, planes, weights, o, &bias, &band, oy)
-            } else if left >= 4 {
-                conv_row::<4>(&conv, planes, weights, o, &bias, &band, oy)
-            } else if left >= 2 {
-                conv_row::<2>(&conv, planes, weights, o, &bias, &band, oy)
-            } else {
-                conv_row::<1>(&conv, planes, weights, o, &bias, &band, oy)
-            };
-        }
-    }
+    })
 }
 
-/// Row `oy` of `R` output channels from `o` (the first planes of `planes`, their weights
-/// first in `weights`); returns `R`.
-fn conv_row<const R: usize>(
-    conv: &Conv,
-    planes: &mut [f32],
-    weights: Taps<'_>,
-    o: usize,
-    bias: &impl Fn(usize) -> f32,
-    band: &[f32],
-    oy: usize,
-) -> usize {
-    let plane_len = conv.w * conv.h;
-    let rows = band.len() / conv.padded_w;
-    for x0 in (0..conv.w).step_by(CONV_SPAN) {
-        let mut acc: [[[f32; LANES]; CONV_VECTORS]; R] =
-            std::array::from_fn(|r| [[bias(o + r); LANES]; CONV_VECTORS]);
-        let steps = ((rows, conv.padded_w), (conv.kw, 1));
-        match weights {
-            Taps::F32(w) => {
-                let a: [&[f32]; R] = std::array::from_fn(|r| &w[r * conv.k_len..][..conv.k_len]);
-                tile(F32, &mut acc, a, &band[x0..], steps.0, steps.1);
-            }
-            Taps::Bf16(w) => {
-                let len = rows * conv.kw;
-                let a: [&[u32]; R] = std::array::from_fn(|r| &w[r * len..][..len]);
-                tile(Bf16Pairs, &mut acc, a, &band[x0..], steps.0, steps.1);
-            }
+/// Output columns per panel of a packed matrix-product weight: the same for every kernel
+/// set (two AVX-512 vectors, four AVX2 ones), so that packed weights do not depend on the
+/// CPU.
+pub(super) const PANEL: usize = 32;
+/// The attention kernel takes value rows of whole vectors of every set.
+pub(super) const ATTENTION_DV_MULTIPLE: usize = 16;
+
+/// One x86 vector width: its type, lanes, registers and the four intrinsics used. The
+/// functions are safe to call only because the module they are expanded into is private to
+/// one kernel instance, whose code runs only inside that instance's `run` functions.
+#[cfg(target_arch = "x86_64")]
+macro_rules! x86_vectors {
+    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $load:ident, $store:ident) => {
+        use std::arch::x86_64::*;
+        pub type F = $f;
+        pub const LANES: usize = $lanes;
+        pub const REGISTERS: usize = $registers;
+        pub const FMA: bool = true;
+        #[inline(always)]
+        pub fn splat(x: f32) -> F {
+            // SAFETY: only reached from this instance's `run` functions, compiled with the
+            // instruction set and called only where the CPU has it (see `dispatch!`).
+            unsafe { $splat(x) }
         }
-        let n = CONV_SPAN.min(conv.w - x0);
-        for (r, acc) in acc.iter().enumerate() {
-            planes[r * plane_len + oy * conv.w + x0..][..n]
-                .copy_from_slice(&acc.as_flattened()[..n]);
+        #[inline(always)]
+        pub fn fma(a: F, b: F, c: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $fma(a, b, c) }
         }
-    }
-    R
-}
-
-/// GELU, `0.5 x (1 + erf(x / sqrt 2))`, on rows `rows` of the operand.
-pub(super) fn gelu_erf_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    _ne: [usize; 4],
-    rows: Range<usize>,
-    _param: f32,
-) {
-    let row_len = srcs[0].ne[0];
-    let x = &srcs[0].data[rows.start * row_len..rows.end * row_len];
-    for (y, &x) in out.iter_mut().zip(x) {
-        *y = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
-    }
-}
-
-/// erf in f32 within 5e-7 of the exact value: Eigen's rational approximation `x P(x²) / Q(x²)`
-/// on [-4, 4] (erf rounds to ±1 beyond). Branch-free, so the loop above vectorises.
-#[inline(always)]
-fn erf(x: f32) -> f32 {
-    let x = x.clamp(-4.0, 4.0);
-    let x2 = x * x;
-    let p = [
-        -2.726_142_3e-10,
-        2.770_681_4e-8,
-        -2.101_024e-6,
-        -5.692_506_4e-5,
-        -7.349_906e-4,
-        -2.954_600_1e-3,
-        -1.609_603_3e-2,
-    ];
-    let q = [
-        -1.456_607_2e-5,
-        -2.133_740_6e-4,
-        -1.682_827e-3,
-        -7.373_329e-3,
-        -1.426_474e-2,
-    ];
-    let horner = |c: &[f32]| c.iter().fold(0.0, |acc, &c| madd(acc, x2, c));
-    x * horner(&p) / horner(&q)
-}
-
-/// Where an output coordinate samples its source with aligned corners: the two neighbours
-/// and the weight of the second, in ggml's arithmetic.
-fn bilinear_taps(out_len: usize, in_len: usize) -> Vec<(usize, usize, f32)> {
-    let scale = if out_len > 1 && in_len > 1 {
-        (out_len - 1) as f32 / (in_len - 1) as f32
-    } else {
-        out_len as f32 / in_len as f32
+        // The lanes of a vector and back: for the bf16 fallback, which the AVX-512 set lacks.
+        #[allow(dead_code)]
+        #[inline(always)]
+        pub fn to_lanes(v: F) -> [f32; LANES] {
+            // SAFETY: a vector is LANES plain f32 values.
+            unsafe { std::mem::transmute::<F, [f32; LANES]>(v) }
+        }
+        #[allow(dead_code)]
+        #[inline(always)]
+        pub fn from_lanes(lanes: [f32; LANES]) -> F {
+            // SAFETY: as above.
+            unsafe { std::mem::transmute::<[f32; LANES], F>(lanes) }
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load(p: *const f32) -> F {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe { $load(p) }
+        }
+        /// # Safety
+        /// `p` is valid for writing LANES values.
+        #[inline(always)]
+        pub unsafe fn store(p: *mut f32, v: F) {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe { $store(p, v) }
+        }
     };
-    (0..out_len)
-        .map(|i| {
-            let x = i as f32 / scale;
-            let x0 = (x.floor() as usize).min(in_len - 1);
-            let x1 = (x0 + 1).min(in_len - 1);
-            (x0, x1, (x - x0 as f32).clamp(0.0, 1.0))
-        })
-        .collect()
 }
 
-/// Planes `planes` of a bilinear resampling with aligned corners (`srcs[0]` [W, H, C, N] to
-/// `ne`), value for value the formula of ggml's upscale kernel.
-pub(super) fn bilinear_align_corners_planes(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    planes: Range<usize>,
-    _param: f32,
-) {
-    let [iw, ih, _, _] = srcs[0].ne;
-    let (ow, oh) = (ne[0], ne[1]);
-    let (xs, ys) = (bilinear_taps(ow, iw), bilinear_taps(oh, ih));
-    // Separable: every input row resampled across once (the gathers), then each output row
-    // is a blend of two of those rows, a loop that vectorises.
-    let mut across = vec![0.0f32; ih * ow];
-    for (plane, out) in planes.zip(out.chunks_exact_mut(ow * oh)) {
-        let src = &srcs[0].data[plane * iw * ih..][..iw * ih];
-        for (row, dst) in src.chunks_exact(iw).zip(across.chunks_exact_mut(ow)) {
-            for (&(x0, x1, dx), d) in xs.iter().zip(dst) {
-                *d = madd(row[x1] - row[x0], dx, row[x0]);
-            }
+/// bf16 pairs multiplied lane by lane in f32, where the vector unit has no bf16 products:
+/// nothing asks for them there, but such operands still compute correctly.
+macro_rules! bf16_by_lanes {
+    () => {
+        pub type Bf16Splat = [f32; 2];
+        #[inline(always)]
+        pub fn bf16_splat(x: u32) -> [f32; 2] {
+            super::super::bf16_unpack(x)
         }
-        for (&(y0, y1, dy), out) in ys.iter().zip(out.chunks_exact_mut(ow)) {
-            let (r0, r1) = (&across[y0 * ow..][..ow], &across[y1 * ow..][..ow]);
-            for ((o, &a), &b) in out.iter_mut().zip(r0).zip(r1) {
-                *o = madd(b - a, dy, a);
+        #[inline(always)]
+        pub fn bf16_madd(acc: F, [x0, x1]: [f32; 2], b: F) -> F {
+            let mut lanes = to_lanes(acc);
+            for (a, b) in lanes.iter_mut().zip(to_lanes(b)) {
+                let [b0, b1] = super::super::bf16_unpack(b.to_bits());
+                *a = x1.mul_add(b1, x0.mul_add(b0, *a));
             }
+            from_lanes(lanes)
+        }
+    };
+}
+
+/// The kernel entry points of one instance, as functions with the attribute `$attr` (its
+/// `target_feature`; the instance's kernels are `#[inline(always)]`, so they are compiled
+/// inside these, with those features).
+macro_rules! entries {
+    ($attr:meta) => {
+        pub(super) mod run {
+            use super::*;
+            entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
+                bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
+                attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows
+                linear_scaled_residual_rows layer_norm_rows);
+        }
+    };
+    (@each $attr:meta; $($name:ident)*) => {
+        $(
+            #[$attr]
+            pub(in super::super) fn $name(
+                srcs: &[Src<'_>],
+                out: &mut [f32],
+                ne: [usize; 4],
+                units: Range<usize>,
+                param: f32,
+            ) {
+                super::$name(srcs, out, ne, units, param)
+            }
+        )*
+    };
+}
+
+/// AVX-512 with BF16 products.
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    mod simd {
+        x86_vectors!(
+            __m512,
+            16,
+            32,
+            _mm512_set1_ps,
+            _mm512_fmadd_ps,
+            _mm512_loadu_ps,
+            _mm512_storeu_ps
+        );
+        pub type Bf16Splat = __m512bh;
+        #[inline(always)]
+        pub fn bf16_splat(x: u32) -> __m512bh {
+            // SAFETY: the instruction set as for `splat`; the transmute reads 16 words as 32
+            // bf16 values.
+            unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(x as i32)) }
+        }
+        #[inline(always)]
+        pub fn bf16_madd(acc: F, x: __m512bh, b: F) -> F {
+            // SAFETY: the instruction set (avx512bf16) as for `splat`; the transmute as above.
+            unsafe { _mm512_dpbf16_ps(acc, x, std::mem::transmute::<F, __m512bh>(b)) }
         }
     }
-}
-
-/// Rows `rows` of `[a | b]`: each output row is a row of `srcs[0]` then one of `srcs[1]`.
-pub(super) fn concat_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    _param: f32,
-) {
-    let (a, b) = (&srcs[0], &srcs[1]);
-    let (na, nb) = (a.ne[0], b.ne[0]);
-    for (r, dst) in rows.zip(out.chunks_exact_mut(ne[0])) {
-        dst[..na].copy_from_slice(&a.data[r * a.nb[1]..][..na]);
-        dst[na..].copy_from_slice(&b.data[r * b.nb[1]..][..nb]);
+    macro_rules! instance_features {
+        ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")] $($item)* };
     }
+    include!("cpu_kernels/body.rs");
+    entries!(target_feature(enable = "avx512f,avx512bf16,avx2,fma"));
 }
 
-/// Rows `rows` of a transposed matrix made contiguous: `srcs[0]` is the view [n0, n1] whose
-/// element (i, j) lies at `i * nb[0] + j`, so output row `j` gathers column `j` of the
-/// matrix underneath.
-pub(super) fn transpose_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    _param: f32,
-) {
-    // Tiles of 16 source rows: the lines read for one output row serve the next 15 too.
-    const TILE: usize = 16;
-    let src = &srcs[0];
-    let (n0, stride) = (ne[0], src.nb[0]);
-    for i0 in (0..n0).step_by(TILE) {
-        let i1 = (i0 + TILE).min(n0);
-        for (j, dst) in rows.clone().zip(out.chunks_exact_mut(n0)) {
-            for (i, d) in (i0..i1).zip(&mut dst[i0..i1]) {
-                *d = src.data[i * stride + j];
-            }
-        }
+/// AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    mod simd {
+        x86_vectors!(
+            __m256,
+            8,
+            16,
+            _mm256_set1_ps,
+            _mm256_fmadd_ps,
+            _mm256_loadu_ps,
+            _mm256_storeu_ps
+        );
+        bf16_by_lanes!();
     }
+    macro_rules! instance_features {
+        ($($item:tt)*) => { #[target_feature(enable = "avx2,fma")] $($item)* };
+    }
+    include!("cpu_kernels/body.rs");
+    entries!(target_feature(enable = "avx2,fma"));
 }
 
-/// The attention kernel takes value rows of whole vectors.
-pub(super) const ATTENTION_DV_MULTIPLE: usize = LANES;
-
-/// Queries per tile: their scores against every key stay in the L2 cache.
-const QT: usize = 24;
-/// Register tiles of the two products: scores of `SCORE_ROWS` queries by `SCORE_VECTORS`
-/// vectors of keys, weighted values of `VALUE_ROWS` queries by `VALUE_VECTORS` vectors of
-/// columns (24 accumulators each with AVX-512, 12 with AVX2).
-const SCORE_ROWS: usize = if simd::REGISTERS >= 32 { 8 } else { 4 };
-const SCORE_VECTORS: usize = 3;
-const SCORE_SPAN: usize = SCORE_VECTORS * LANES;
-const VALUE_ROWS: usize = if simd::REGISTERS >= 32 { 6 } else { 3 };
-const VALUE_VECTORS: usize = 4;
-
-/// Tokens `tokens` (planes of `out`, each [Dv, H]) of attention over `srcs` q [D, Tq, H],
-/// k [D, Tk, H] and v [Dv, Tk, H] (strided views with contiguous rows).
-pub(super) fn attention_tokens(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    _ne: [usize; 4],
-    tokens: Range<usize>,
-    _param: f32,
-) {
-    let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
-    let [d, _, heads, _] = q.ne;
-    let [dv, tk, _, _] = v.ne;
-    let scale = 1.0 / (d as f32).sqrt();
-    let tk_pad = tk.div_ceil(SCORE_SPAN) * SCORE_SPAN;
-    let mut kt = vec![0.0f32; d * tk_pad];
-    let mut scores = vec![0.0f32; QT * tk_pad];
-    let mut acc = vec![0.0f32; QT * dv];
-    for h in 0..heads {
-        // K of this head transposed: kt[i][j] = k[j][i], rows padded with zeros.
-        for j in 0..tk {
-            let row = &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
-            for (i, &x) in row.iter().enumerate() {
-                kt[i * tk_pad + j] = x;
-            }
+/// Plain arrays, for any target.
+mod portable {
+    mod simd {
+        pub type F = [f32; LANES];
+        pub const LANES: usize = 8;
+        pub const REGISTERS: usize = 16;
+        /// `mul_add` is one instruction only where the target has FMA (elsewhere a slow
+        /// library call).
+        pub const FMA: bool = cfg!(any(target_feature = "fma", target_arch = "aarch64"));
+        #[inline(always)]
+        pub fn splat(x: f32) -> F {
+            [x; LANES]
         }
-        // The values of this head from their first row: row j at j * nb[1].
-        let v_head = &v.data[h * v.nb[2]..];
-        let mut t0 = tokens.start;
-        while t0 < tokens.end {
-            let n = QT.min(tokens.end - t0);
-            let q_row = |r: usize| &q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d];
-            attention_scores(&mut scores, &kt, tk_pad, d, n, &q_row);
-            let sums: Vec<f32> = scores
-                .chunks_exact_mut(tk_pad)
-                .take(n)
-                .map(|s| softmax_in_place(&mut s[..tk], scale))
-                .collect();
-            attention_values(&mut acc, &scores, tk_pad, tk, (v_head, v.nb[1]), dv, n);
-            for (r, sum) in sums.iter().enumerate() {
-                let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
-                for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
-                    *o = a / sum;
+        #[inline(always)]
+        pub fn to_lanes(v: F) -> [f32; LANES] {
+            v
+        }
+        #[inline(always)]
+        pub fn from_lanes(lanes: [f32; LANES]) -> F {
+            lanes
+        }
+        #[inline(always)]
+        pub fn fma(a: F, b: F, c: F) -> F {
+            std::array::from_fn(|i| {
+                if FMA {
+                    a[i].mul_add(b[i], c[i])
+                } else {
+                    a[i] * b[i] + c[i]
+                }
+            })
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load(p: *const f32) -> F {
+            // SAFETY: as the caller promises.
+            unsafe { std::ptr::read_unaligned(p as *const F) }
+        }
+        /// # Safety
+        /// `p` is valid for writing LANES values.
+        #[inline(always)]
+        pub unsafe fn store(p: *mut f32, v: F) {
+            // SAFETY: as the caller promises.
+            unsafe { std::ptr::write_unaligned(p as *mut F, v) }
+        }
+        bf16_by_lanes!();
+    }
+    macro_rules! instance_features {
+        ($($item:tt)*) => { $($item)* };
+    }
+    include!("cpu_kernels/body.rs");
+    entries!(inline);
+}
+
+/// The kernels ggml calls (`cpu_ops.rs`), each running the instance of [`kernel_set`].
+macro_rules! dispatch {
+    ($($name:ident)*) => {
+        $(
+            pub(super) fn $name(
+                srcs: &[Src<'_>],
+                out: &mut [f32],
+                ne: [usize; 4],
+                units: Range<usize>,
+                param: f32,
+            ) {
+                match kernel_set() {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: kernel_set() gives this set only where the CPU has avx512f and
+                    // avx512bf16 (with avx2 and fma, which every such CPU has).
+                    KernelSet::Avx512Bf16 => unsafe {
+                        avx512::run::$name(srcs, out, ne, units, param)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: kernel_set() gives this set only where the CPU has avx2 and fma.
+                    KernelSet::Avx2 => unsafe { avx2::run::$name(srcs, out, ne, units, param) },
+                    _ => portable::run::$name(srcs, out, ne, units, param),
                 }
             }
-            t0 += n;
-        }
-    }
+        )*
+    };
 }
 
-/// [`attention_tokens`] with bf16 products: Q, K, the probabilities and V rounded to bf16
-/// pairs along each product's summed dimension, sums and softmax in f32.
-pub(super) fn attention_tokens_bf16(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    _ne: [usize; 4],
-    tokens: Range<usize>,
-    _param: f32,
-) {
-    let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
-    let [d, _, heads, _] = q.ne;
-    let [dv, tk, _, _] = v.ne;
-    let (d2, tk2) = (d.div_ceil(2), tk.div_ceil(2));
-    let scale = 1.0 / (d as f32).sqrt();
-    let tk_pad = tk.div_ceil(SCORE_SPAN) * SCORE_SPAN;
-    let pair_at =
-        |row: &[f32], i: usize| bf16_pair(row[2 * i], row.get(2 * i + 1).copied().unwrap_or(0.0));
-    // Words of bf16 pairs, in f32 slots for the tile: kt[i][j] = (k_j[2i], k_j[2i + 1]),
-    // vp[j][c] = (v_2j[c], v_2j+1[c]).
-    let mut kt = vec![0.0f32; d2 * tk_pad];
-    let mut vp = vec![0.0f32; tk2 * dv];
-    let (mut qp, mut pp) = (vec![0u32; QT * d2], vec![0u32; QT * tk2]);
-    let mut scores = vec![0.0f32; QT * tk_pad];
-    let mut acc = vec![0.0f32; QT * dv];
-    for h in 0..heads {
-        let k_row = |j: usize| &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
-        for j in 0..tk {
-            let row = k_row(j);
-            for i in 0..d2 {
-                kt[i * tk_pad + j] = f32::from_bits(pair_at(row, i));
-            }
-        }
-        let v_row = |j: usize| &v.data[j * v.nb[1] + h * v.nb[2]..][..dv];
-        for (j2, dst) in vp.chunks_exact_mut(dv).enumerate() {
-            let (lo, hi) = (v_row(2 * j2), (2 * j2 + 1 < tk).then(|| v_row(2 * j2 + 1)));
-            for (c, w) in dst.iter_mut().enumerate() {
-                *w = f32::from_bits(bf16_pair(lo[c], hi.map_or(0.0, |hi| hi[c])));
-            }
-        }
-        let mut t0 = tokens.start;
-        while t0 < tokens.end {
-            let n = QT.min(tokens.end - t0);
-            for (r, dst) in qp.chunks_exact_mut(d2).take(n).enumerate() {
-                to_bf16_pairs(&q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d], dst);
-            }
-            for r0 in (0..n).step_by(SCORE_ROWS) {
-                let rows: [&[u32]; SCORE_ROWS] =
-                    std::array::from_fn(|r| &qp[(r0 + r).min(n - 1) * d2..][..d2]);
-                for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
-                    let mut tile_acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-                    tile(
-                        Bf16Pairs,
-                        &mut tile_acc,
-                        rows,
-                        &kt[j0..],
-                        (d2, tk_pad),
-                        (1, 0),
-                    );
-                    for (r, t) in tile_acc.iter().enumerate().take(n - r0) {
-                        scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN]
-                            .copy_from_slice(t.as_flattened());
-                    }
-                }
-            }
-            let mut sums = [0.0f32; QT];
-            for (r, (s, dst)) in scores
-                .chunks_exact_mut(tk_pad)
-                .zip(pp.chunks_exact_mut(tk2))
-                .take(n)
-                .enumerate()
-            {
-                sums[r] = softmax_in_place(&mut s[..tk], scale);
-                to_bf16_pairs(&s[..tk], dst);
-            }
-            for r0 in (0..n).step_by(VALUE_ROWS) {
-                let rows: [&[u32]; VALUE_ROWS] =
-                    std::array::from_fn(|r| &pp[(r0 + r).min(n - 1) * tk2..][..tk2]);
-                let mut c0 = 0;
-                while c0 < dv {
-                    c0 += if dv - c0 >= VALUE_VECTORS * LANES {
-                        values_block_bf16::<VALUE_VECTORS>(
-                            &mut acc,
-                            rows,
-                            &vp,
-                            (tk2, dv),
-                            n,
-                            r0,
-                            c0,
-                        )
-                    } else {
-                        values_block_bf16::<1>(&mut acc, rows, &vp, (tk2, dv), n, r0, c0)
-                    };
-                }
-            }
-            for (r, sum) in sums.iter().enumerate().take(n) {
-                let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
-                for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
-                    *o = a / sum;
-                }
-            }
-            t0 += n;
-        }
-    }
-}
+dispatch!(conv_same_planes conv_same_planes_bf16 gelu_erf_rows bilinear_align_corners_planes
+    concat_rows transpose_rows attention_tokens attention_tokens_bf16 linear_bias_rows
+    linear_bias_gelu_rows linear_scaled_residual_rows layer_norm_rows);
 
-/// Rows `r0..r0 + VALUE_ROWS` (probabilities as bf16 pairs) and columns `c0..c0 + C * LANES`
-/// of the weighted values in bf16; returns the columns done.
-fn values_block_bf16<const C: usize>(
-    acc: &mut [f32],
-    rows: [&[u32]; VALUE_ROWS],
-    vp: &[f32],
-    (steps, dv): (usize, usize),
-    n: usize,
-    r0: usize,
-    c0: usize,
-) -> usize {
-    let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
-    tile(Bf16Pairs, &mut sums, rows, &vp[c0..], (steps, dv), (1, 0));
-    for (r, s) in sums.iter().enumerate().take(n - r0) {
-        acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
-    }
-    C * LANES
-}
-
-/// `scores[r][j] = q_r · k_j` for the first `n` rows, keys from `kt` [d][tk_pad].
-fn attention_scores<'a>(
-    scores: &mut [f32],
-    kt: &[f32],
-    tk_pad: usize,
-    d: usize,
-    n: usize,
-    q_row: &impl Fn(usize) -> &'a [f32],
-) {
-    for r0 in (0..n).step_by(SCORE_ROWS) {
-        // Rows past `n` repeat the last one; their results are dropped.
-        let rows: [&[f32]; SCORE_ROWS] = std::array::from_fn(|r| q_row((r0 + r).min(n - 1)));
-        for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
-            let mut acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-            tile(F32, &mut acc, rows, &kt[j0..], (d, tk_pad), (1, 0));
-            for (r, acc) in acc.iter().enumerate().take(n - r0) {
-                scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN].copy_from_slice(acc.as_flattened());
-            }
-        }
-    }
-}
-
-/// `acc[r] = Σ_j p[r][j] v_j` for the first `n` rows of probabilities `p` (stride `tk_pad`),
-/// value row `j` of `dv` values at `j * v_stride` of `v`.
-fn attention_values(
-    acc: &mut [f32],
-    p: &[f32],
-    tk_pad: usize,
-    tk: usize,
-    (v, v_stride): (&[f32], usize),
-    dv: usize,
-    n: usize,
-) {
-    for r0 in (0..n).step_by(VALUE_ROWS) {
-        let mut c0 = 0;
-        while c0 < dv {
-            c0 += if dv - c0 >= VALUE_VECTORS * LANES {
-                values_block::<VALUE_VECTORS>(acc, p, tk_pad, tk, (v, v_stride), dv, n, r0, c0)
-            } else {
-                values_block::<1>(acc, p, tk_pad, tk, (v, v_stride), dv, n, r0, c0)
-            };
-        }
-    }
-}
-
-/// Rows `r0..r0 + VALUE_ROWS` and columns `c0..c0 + C * LANES` of [`attention_values`];
-/// returns the columns done.
-#[allow(clippy::too_many_arguments)]
-fn values_block<const C: usize>(
-    acc: &mut [f32],
-    p: &[f32],
-    tk_pad: usize,
-    tk: usize,
-    (v, v_stride): (&[f32], usize),
-    dv: usize,
-    n: usize,
-    r0: usize,
-    c0: usize,
-) -> usize {
-    let rows: [&[f32]; VALUE_ROWS] =
-        std::array::from_fn(|r| &p[(r0 + r).min(n - 1) * tk_pad..][..tk]);
-    let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
-    tile(F32, &mut sums, rows, &v[c0..], (tk, v_stride), (1, 0));
-    for (r, s) in sums.iter().enumerate().take(n - r0) {
-        acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
-    }
-    C * LANES
-}
-
-/// `s = exp(scale (s - max s))` in place; returns the sum. Reductions run in `V` lanes: a
-/// serial one would not vectorise.
-fn softmax_in_place(s: &mut [f32], scale: f32) -> f32 {
-    let whole = s.len() / V * V;
-    let mut lanes = [f32::NEG_INFINITY; V];
-    for chunk in s[..whole].chunks_exact(V) {
-        for (lane, &x) in lanes.iter_mut().zip(chunk) {
-            *lane = lane.max(x);
-        }
-    }
-    let max = s[whole..]
-        .iter()
-        .chain(&lanes)
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    let mut lanes = [0.0f32; V];
-    for chunk in s[..whole].chunks_exact_mut(V) {
-        for (lane, x) in lanes.iter_mut().zip(chunk) {
-            *x = exp((*x - max) * scale);
-            *lane += *x;
-        }
-    }
-    for x in &mut s[whole..] {
-        *x = exp((*x - max) * scale);
-    }
-    // The lanes and the tail summed in f64.
-    s[whole..]
-        .iter()
-        .chain(&lanes)
-        .map(|&x| x as f64)
-        .sum::<f64>() as f32
-}
-
-/// e^x for x <= 0 to about 1 ulp (Cephes' polynomial on [-ln2/2, ln2/2] and an exponent
-/// built from bits); branch-free so that loops over it vectorise. Underflows to 0 below -87.
+/// The two bf16 values of a word, as f32.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
-    // Adding 1.5 * 2^23 rounds to an integer held in the low mantissa bits, which then
-    // become the exponent of 2^n (a float-to-int cast would not vectorise).
-    const SHIFT: f32 = 12_582_912.0;
-    let x = x.max(-87.0);
-    let shifted = madd(x, std::f32::consts::LOG2_E, SHIFT);
-    let n = shifted - SHIFT;
-    let r = madd(n, -0.693_359_4, x);
-    let r = madd(n, 2.121_944_4e-4, r);
-    let c = [
-        1.987_569_1e-4,
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ];
-    let p = c.iter().fold(0.0, |acc, &c| madd(acc, r, c));
-    let y = madd(p, r * r, r) + 1.0;
-    let n_bits = shifted.to_bits().wrapping_sub(SHIFT.to_bits());
-    y * f32::from_bits(n_bits.wrapping_add(127) << 23)
+fn bf16_unpack(w: u32) -> [f32; 2] {
+    [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]
 }
 
-/// Output columns per panel of a packed matrix-product weight, and result rows computed
-/// together: `GEMM_ROWS` x `PANEL` accumulators fill most of the vector registers (32 with
-/// AVX-512, 16 with AVX2) and leave room for the panel's vectors and a broadcast.
-pub(super) const PANEL: usize = 2 * LANES;
-const GEMM_ROWS: usize = if simd::REGISTERS >= 32 { 12 } else { 6 };
-use simd::LANES;
 /// A matrix-product weight `w` (`n` rows of `k` values, ggml's [k, n]) as panels: `n / PANEL`
 /// blocks of [k][PANEL], so that the kernel reads one row of a panel with whole vectors.
 pub(super) fn pack_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
@@ -688,6 +354,7 @@ pub(super) fn pack_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
 }
 
 /// f32 to bf16, rounding to nearest even (the weights and inputs of bf16 products are finite).
+#[inline(always)]
 fn bf16_bits(x: f32) -> u32 {
     let bits = x.to_bits();
     (bits + 0x7fff + ((bits >> 16) & 1)) >> 16
@@ -696,6 +363,7 @@ fn bf16_bits(x: f32) -> u32 {
 /// `src` as bf16 pairs into `dst` (`dst[i]` = (src[2i], src[2i + 1]), zero past the end):
 /// the same bits as converting the values in order, written word by word. Branch-free over
 /// whole pairs, so the loop vectorises.
+#[inline(always)]
 fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
     let whole = src.len() / 2;
     for (w, pair) in dst.iter_mut().zip(src.chunks_exact(2)) {
@@ -709,6 +377,7 @@ fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
 }
 
 /// Two values as one word of bf16 pairs: `lo` in the low half, as `vdpbf16ps` pairs them.
+#[inline(always)]
 fn bf16_pair(lo: f32, hi: f32) -> u32 {
     bf16_bits(lo) | bf16_bits(hi) << 16
 }
@@ -727,415 +396,4 @@ pub(super) fn pack_panels_bf16(w: &[f32], k: usize, n: usize) -> Vec<i32> {
         }
     }
     packed
-}
-
-/// What is applied to a product before it is stored.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Epilogue {
-    Bias,
-    BiasGelu,
-    ScaledResidual,
-}
-
-/// Rows `rows` of `x W^T + b`, then the epilogue: `srcs` are the panels of W
-/// ([PANEL, K, N / PANEL]), `x` [K, T], `b` [N], and for [`Epilogue::ScaledResidual`] a scale
-/// [N] and a residual [N, T]; `out` holds the rows' N values each.
-fn linear_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    epilogue: Epilogue,
-) {
-    let (panels, x, bias) = (&srcs[0], &srcs[1], &srcs[2].data);
-    let (k, n, count) = (x.ne[0], ne[0], rows.len());
-    if count == 0 {
-        return;
-    }
-    let x_row = |r: usize| &x.data[(rows.start + r) * x.nb[1]..][..k];
-    // A bf16 weight: this thread's input rows as bf16 pairs too, once for every panel.
-    let bf16 = panels.dtype == DType::I32;
-    let depth = if bf16 { k / 2 } else { k };
-    let mut x_pairs: Vec<u32> = vec![0; if bf16 { count * depth } else { 0 }];
-    for (r, dst) in x_pairs.chunks_exact_mut(depth.max(1)).enumerate() {
-        to_bf16_pairs(x_row(r), dst);
-    }
-    // Each panel (at most a few hundred KB) stays in L2 while the thread's rows sweep past it.
-    for (p, panel) in panels.data.chunks_exact(depth * PANEL).enumerate() {
-        let col = p * PANEL;
-        for r0 in (0..count).step_by(GEMM_ROWS) {
-            // Rows past the end repeat the last one; their results are dropped.
-            let last = |r: usize| (r0 + r).min(count - 1);
-            let bias: [[f32; LANES]; 2] = std::array::from_fn(|v| {
-                bias[col + v * LANES..][..LANES]
-                    .try_into()
-                    .expect("LANES values")
-            });
-            let mut acc = [bias; GEMM_ROWS];
-            if bf16 {
-                let xs: [&[u32]; GEMM_ROWS] =
-                    std::array::from_fn(|r| &x_pairs[last(r) * depth..][..depth]);
-                tile(Bf16Pairs, &mut acc, xs, panel, (depth, PANEL), (1, 0));
-            } else {
-                let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row(last(r)));
-                tile(F32, &mut acc, xs, panel, (k, PANEL), (1, 0));
-            }
-            for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
-                let acc = acc.as_flattened_mut();
-                match epilogue {
-                    Epilogue::Bias => {}
-                    Epilogue::BiasGelu => {
-                        for a in acc.iter_mut() {
-                            *a = 0.5 * *a * (1.0 + erf(*a * std::f32::consts::FRAC_1_SQRT_2));
-                        }
-                    }
-                    Epilogue::ScaledResidual => {
-                        let (scale, residual) = (&srcs[3].data[col..col + PANEL], &srcs[4]);
-                        let res = &residual.data[(rows.start + r0 + r) * residual.nb[1] + col..];
-                        for ((a, &s), &x) in acc.iter_mut().zip(scale).zip(&res[..PANEL]) {
-                            *a = madd(*a, s, x);
-                        }
-                    }
-                }
-                out[(r0 + r) * n + col..][..PANEL].copy_from_slice(acc);
-            }
-        }
-    }
-}
-
-/// The vector unit the register-tile kernel is written for: AVX-512, AVX2 with FMA, or plain
-/// arrays elsewhere (correct, not fast). The compiler does not keep a tile of 24 vectors in
-/// registers when it is written over arrays (the product ran ten times slower), so the x86
-/// variants use intrinsics.
-mod simd {
-    /// One x86 vector width: its type, lanes, registers and the four intrinsics used.
-    #[cfg(all(
-        target_arch = "x86_64",
-        any(
-            target_feature = "avx512f",
-            all(target_feature = "avx2", target_feature = "fma")
-        )
-    ))]
-    macro_rules! x86_vectors {
-        ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $load:ident, $store:ident) => {
-            use std::arch::x86_64::*;
-            pub type F = $f;
-            pub const LANES: usize = $lanes;
-            pub const REGISTERS: usize = $registers;
-            #[inline(always)]
-            pub fn splat(x: f32) -> F {
-                // SAFETY: the module exists only where the build enables this feature.
-                unsafe { $splat(x) }
-            }
-            #[inline(always)]
-            pub fn fma(a: F, b: F, c: F) -> F {
-                // SAFETY: the module exists only where the build enables this feature.
-                unsafe { $fma(a, b, c) }
-            }
-            /// # Safety
-            /// `p` is valid for reading LANES values.
-            #[inline(always)]
-            pub unsafe fn load(p: *const f32) -> F {
-                // SAFETY: as the caller promises.
-                unsafe { $load(p) }
-            }
-            /// # Safety
-            /// `p` is valid for writing LANES values.
-            #[inline(always)]
-            pub unsafe fn store(p: *mut f32, v: F) {
-                // SAFETY: as the caller promises.
-                unsafe { $store(p, v) }
-            }
-        };
-    }
-
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx512f"))]
-    mod imp {
-        x86_vectors!(
-            __m512,
-            16,
-            32,
-            _mm512_set1_ps,
-            _mm512_fmadd_ps,
-            _mm512_loadu_ps,
-            _mm512_storeu_ps
-        );
-    }
-
-    #[cfg(all(
-        target_arch = "x86_64",
-        target_feature = "avx2",
-        target_feature = "fma",
-        not(target_feature = "avx512f")
-    ))]
-    mod imp {
-        x86_vectors!(
-            __m256,
-            8,
-            16,
-            _mm256_set1_ps,
-            _mm256_fmadd_ps,
-            _mm256_loadu_ps,
-            _mm256_storeu_ps
-        );
-    }
-
-    #[cfg(not(all(
-        target_arch = "x86_64",
-        any(
-            target_feature = "avx512f",
-            all(target_feature = "avx2", target_feature = "fma")
-        )
-    )))]
-    mod imp {
-        pub type F = [f32; LANES];
-        pub const LANES: usize = 8;
-        pub const REGISTERS: usize = 16;
-        #[inline(always)]
-        pub fn splat(x: f32) -> F {
-            [x; LANES]
-        }
-        #[inline(always)]
-        pub fn fma(a: F, b: F, c: F) -> F {
-            std::array::from_fn(|i| super::super::madd(a[i], b[i], c[i]))
-        }
-        /// # Safety
-        /// `p` is valid for reading LANES values.
-        #[inline(always)]
-        pub unsafe fn load(p: *const f32) -> F {
-            // SAFETY: as the caller promises.
-            unsafe { std::ptr::read_unaligned(p as *const F) }
-        }
-        /// # Safety
-        /// `p` is valid for writing LANES values.
-        #[inline(always)]
-        pub unsafe fn store(p: *mut f32, v: F) {
-            // SAFETY: as the caller promises.
-            unsafe { std::ptr::write_unaligned(p as *mut F, v) }
-        }
-    }
-
-    pub use imp::*;
-
-    /// The lanes of a vector, and back (for the bf16 fallback).
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
-    #[inline(always)]
-    pub fn lanes(v: F) -> [f32; LANES] {
-        // SAFETY: a vector is LANES plain f32 values.
-        unsafe { std::mem::transmute::<F, [f32; LANES]>(v) }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
-    #[inline(always)]
-    pub fn from_lanes(values: [f32; LANES]) -> F {
-        // SAFETY: as above.
-        unsafe { std::mem::transmute::<[f32; LANES], F>(values) }
-    }
-}
-
-/// How the register tile multiplies: f32 FMAs, or pairs of bf16 summed into f32.
-trait Products: Copy {
-    /// A value of a row of `a`: an f32, or a word holding two bf16.
-    type Scalar: Copy;
-    type Splat: Copy;
-    fn splat(x: Self::Scalar) -> Self::Splat;
-    /// `acc + x · b`, with `b` read as this product's operands.
-    fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F;
-}
-
-/// f32 products: one FMA per lane.
-#[derive(Clone, Copy)]
-struct F32;
-
-impl Products for F32 {
-    type Scalar = f32;
-    type Splat = simd::F;
-    #[inline(always)]
-    fn splat(x: f32) -> simd::F {
-        simd::splat(x)
-    }
-    #[inline(always)]
-    fn madd(acc: simd::F, x: simd::F, b: simd::F) -> simd::F {
-        simd::fma(x, b, acc)
-    }
-}
-
-/// bf16 products: every word of `a` and of `b` (read through f32 slots) is a pair of bf16,
-/// multiplied pairwise and summed into an f32 lane (`vdpbf16ps`: twice the multiply-adds of
-/// an f32 FMA).
-#[derive(Clone, Copy)]
-struct Bf16Pairs;
-
-#[cfg(all(target_arch = "x86_64", target_feature = "avx512bf16"))]
-impl Products for Bf16Pairs {
-    type Scalar = u32;
-    type Splat = std::arch::x86_64::__m512bh;
-    #[inline(always)]
-    fn splat(x: u32) -> Self::Splat {
-        // SAFETY: avx512f is enabled for the whole build (avx512bf16 implies it); the
-        // transmute reads 16 words as 32 bf16 values.
-        unsafe {
-            std::mem::transmute::<std::arch::x86_64::__m512i, Self::Splat>(
-                std::arch::x86_64::_mm512_set1_epi32(x as i32),
-            )
-        }
-    }
-    #[inline(always)]
-    fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F {
-        // SAFETY: avx512bf16 is enabled for the whole build; as above for the transmute.
-        unsafe {
-            std::arch::x86_64::_mm512_dpbf16_ps(
-                acc,
-                x,
-                std::mem::transmute::<simd::F, Self::Splat>(b),
-            )
-        }
-    }
-}
-
-/// Without AVX512_BF16 nothing asks for bf16 products; kept so that such operands still
-/// compute correctly: the same pairwise products, lane by lane in f32.
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
-impl Products for Bf16Pairs {
-    type Scalar = u32;
-    type Splat = [f32; 2];
-    fn splat(x: u32) -> [f32; 2] {
-        bf16_unpack(x)
-    }
-    fn madd(acc: simd::F, [x0, x1]: [f32; 2], b: simd::F) -> simd::F {
-        let mut lanes = simd::lanes(acc);
-        for (a, b) in lanes.iter_mut().zip(simd::lanes(b)) {
-            let [b0, b1] = bf16_unpack(b.to_bits());
-            *a = madd(x1, b1, madd(x0, b0, *a));
-        }
-        simd::from_lanes(lanes)
-    }
-}
-
-/// The two bf16 values of a word, as f32.
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx512bf16")))]
-fn bf16_unpack(w: u32) -> [f32; 2] {
-    [f32::from_bits(w << 16), f32::from_bits(w & 0xffff_0000)]
-}
-
-/// A register tile: `acc[r][c..c + LANES] (+)= Σ_i a[r][i] b_i[c..c + LANES]` for `R` rows
-/// and `C` vectors of columns, over `outer * inner` steps `i`; step `i = o * inner + n` reads
-/// `b` at `o * outer_stride + n * inner_stride`. The row values `a[r]` are consecutive.
-/// Starts from the values in `acc` (bias, or a partial sum); every read is checked up front.
-/// One kernel serves the matrix product (inner 1), the direct convolution (a kernel row of
-/// taps, one value apart, per input row) and both products of attention.
-#[inline(always)]
-fn tile<P: Products, const R: usize, const C: usize>(
-    _products: P,
-    acc: &mut [[[f32; LANES]; C]; R],
-    a: [&[P::Scalar]; R],
-    b: &[f32],
-    (outer, outer_stride): (usize, usize),
-    (inner, inner_stride): (usize, usize),
-) {
-    let steps = outer * inner;
-    if steps == 0 {
-        return;
-    }
-    let last_read = (outer - 1) * outer_stride + (inner - 1) * inner_stride + C * LANES;
-    assert!(b.len() >= last_read && a.iter().all(|a| a.len() >= steps));
-    // SAFETY: the assertion bounds every read: step (o, n) loads C vectors from `b` at
-    // o * outer_stride + n * inner_stride, below `last_read`, and one value below `steps` from
-    // each row of `a`; `acc` holds R x C vectors of LANES values.
-    unsafe {
-        let mut c: [[simd::F; C]; R] =
-            std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let a_ptr: [*const P::Scalar; R] = std::array::from_fn(|r| a[r].as_ptr());
-        let mut step = 0;
-        for o in 0..outer {
-            let mut bp = b.as_ptr().add(o * outer_stride);
-            for _ in 0..inner {
-                let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
-                for (c, a) in c.iter_mut().zip(&a_ptr) {
-                    let x = P::splat(*a.add(step));
-                    for (c, &bv) in c.iter_mut().zip(&bv) {
-                        *c = P::madd(*c, x, bv);
-                    }
-                }
-                bp = bp.add(inner_stride);
-                step += 1;
-            }
-        }
-        for (acc, c) in acc.iter_mut().zip(&c) {
-            for (acc, &c) in acc.iter_mut().zip(c) {
-                simd::store(acc.as_mut_ptr(), c);
-            }
-        }
-    }
-}
-
-pub(super) fn linear_bias_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    _param: f32,
-) {
-    linear_rows(srcs, out, ne, rows, Epilogue::Bias)
-}
-
-pub(super) fn linear_bias_gelu_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    _param: f32,
-) {
-    linear_rows(srcs, out, ne, rows, Epilogue::BiasGelu)
-}
-
-/// `residual + scale * (x W^T + b)`: srcs 3 and 4 are `scale` [N] and `residual` [N, T].
-pub(super) fn linear_scaled_residual_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    _param: f32,
-) {
-    linear_rows(srcs, out, ne, rows, Epilogue::ScaledResidual)
-}
-
-/// LayerNorm of rows `rows` of `srcs[0]` (rows of `ne[0]` values, strided over up to three
-/// dims) with weight `srcs[1]` and bias `srcs[2]`, epsilon `eps`: the mean, then the
-/// variance, over a row held in L1 (in f64 lanes), then one fused scale and shift.
-pub(super) fn layer_norm_rows(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    rows: Range<usize>,
-    eps: f32,
-) {
-    let (x, weight, bias) = (&srcs[0], srcs[1].data, srcs[2].data);
-    let n = ne[0];
-    for (r, dst) in rows.zip(out.chunks_exact_mut(n)) {
-        let (i1, i23) = (r % ne[1], r / ne[1]);
-        let (i2, i3) = (i23 % ne[2], i23 / ne[2]);
-        let row = &x.data[i1 * x.nb[1] + i2 * x.nb[2] + i3 * x.nb[3]..][..n];
-        let mean = lane_sum(row, |v| v as f64) / n as f64;
-        let var = lane_sum(row, |v| {
-            let d = v as f64 - mean;
-            d * d
-        }) / n as f64;
-        let rstd = (1.0 / (var + eps as f64).sqrt()) as f32;
-        let mean = mean as f32;
-        for (((o, &v), &w), &b) in dst.iter_mut().zip(row).zip(weight).zip(bias) {
-            *o = madd((v - mean) * rstd, w, b);
-        }
-    }
-}
-
-/// `Σ f(v)` over `values`, accumulated in `V` lanes so that the loop vectorises.
-fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
-    let mut lanes = [0.0f64; V];
-    let whole = values.len() / V * V;
-    for chunk in values[..whole].chunks_exact(V) {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += f(v);
-        }
-    }
-    lanes.iter().sum::<f64>() + values[whole..].iter().map(|&v| f(v)).sum::<f64>()
 }

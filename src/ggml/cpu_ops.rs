@@ -9,6 +9,7 @@
 
 use super::context::Context;
 use super::cpu_kernels;
+pub use super::cpu_kernels::KernelSet;
 use super::dtype::DType;
 use super::error::{Error, Result};
 use super::tensor::{Tensor, TensorView};
@@ -207,8 +208,7 @@ unsafe extern "C" fn run_kernel(
     (kernel.run)(&srcs, out, ne, units, kernel.param);
 }
 
-/// Columns per panel of a weight packed by [`pack_linear_panels`] (16 or 32, by the vector
-/// width this crate was compiled for).
+/// Columns per panel of a weight packed by [`pack_linear_panels`] (the same for every CPU).
 pub const LINEAR_PANEL: usize = cpu_kernels::PANEL;
 
 /// Packs the weight of a linear layer, `n` rows of `k` values (ggml's [k, n], PyTorch's
@@ -239,15 +239,23 @@ fn check_linear_weight(op: &'static str, w: &[f32], k: usize, n: usize) -> Resul
     Ok(())
 }
 
-/// Whether this build computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
-/// x86-64 with AVX512_BF16 enabled at compile time (e.g. AMD Zen 4, Intel Sapphire Rapids with
-/// `-C target-cpu=native`), where one instruction does twice the multiply-adds of an f32 FMA.
-pub const LINEAR_BF16: bool = cfg!(all(target_arch = "x86_64", target_feature = "avx512bf16"));
+/// Whether this process computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
+/// where the CPU kernels are the AVX-512 BF16 set ([`kernel_set`]; AMD Zen 4, Intel Sapphire
+/// Rapids), whose one instruction does twice the multiply-adds of an f32 FMA. Decided at run
+/// time, whatever the build's target features.
+pub fn linear_bf16() -> bool {
+    kernel_set().has_bf16_products()
+}
+
+/// The CPU kernel set of this process (see [`KernelSet`]).
+pub fn kernel_set() -> KernelSet {
+    cpu_kernels::kernel_set()
+}
 
 /// As [`pack_linear_panels`], rounding the weight to bf16 and storing pairs of consecutive
 /// inputs as one i32 word: ggml shape [[`LINEAR_PANEL`], k / 2, n / [`LINEAR_PANEL`]], `k` even. The
 /// product then rounds the layer's input to bf16 as well and accumulates in f32: about 2^-9
-/// relative error per product, for twice the speed of f32 where [`LINEAR_BF16`] holds.
+/// relative error per product, for twice the speed of f32 where [`linear_bf16`] holds.
 pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32>, [i64; 3])> {
     let op = "pack_linear_panels_bf16";
     check_linear_weight(op, w, k, n)?;
@@ -870,7 +878,7 @@ mod tests {
 
     /// Within `bound` of f32 where the CPU has bf16 products; identical where it has none.
     fn assert_bf16_close(diff: f32, bound: f32, what: &str) {
-        if super::LINEAR_BF16 {
+        if super::linear_bf16() {
             assert!(diff > 0.0 && diff < bound, "{what}: {diff}");
         } else {
             assert_eq!(diff, 0.0, "{what}");

@@ -44,10 +44,15 @@ mod shared;
 mod tensor;
 
 pub use alloc::{Allocation, Gallocr, NodeTime};
-pub use backend::{ggml_version, Backend, Device, DeviceCaps, DeviceKind, DeviceSpec};
+pub use backend::{
+    cpu_features, default_threads, ggml_version, Backend, Device, DeviceCaps, DeviceKind,
+    DeviceSpec,
+};
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
-pub use cpu_ops::{pack_linear_panels, pack_linear_panels_bf16, LINEAR_BF16, LINEAR_PANEL};
+pub use cpu_ops::{
+    kernel_set, linear_bf16, pack_linear_panels, pack_linear_panels_bf16, KernelSet, LINEAR_PANEL,
+};
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};
 pub use graph::Graph;

@@ -116,6 +116,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "device     {device_name}, {} threads, {}x{} -> {}x{}",
         args.device.threads, image.width, image.height, processed.width, processed.height
     );
+    println!("cpu        {}", da3::ggml::cpu_features());
     println!("load       {:.1} ms", load_s * 1e3);
     println!(
         "first      {:.1} ms (graph build, allocation, compute)",
@@ -147,6 +148,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "depth_drift_first_to_last": drift,
             "device": device_name,
             "threads": args.device.threads,
+            "cpu": da3::ggml::cpu_features(),
             "input": [image.width, image.height],
             "processed": [processed.width, processed.height],
             "load_ms": load_s * 1e3,

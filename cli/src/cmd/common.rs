@@ -15,7 +15,7 @@ pub struct DeviceArgs {
     /// from `da3 devices` (e.g. `CUDA0`, `MTL0`), or `rpc:HOST:PORT` for a `da3 rpc-server`.
     #[arg(long, default_value = "auto")]
     pub device: Device,
-    /// CPU threads (0: all cores; at most 4 per core, and 512).
+    /// CPU threads (0: one per physical core; at most 4 per CPU, and 512).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
 }

@@ -25,6 +25,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model = Model::from_gguf(&file, &args.device.options()?)?;
     let c = model.config().clone();
     println!("model        {}", args.model.describe());
+    println!("cpu          {}", da3::ggml::cpu_features());
     println!(
         "architecture depthanything3 ({}), GGUF v{}",
         c.name,

@@ -47,7 +47,7 @@ pub struct Args {
     /// The planner's policy for the planned path: route, mirror or strict.
     #[arg(long, default_value = "route")]
     policy: Policy,
-    /// CPU threads (0: all cores).
+    /// CPU threads (0: one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     #[arg(long, default_value_t = 504)]

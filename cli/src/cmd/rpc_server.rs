@@ -27,7 +27,7 @@ pub struct Args {
     /// TCP port (0: any free port; the one taken is printed).
     #[arg(long, default_value_t = 50052)]
     port: u16,
-    /// CPU threads for the served backend (0: all cores).
+    /// CPU threads for the served backend (0: one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Serve on a non-loopback address. Anyone who can reach the port can use this machine.
@@ -49,7 +49,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let threads = if args.threads == 0 {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        da3::ggml::default_threads()
     } else {
         args.threads
     };

@@ -262,7 +262,7 @@ impl Session {
         }
 
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
-        ctx.use_cpu_kernels(self.executor.device().is_cpu());
+        ctx.use_cpu_kernels(shared.cpu_kernels);
         ctx.use_bf16_products(shared.weights.bf16_products);
         let input = match part {
             Part::Whole | Part::Stem(_) => ctx
