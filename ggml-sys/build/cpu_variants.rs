@@ -120,7 +120,11 @@ pub fn build(
         let parts = compile(variant.name, &variant.flags);
         let merged = out_dir().join(format!("ggml-cpu-{}.o", variant.name));
         let mut link = compiler.to_command();
-        link.args(["-r", "-nostdlib", "-o"])
+        // `--force-group-allocation` dissolves the section groups (COMDAT): a group keeps its
+        // signature symbol's original name through the renaming below, so the final link would
+        // keep one variant's copy of each C++ inline function and resolve the other variants'
+        // calls to it to address 0.
+        link.args(["-r", "-nostdlib", "-Wl,--force-group-allocation", "-o"])
             .arg(&merged)
             .args(&parts);
         run(&mut link, "partially link the CPU backend");
