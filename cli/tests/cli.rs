@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-use common::{da3_in, Run};
+use common::{assert_clean_failure, da3_in, entries, Run};
 
 fn da3(args: &[&str]) -> Run {
     da3_in(&std::env::temp_dir(), args)
@@ -18,35 +18,6 @@ fn da3(args: &[&str]) -> Run {
 
 fn assert_success(run: &Run) {
     assert_eq!(run.code, Some(0), "{}", run.context());
-}
-
-/// Exit 1 with an error (not a panic or abort) whose text mentions every one of `parts`.
-fn assert_clean_failure(run: &Run, parts: &[&str]) {
-    assert_eq!(run.code, Some(1), "{}", run.context());
-    // Warnings (e.g. that the built-in model stands in) may come first.
-    assert!(
-        run.stderr.lines().any(|l| l.starts_with("Error:")),
-        "stderr should have an `Error:` line\n{}",
-        run.context()
-    );
-    assert!(!run.stderr.contains("panicked"), "{}", run.context());
-    for part in parts {
-        assert!(
-            run.stderr.contains(part),
-            "stderr should mention `{part}`\n{}",
-            run.context()
-        );
-    }
-}
-
-/// The names in `dir` (hidden temporary files included), sorted.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
 }
 
 fn path_str(path: &Path) -> &str {

@@ -6,37 +6,7 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-use common::{da3_in, Run};
-
-/// Exit 1, stderr starting with `Error:` and mentioning every one of `parts`, no panic.
-fn assert_clean_failure(run: &Run, parts: &[&str]) {
-    assert_eq!(run.code, Some(1), "{}", run.context());
-    assert!(
-        run.stderr.starts_with("Error:"),
-        "stderr should start with `Error:`\n{}",
-        run.context()
-    );
-    for bad in ["panicked", "RUST_BACKTRACE", "core dumped"] {
-        assert!(!run.stderr.contains(bad), "{}", run.context());
-    }
-    for part in parts {
-        assert!(
-            run.stderr.contains(part),
-            "stderr should mention `{part}`\n{}",
-            run.context()
-        );
-    }
-}
-
-/// The names in `dir` (hidden temporary files included), sorted.
-fn entries(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
+use common::{assert_clean_failure, da3_in, entries, Run};
 
 /// A working folder with an empty `out/` for outputs.
 struct Case {

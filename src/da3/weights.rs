@@ -116,8 +116,9 @@ impl std::fmt::Debug for LoadedWeights {
     }
 }
 
-fn pad4(ne: &[u64]) -> [u64; 4] {
-    let mut out = [1u64; 4];
+/// A shape of up to four dimensions padded with ones to ggml's four.
+fn pad4<T: Copy + From<u8>>(ne: &[T]) -> [T; 4] {
+    let mut out = [T::from(1); 4];
     out[..ne.len()].copy_from_slice(ne);
     out
 }
@@ -286,7 +287,7 @@ impl<'f> Loader<'f> {
             })?;
             if !packed {
                 let expected: Vec<i64> = shape.iter().rev().map(|&d| d as i64).collect();
-                if pad4i(&expected) != tensor.ne() {
+                if pad4(&expected) != tensor.ne() {
                     return Err(Error::Weights(format!(
                         "tensor `{name}` was loaded as {}, the architecture expects {shape:?}",
                         tensor.shape()
@@ -503,12 +504,6 @@ impl<'f> Loader<'f> {
             bf16_products,
         })
     }
-}
-
-fn pad4i(ne: &[i64]) -> [i64; 4] {
-    let mut out = [1i64; 4];
-    out[..ne.len()].copy_from_slice(ne);
-    out
 }
 
 /// Fails naming the tensor when f32, f16 or bf16 data holds a NaN or an infinity (one pass

@@ -39,3 +39,34 @@ pub fn da3_in<S: AsRef<std::ffi::OsStr>>(cwd: &Path, args: &[S]) -> Run {
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// Exit 1 with an error (not a panic, abort or signal) whose text mentions every one of
+/// `parts`. Warnings (e.g. that the built-in model stands in) may come before the `Error:` line.
+pub fn assert_clean_failure(run: &Run, parts: &[&str]) {
+    assert_eq!(run.code, Some(1), "{}", run.context());
+    assert!(
+        run.stderr.lines().any(|l| l.starts_with("Error:")),
+        "stderr should have an `Error:` line\n{}",
+        run.context()
+    );
+    for bad in ["panicked", "RUST_BACKTRACE", "core dumped"] {
+        assert!(!run.stderr.contains(bad), "{}", run.context());
+    }
+    for part in parts {
+        assert!(
+            run.stderr.contains(part),
+            "stderr should mention `{part}`\n{}",
+            run.context()
+        );
+    }
+}
+
+/// The names in `dir` (hidden temporary files included), sorted.
+pub fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
