@@ -7,6 +7,9 @@ use crate::ggml::gguf::GgufWriter;
 use crate::ggml::DType;
 use std::path::Path;
 
+mod quantize;
+pub use quantize::{quantize, QuantizeSummary, TypeCount};
+
 /// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
 /// tensors single-image depth does not use (ray branch, camera encoder, 3DGS head).
 pub fn gguf_name(key: &str) -> Option<String> {
@@ -208,42 +211,100 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     }
 }
 
-/// Tensor storage types a converted or synthetic file may use. Except for `F32`, the type
-/// applies to the matrix-product weights (block linears, camera decoder) only, as in
-/// depth-anything.cpp's files; k-quants fall back to q8_0 where a row is not a multiple of 256.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Tensor storage types a converted, synthetic or quantised file may use. Except for `F32`,
+/// the type applies to the matrix-product weights ([`is_matmul_weight`]) only, as in
+/// depth-anything.cpp's files; k-quants fall back to q8_0 where a row is not a multiple of
+/// 256, and a block type leaves a matrix whose rows are not a multiple of 32 as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightType {
     F32,
     F16,
+    BF16,
     Q8_0,
+    Q6K,
+    Q5K,
     Q4K,
 }
 
 impl std::str::FromStr for WeightType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "f32" => Ok(WeightType::F32),
-            "f16" => Ok(WeightType::F16),
-            "q8_0" => Ok(WeightType::Q8_0),
-            "q4_k" => Ok(WeightType::Q4K),
-            other => Err(format!(
-                "unknown weight type `{other}` (f32, f16, q8_0, q4_k)"
-            )),
-        }
+        WeightType::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                let names: Vec<&str> = WeightType::ALL.iter().map(|t| t.name()).collect();
+                format!("unknown weight type `{s}` ({})", names.join(", "))
+            })
+    }
+}
+
+impl std::fmt::Display for WeightType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
 impl WeightType {
-    /// The storage type of a matrix weight whose rows hold `ne0` values.
-    fn for_row(self, ne0: u64) -> DType {
-        let fits = |t: DType| ne0.is_multiple_of(t.block_size() as u64);
+    /// Every type, in the order of [`WeightType::name`]'s list.
+    pub const ALL: &'static [WeightType] = &[
+        WeightType::F32,
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q6K,
+        WeightType::Q5K,
+        WeightType::Q4K,
+    ];
+
+    /// The types [`quantize`] converts to (all but f32).
+    pub const QUANTIZED: &'static [WeightType] = &[
+        WeightType::F16,
+        WeightType::BF16,
+        WeightType::Q8_0,
+        WeightType::Q6K,
+        WeightType::Q5K,
+        WeightType::Q4K,
+    ];
+
+    /// The name on the command line: `f32`, `f16`, `bf16`, `q8_0`, `q6_k`, `q5_k`, `q4_k`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "f32",
+            WeightType::F16 => "f16",
+            WeightType::BF16 => "bf16",
+            WeightType::Q8_0 => "q8_0",
+            WeightType::Q6K => "q6_k",
+            WeightType::Q5K => "q5_k",
+            WeightType::Q4K => "q4_k",
+        }
+    }
+
+    /// The ggml type of the matrix weights.
+    pub fn dtype(self) -> DType {
         match self {
             WeightType::F32 => DType::F32,
             WeightType::F16 => DType::F16,
-            WeightType::Q4K if fits(DType::Q4_K) => DType::Q4_K,
-            WeightType::Q8_0 | WeightType::Q4K if fits(DType::Q8_0) => DType::Q8_0,
-            _ => DType::F16,
+            WeightType::BF16 => DType::BF16,
+            WeightType::Q8_0 => DType::Q8_0,
+            WeightType::Q6K => DType::Q6_K,
+            WeightType::Q5K => DType::Q5_K,
+            WeightType::Q4K => DType::Q4_K,
+        }
+    }
+
+    /// The storage type of a matrix weight whose rows hold `ne0` values, or `None` where
+    /// the type cannot store such rows (and the weight stays as it is).
+    pub fn for_row(self, ne0: u64) -> Option<DType> {
+        let fits = |t: DType| ne0.is_multiple_of(t.block_size() as u64);
+        let target = self.dtype();
+        if fits(target) {
+            Some(target)
+        } else if target.block_size() == 256 && fits(DType::Q8_0) {
+            Some(DType::Q8_0)
+        } else {
+            None
         }
     }
 }
@@ -271,7 +332,7 @@ pub fn build_gguf(
         let data = values(&official_name(&name), &shape)?;
         let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let dtype = if is_matmul_weight(&name) {
-            weight_type.for_row(ne[0])
+            weight_type.for_row(ne[0]).unwrap_or(DType::F32)
         } else {
             DType::F32
         };
@@ -284,19 +345,30 @@ pub fn build_gguf(
     Ok(w)
 }
 
-/// The tensors depth-anything.cpp stores quantised: block linears and the camera decoder.
+/// The tensors depth-anything.cpp's quantizer converts (the matrix weights of
+/// `ggml_mul_mat`): `vit.blk.N.{attn_qkv,attn_proj,mlp_fc1,mlp_fc2,mlp_w12,mlp_w3}.weight` and
+/// `cam.{bb0,bb2,fc_t,fc_q,fc_fov}.weight`. Everything else (convolutions, norms, biases,
+/// tokens, position embedding) stays f32.
 pub fn is_matmul_weight(name: &str) -> bool {
-    let block = [
+    const BLOCK: [&str; 6] = [
         "attn_qkv",
         "attn_proj",
         "mlp_fc1",
         "mlp_fc2",
         "mlp_w12",
         "mlp_w3",
-    ]
-    .iter()
-    .any(|k| name.contains(k));
-    (block && name.starts_with("vit.blk.") || name.starts_with("cam.")) && name.ends_with(".weight")
+    ];
+    const CAMERA: [&str; 5] = ["bb0", "bb2", "fc_t", "fc_q", "fc_fov"];
+    let Some(stem) = name.strip_suffix(".weight") else {
+        return false;
+    };
+    if let Some(rest) = stem.strip_prefix("vit.blk.") {
+        return rest.split_once('.').is_some_and(|(index, field)| {
+            !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && BLOCK.contains(&field)
+        });
+    }
+    stem.strip_prefix("cam.")
+        .is_some_and(|field| CAMERA.contains(&field))
 }
 
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).

@@ -69,6 +69,14 @@ pub enum Error {
         /// Why it cannot be converted.
         reason: String,
     },
+    /// A model file that cannot be quantised (see [`convert::quantize`]).
+    #[error("cannot quantize {path}: {reason}")]
+    Quantize {
+        /// The input file.
+        path: PathBuf,
+        /// Why not.
+        reason: String,
+    },
     /// An output file that could not be written (nothing is left half-written).
     #[error("cannot write {path}: {source}")]
     Output {

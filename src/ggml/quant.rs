@@ -39,6 +39,29 @@ pub fn quantize(dtype: DType, values: &[f32], n_per_row: usize) -> Result<Vec<u8
             reason: format!("rows of {n_per_row} values must be a multiple of {dtype}'s block of {} and divide the {} values", dtype.block_size(), values.len()),
         });
     }
+    // ggml asserts (aborts) on a type that needs an importance matrix when none is given.
+    // SAFETY: compares its argument with three enum values; touches no memory, defined for
+    // every `ggml_type` id.
+    if unsafe { sys::ggml_quantize_requires_imatrix(dtype.id()) } {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("{dtype} needs an importance matrix, which this crate does not supply"),
+        });
+    }
+    // The block quantisers round scaled values to integers through a helper that asserts a
+    // finite range (compiled out only under NDEBUG): refuse infinities and NaNs first. f16
+    // and bf16 are plain conversions, defined for every value.
+    if dtype.is_quantized() {
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: format!(
+                    "value {i} ({}) is not finite; {dtype} cannot store it",
+                    values[i]
+                ),
+            });
+        }
+    }
     let nrows = values.len() / n_per_row;
     let row = dtype
         .row_size(n_per_row as u64)
@@ -46,9 +69,22 @@ pub fn quantize(dtype: DType, values: &[f32], n_per_row: usize) -> Result<Vec<u8
             op,
             reason: "row size overflows".into(),
         })? as usize;
-    let mut out = vec![0u8; row * nrows];
-    // SAFETY: a type that needs no importance matrix (checked, so the imatrix assertion cannot
-    // fire), start 0, whole rows of a block multiple; `out` holds exactly nrows rows.
+    let len = row
+        .checked_mul(nrows)
+        .ok_or_else(|| Error::InvalidArgument {
+            op,
+            reason: "output size overflows".into(),
+        })?;
+    let mut out = vec![0u8; len];
+    // SAFETY: checked above against ggml's `ggml_quantize_chunk`: `dtype` is one of the types
+    // its switch handles (QUANTIZABLE; any other hits `assert(false)`), and needs no importance
+    // matrix (so the `imatrix != NULL` assertion cannot fire with a null one); `start` is 0,
+    // so both `start % blck_size` and `start % n_per_row` assertions hold; `n_per_row` is a
+    // multiple of the block size (the k-quants assert `n_per_row % QK_K == 0`) and the values
+    // are finite (their rounding helper asserts a bounded magnitude); it reads exactly
+    // `nrows * n_per_row` floats (`values.len()`) and writes `nrows` rows of
+    // `ggml_row_size(dtype, n_per_row)` bytes (`out.len()`, computed with the same block and
+    // type sizes as ggml's table), so both pointers cover what it touches.
     let written = unsafe {
         sys::ggml_quantize_chunk(
             dtype.id(),

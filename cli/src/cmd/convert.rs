@@ -13,8 +13,9 @@ pub struct Args {
     /// Output file (written atomically).
     #[arg(short, long, value_name = "OUT.gguf")]
     output: PathBuf,
-    /// Storage type of the matrix weights (block linears and camera decoder): f32, f16,
-    /// q8_0 or q4_k; everything else stays f32.
+    /// Storage type of the matrix weights (block linears and camera decoder): f32, f16, bf16,
+    /// q8_0, q6_k, q5_k or q4_k (k-quants fall back to q8_0 where rows are not a multiple of
+    /// 256); everything else stays f32.
     #[arg(long = "type", default_value = "f32")]
     weight_type: WeightType,
 }

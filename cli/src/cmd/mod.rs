@@ -11,6 +11,7 @@ mod convert;
 mod depth;
 mod devices;
 mod info;
+mod quantize;
 mod repro;
 mod rpc_server;
 mod serve;
@@ -46,6 +47,8 @@ enum Command {
     Info(info::Args),
     /// Convert an official checkpoint directory to GGUF.
     Convert(convert::Args),
+    /// Quantize the matrix weights of a GGUF model file (f16, bf16, q8_0, q6_k, q5_k, q4_k).
+    Quantize(quantize::Args),
     /// Reproduce the Metal NULL-buffer crash and show the residency planner fixing it.
     Repro(repro::Args),
     /// Time a model: load, first image, steady state, memory.
@@ -75,6 +78,7 @@ pub fn main() -> ExitCode {
         Command::Depth(args) => depth::run(args),
         Command::Info(args) => info::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::Repro(args) => repro::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Devices(args) => devices::run(args),
