@@ -397,3 +397,25 @@ pub(super) fn pack_panels_bf16(w: &[f32], k: usize, n: usize) -> Vec<i32> {
     }
     packed
 }
+
+#[cfg(test)]
+mod tests {
+    /// Softmax's `exp` (every instance shares the portable one's arithmetic): within 2 ulp of
+    /// f64's down to the flush threshold, exactly 0 below it, never subnormal.
+    #[test]
+    fn exp_is_accurate_and_flushes_before_subnormals() {
+        let mut x = 0.0f32;
+        while x > -90.0 {
+            let ours = super::portable::exp_for_tests(x);
+            if x < -60.0 {
+                assert_eq!(ours, 0.0, "exp({x})");
+            } else {
+                let exact = (x as f64).exp() as f32;
+                let ulps = (ours.to_bits() as i64 - exact.to_bits() as i64).abs();
+                assert!(ulps <= 2, "exp({x}) = {ours}, exact {exact}: {ulps} ulp");
+            }
+            assert!(ours == 0.0 || ours.is_normal(), "exp({x}) = {ours} is subnormal");
+            x -= 0.0137;
+        }
+    }
+}
