@@ -5,15 +5,18 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod batch;
 mod bench;
 mod common;
 mod convert;
 mod depth;
 mod devices;
 mod info;
+mod outputs;
 mod repro;
 mod rpc_server;
 mod serve;
+mod video;
 
 #[derive(Parser)]
 #[command(
@@ -40,8 +43,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Depth (and confidence, sky, pose) for one image.
+    /// Depth (and confidence, sky, pose, point clouds) for one image or one scene.
     Depth(depth::Args),
+    /// Many images (files, folders, globs, video frames) with one model load per device;
+    /// outputs named after the inputs in --out-dir, and summary.json.
+    Batch(batch::Args),
     /// What a model file holds and where its weights live.
     Info(info::Args),
     /// Convert an official checkpoint directory to GGUF.
@@ -73,6 +79,7 @@ pub fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Depth(args) => depth::run(args),
+        Command::Batch(args) => batch::run(args),
         Command::Info(args) => info::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Repro(args) => repro::run(args),
