@@ -44,10 +44,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Depth (and confidence, sky, pose, point clouds) for one image or one scene.
-    Depth(depth::Args),
+    Depth(Box<depth::Args>),
     /// Many images (files, folders, globs, video frames) with one model load per device;
     /// outputs named after the inputs in --out-dir, and summary.json.
-    Batch(batch::Args),
+    Batch(Box<batch::Args>),
     /// What a model file holds and where its weights live.
     Info(info::Args),
     /// Convert an official checkpoint directory to GGUF.
@@ -78,8 +78,8 @@ pub fn main() -> ExitCode {
         remove_temporary_files_on_signals();
     }
     let result = match cli.command {
-        Command::Depth(args) => depth::run(args),
-        Command::Batch(args) => batch::run(args),
+        Command::Depth(args) => depth::run(*args),
+        Command::Batch(args) => batch::run(*args),
         Command::Info(args) => info::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Repro(args) => repro::run(args),
