@@ -495,6 +495,17 @@ fn a_video_without_ffmpeg_is_a_clear_error_naming_it() {
         stderr.contains("clip.mp4") && stderr.contains("`ffmpeg` program, which is not on PATH"),
         "{stderr}"
     );
+    // `da3 depth` points to `da3 batch` for videos.
+    let depth = da3_in(
+        dir.path(),
+        &["depth", "--input", "clip.mp4", "--device", "cpu"],
+    );
+    assert_eq!(depth.code, Some(1), "{}", depth.context());
+    assert!(
+        depth.stderr.contains("da3 batch --input clip.mp4"),
+        "{}",
+        depth.context()
+    );
     // The still image is computed all the same.
     assert!(dir.path().join("o/still.png").is_file(), "{stderr}");
     let s = summary(&dir.path().join("o"));
