@@ -460,8 +460,8 @@ impl Colormap {
         match self {
             Colormap::Gray => [(x.clamp(0.0, 1.0) * 255.0).round() as u8; 3],
             Colormap::Turbo => turbo(x),
-            Colormap::Inferno => anchored(&INFERNO, x),
-            Colormap::Viridis => anchored(&VIRIDIS, x),
+            Colormap::Inferno => lookup(&super::colormaps::INFERNO, x),
+            Colormap::Viridis => lookup(&super::colormaps::VIRIDIS, x),
         }
     }
 }
@@ -525,56 +525,11 @@ fn turbo(x: f32) -> [u8; 3] {
     [r, g, b].map(|c| (c.clamp(0.0, 1.0) * 255.0).round() as u8)
 }
 
-/// matplotlib's viridis and inferno (Smith and van der Walt, 2015; the published colormap
-/// tables, CC0) sampled at 17 evenly spaced points, 8-bit; linear interpolation between them
-/// stays within 7 levels of the full 256-entry tables.
-const VIRIDIS: [[u8; 3]; 17] = [
-    [68, 1, 84],
-    [72, 24, 106],
-    [71, 45, 123],
-    [66, 64, 134],
-    [59, 82, 139],
-    [51, 99, 141],
-    [44, 114, 142],
-    [38, 130, 142],
-    [33, 145, 140],
-    [31, 160, 136],
-    [40, 174, 128],
-    [63, 188, 115],
-    [94, 201, 98],
-    [132, 212, 75],
-    [173, 220, 48],
-    [216, 226, 25],
-    [253, 231, 37],
-];
-const INFERNO: [[u8; 3]; 17] = [
-    [0, 0, 4],
-    [11, 7, 36],
-    [33, 12, 74],
-    [61, 9, 101],
-    [87, 16, 110],
-    [113, 25, 110],
-    [138, 34, 106],
-    [163, 44, 97],
-    [188, 55, 84],
-    [210, 70, 68],
-    [228, 90, 49],
-    [241, 115, 29],
-    [249, 142, 9],
-    [252, 172, 17],
-    [249, 203, 53],
-    [242, 234, 105],
-    [252, 255, 164],
-];
-
-fn anchored(table: &[[u8; 3]], x: f32) -> [u8; 3] {
-    let pos = x.clamp(0.0, 1.0) * (table.len() - 1) as f32;
-    let lo = (pos.floor() as usize).min(table.len() - 2);
-    let f = pos - lo as f32;
-    [0, 1, 2].map(|c| {
-        let (a, b) = (f32::from(table[lo][c]), f32::from(table[lo + 1][c]));
-        (a + (b - a) * f).round() as u8
-    })
+/// matplotlib's lookup: entry `floor(x * 256)` of the 256-entry table (x clamped to 0..=1),
+/// as `Colormap.__call__` indexes a float.
+fn lookup(table: &[[u8; 3]; 256], x: f32) -> [u8; 3] {
+    let i = (x.clamp(0.0, 1.0) * 256.0) as usize;
+    table[i.min(255)]
 }
 
 /// A 16-bit greyscale PNG of `values`: linear, the smallest finite value 0 and the largest
@@ -676,14 +631,22 @@ pub fn resize_bilinear(
 #[cfg(test)]
 mod tests {
     #[test]
-    fn colormap_ends_match_matplotlib() {
+    fn colormaps_parse_and_span_their_tables() {
         use super::Colormap;
-        assert_eq!(Colormap::Viridis.rgb(0.0), [68, 1, 84]); // #440154
-        assert_eq!(Colormap::Viridis.rgb(1.0), [253, 231, 37]); // #fde725
-        assert_eq!(Colormap::Inferno.rgb(0.0), [0, 0, 4]); // #000004
-        assert_eq!(Colormap::Inferno.rgb(1.0), [252, 255, 164]); // #fcffa4
-                                                                 // matplotlib viridis(0.5) = #21918c.
-        assert_eq!(Colormap::Viridis.rgb(0.5), [33, 145, 140]);
+        // Against matplotlib's every value: tests/colormaps.rs.
+        assert_eq!(
+            Colormap::Viridis.rgb(0.0),
+            super::super::colormaps::VIRIDIS[0]
+        );
+        assert_eq!(
+            Colormap::Viridis.rgb(1.0),
+            super::super::colormaps::VIRIDIS[255]
+        );
+        assert_eq!(
+            Colormap::Inferno.rgb(f32::NAN),
+            super::super::colormaps::INFERNO[0]
+        );
+        assert_eq!(Colormap::Gray.rgb(1.0), [255; 3]);
         assert_eq!("inferno".parse::<Colormap>().unwrap(), Colormap::Inferno);
         assert!("jet".parse::<Colormap>().is_err());
     }
