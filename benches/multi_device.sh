@@ -29,20 +29,23 @@ mkdir "$work/in"
 ffmpeg -nostdin -loglevel error -f lavfi -i "testsrc=size=320x240:rate=$N" -frames:v "$N" \
     "$work/in/%03d.png"
 
-server() { # core -> endpoint
-    local out="$work/server.$1.$RANDOM"
+server() { # core, output file; the endpoint is the output's first line
     taskset -c "$1" "$DA3" rpc-server --port 0 --threads 1 --max-connections 64 \
-        >"$out" 2>/dev/null &
+        >"$2" 2>/dev/null &
     pids+=($!)
+}
+endpoint() { # output file -> endpoint
     for _ in $(seq 100); do
-        if [[ -s "$out" ]]; then awk '{print $NF; exit}' "$out"; return; fi
+        if [[ -s "$1" ]]; then awk '{print $NF; exit}' "$1"; return; fi
         sleep 0.1
     done
     echo "rpc-server did not start" >&2
     exit 1
 }
-s1=$(server 1)
-s2=$(server 0)
+server 1 "$work/server1"
+server 0 "$work/server2"
+s1=$(endpoint "$work/server1")
+s2=$(endpoint "$work/server2")
 
 grep -m1 'model name' /proc/cpuinfo
 echo "cores: $(nproc); model: ${MODEL:-built-in da3-tiny}; $N images 320x240 at --process-res $RES"
