@@ -6,6 +6,7 @@
 //! each image is computed through the residency planner ([`crate::residency::Executor`]).
 
 mod backbone;
+mod colormaps;
 pub mod config;
 pub mod convert;
 pub mod export;

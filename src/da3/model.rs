@@ -331,7 +331,13 @@ impl Session {
         process_res: usize,
     ) -> Result<Prediction, Error> {
         let processed = preprocess::preprocess(image, process_res)?;
-        let mut prediction = self.forward(&processed)?;
+        self.predict_processed(&processed)
+    }
+
+    /// [`Session::forward`] with the checks and post-processing of [`Session::predict`]: for
+    /// callers that keep the preprocessed image (its `rgb8` colours 3D exports).
+    pub fn predict_processed(&mut self, processed: &ProcessedImage) -> Result<Prediction, Error> {
+        let mut prediction = self.forward(processed)?;
         let finite = prediction.depth.iter().filter(|v| v.is_finite()).count();
         if finite == 0 {
             return Err(Error::Input(format!(

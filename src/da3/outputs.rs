@@ -433,6 +433,37 @@ pub enum Colormap {
     /// Google's Turbo rainbow map, near = red.
     #[default]
     Turbo,
+    /// matplotlib's inferno (black, purple, orange, pale yellow), near = yellow.
+    Inferno,
+    /// matplotlib's viridis (purple, teal, yellow), near = yellow.
+    Viridis,
+}
+
+impl std::str::FromStr for Colormap {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "gray" | "grey" => Ok(Colormap::Gray),
+            "turbo" => Ok(Colormap::Turbo),
+            "inferno" => Ok(Colormap::Inferno),
+            "viridis" => Ok(Colormap::Viridis),
+            other => Err(Error::Input(format!(
+                "unknown colormap {other:?} (gray, turbo, inferno, viridis)"
+            ))),
+        }
+    }
+}
+
+impl Colormap {
+    /// The colour of `x` in 0..=1 (clamped).
+    pub fn rgb(self, x: f32) -> [u8; 3] {
+        match self {
+            Colormap::Gray => [(x.clamp(0.0, 1.0) * 255.0).round() as u8; 3],
+            Colormap::Turbo => turbo(x),
+            Colormap::Inferno => lookup(&super::colormaps::INFERNO, x),
+            Colormap::Viridis => lookup(&super::colormaps::VIRIDIS, x),
+        }
+    }
 }
 
 /// An 8-bit PNG of `values` scaled to their range, near (small depth) bright.
@@ -460,10 +491,7 @@ pub fn write_png(
     let mut rgb = Vec::with_capacity(width * height * 3);
     for &v in values {
         let x = level(v);
-        match colormap {
-            Colormap::Gray => rgb.extend_from_slice(&[(x * 255.0).round() as u8; 3]),
-            Colormap::Turbo => rgb.extend_from_slice(&turbo(x)),
-        }
+        rgb.extend_from_slice(&colormap.rgb(x));
     }
     let mut encoded = Vec::new();
     image::codecs::png::PngEncoder::new(&mut encoded)
@@ -497,8 +525,174 @@ fn turbo(x: f32) -> [u8; 3] {
     [r, g, b].map(|c| (c.clamp(0.0, 1.0) * 255.0).round() as u8)
 }
 
+/// matplotlib's lookup: entry `floor(x * 256)` of the 256-entry table (x clamped to 0..=1),
+/// as `Colormap.__call__` indexes a float.
+fn lookup(table: &[[u8; 3]; 256], x: f32) -> [u8; 3] {
+    let i = (x.clamp(0.0, 1.0) * 256.0) as usize;
+    table[i.min(255)]
+}
+
+/// A 16-bit greyscale PNG of `values`: linear, the smallest finite value 0 and the largest
+/// 65535 (far = bright, unlike the 8-bit image), non-finite values 0. The range is recorded in
+/// `tEXt` chunks `depth_min` and `depth_max`, so `v = min + p / 65535 * (max - min)`.
+pub fn write_png16(path: &Path, values: &[f32], width: usize, height: usize) -> Result<(), Error> {
+    if values.len() != width * height || values.is_empty() {
+        return Err(Error::Input(format!(
+            "{} values for a {width}x{height} image",
+            values.len()
+        )));
+    }
+    let (lo, hi) = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    let (lo, hi) = if lo.is_finite() { (lo, hi) } else { (0.0, 0.0) };
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    let mut samples = Vec::with_capacity(values.len() * 2);
+    for &v in values {
+        let p = if v.is_finite() {
+            (((v - lo) / span).clamp(0.0, 1.0) * 65535.0).round() as u16
+        } else {
+            0
+        };
+        samples.extend_from_slice(&p.to_be_bytes());
+    }
+    let err = |e: png::EncodingError| Error::Output {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    };
+    let mut encoded = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut encoded, width as u32, height as u32);
+        encoder.set_color(png::ColorType::Grayscale);
+        encoder.set_depth(png::BitDepth::Sixteen);
+        encoder
+            .add_text_chunk("depth_min".into(), format!("{lo:e}"))
+            .map_err(err)?;
+        encoder
+            .add_text_chunk("depth_max".into(), format!("{hi:e}"))
+            .map_err(err)?;
+        let mut writer = encoder.write_header().map_err(err)?;
+        writer.write_image_data(&samples).map_err(err)?;
+        writer.finish().map_err(err)?;
+    }
+    write_atomically(path, |w| w.write_all(&encoded))
+}
+
+/// Bilinear resampling of a row-major map to `new_width x new_height`, pixel centres aligned
+/// (`align_corners = False`, as `torch.nn.functional.interpolate` and OpenCV's INTER_LINEAR):
+/// the source coordinate of output pixel `x` is `(x + 0.5) * w / new_w - 0.5`, clamped.
+pub fn resize_bilinear(
+    values: &[f32],
+    width: usize,
+    height: usize,
+    new_width: usize,
+    new_height: usize,
+) -> Result<Vec<f32>, Error> {
+    if values.len() != width * height || width == 0 || height == 0 {
+        return Err(Error::Input(format!(
+            "{} values for a {width}x{height} map",
+            values.len()
+        )));
+    }
+    if new_width == 0 || new_height == 0 {
+        return Err(Error::Input(format!(
+            "cannot resize to {new_width}x{new_height}"
+        )));
+    }
+    let axis = |n: usize, new: usize| -> Vec<(usize, usize, f32)> {
+        (0..new)
+            .map(|x| {
+                let s = ((x as f64 + 0.5) * n as f64 / new as f64 - 0.5).clamp(0.0, (n - 1) as f64);
+                let i0 = s.floor() as usize;
+                let i1 = (i0 + 1).min(n - 1);
+                (i0, i1, (s - i0 as f64) as f32)
+            })
+            .collect()
+    };
+    let (xs, ys) = (axis(width, new_width), axis(height, new_height));
+    let mut out = Vec::with_capacity(new_width * new_height);
+    for &(y0, y1, fy) in &ys {
+        let (r0, r1) = (
+            &values[y0 * width..][..width],
+            &values[y1 * width..][..width],
+        );
+        for &(x0, x1, fx) in &xs {
+            let top = r0[x0] + (r0[x1] - r0[x0]) * fx;
+            let bottom = r1[x0] + (r1[x1] - r1[x0]) * fx;
+            out.push(top + (bottom - top) * fy);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn colormaps_parse_and_span_their_tables() {
+        use super::Colormap;
+        // Against matplotlib's every value: tests/colormaps.rs.
+        assert_eq!(
+            Colormap::Viridis.rgb(0.0),
+            super::super::colormaps::VIRIDIS[0]
+        );
+        assert_eq!(
+            Colormap::Viridis.rgb(1.0),
+            super::super::colormaps::VIRIDIS[255]
+        );
+        assert_eq!(
+            Colormap::Inferno.rgb(f32::NAN),
+            super::super::colormaps::INFERNO[0]
+        );
+        assert_eq!(Colormap::Gray.rgb(1.0), [255; 3]);
+        assert_eq!("inferno".parse::<Colormap>().unwrap(), Colormap::Inferno);
+        assert!("jet".parse::<Colormap>().is_err());
+    }
+
+    #[test]
+    fn bilinear_resize_aligns_pixel_centres() {
+        // 2x1 -> 4x1: sources -0.25 (clamped 0), 0.25, 0.75, 1.25 (clamped 1).
+        let out = super::resize_bilinear(&[0.0, 4.0], 2, 1, 4, 1).unwrap();
+        assert_eq!(out, vec![0.0, 1.0, 3.0, 4.0]);
+        let same = super::resize_bilinear(&[1.0, 2.0, 3.0, 4.0], 2, 2, 2, 2).unwrap();
+        assert_eq!(same, vec![1.0, 2.0, 3.0, 4.0]);
+        assert!(super::resize_bilinear(&[1.0], 2, 2, 4, 4).is_err());
+    }
+
+    #[test]
+    fn png16_reads_back_with_its_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.png");
+        super::write_png16(&path, &[1.0, 2.0, 3.0, f32::NAN], 2, 2).unwrap();
+        let decoder =
+            png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&path).unwrap()));
+        let mut reader = decoder.read_info().unwrap();
+        let texts: Vec<(String, String)> = reader
+            .info()
+            .uncompressed_latin1_text
+            .iter()
+            .map(|t| (t.keyword.clone(), t.text.clone()))
+            .collect();
+        assert!(
+            texts.contains(&("depth_min".into(), "1e0".into())),
+            "{texts:?}"
+        );
+        assert!(texts.contains(&("depth_max".into(), "3e0".into())));
+        let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+        let frame = reader.next_frame(&mut buf).unwrap();
+        assert_eq!(
+            (frame.bit_depth, frame.color_type),
+            (png::BitDepth::Sixteen, png::ColorType::Grayscale)
+        );
+        let px: Vec<u16> = buf
+            .chunks(2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            .collect();
+        assert_eq!(px, vec![0, 32768, 65535, 0]);
+    }
+
     use super::*;
 
     /// [`remove_temporary_files`] removes every write in progress in this process, so the

@@ -87,6 +87,12 @@ impl ModelArgs {
 /// `--input`, or the built-in synthetic 640x427 image.
 pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
     match input {
+        Some(path) if super::video::is_video(path) => anyhow::bail!(
+            "{} is a video: `da3 depth` takes images; `da3 batch --input {} --fps N --out-dir DIR` \
+             decodes a video's frames (with ffmpeg) and computes each",
+            path.display(),
+            path.display()
+        ),
         Some(path) => Ok(load_image(path)?),
         None => Ok(da3::synthetic::image(640, 427)),
     }

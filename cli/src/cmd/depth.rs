@@ -2,8 +2,12 @@
 //! scene (several `--input`s).
 
 use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
+use super::outputs::{
+    check_colmap_folder, check_model, named_outputs, write_exports, write_maps, Exports, Item,
+    Maps, Output, Settings,
+};
 use anyhow::{bail, Context as _};
-use da3::{Colormap, LoadOptions, Policy, RefViewStrategy};
+use da3::{LoadOptions, Policy, RefViewStrategy};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -26,17 +30,42 @@ pub struct Args {
     /// Depth as PFM (float32, rows bottom to top) at the processed resolution.
     #[arg(long)]
     pfm: Option<PathBuf>,
-    /// Depth as an 8-bit PNG, near = bright.
+    /// Depth as an 8-bit PNG, near = bright (--colormap).
     #[arg(long)]
     png: Option<PathBuf>,
-    #[arg(long, default_value = "turbo", value_parser = ["turbo", "gray"])]
-    colormap: String,
+    /// Depth as a 16-bit greyscale PNG, linear from its minimum (0) to its maximum (65535),
+    /// the range in the PNG's text chunks depth_min / depth_max.
+    #[arg(long, value_name = "F.png")]
+    png16: Option<PathBuf>,
+    /// Confidence as PFM (DualDPT models).
+    #[arg(long, value_name = "F.pfm")]
+    conf: Option<PathBuf>,
     /// Camera intrinsics and world-to-camera extrinsics as JSON (DualDPT models).
     #[arg(long, value_name = "F.json")]
     pose: Option<PathBuf>,
     /// Sky map as PFM (mono/metric models).
     #[arg(long)]
     sky: Option<PathBuf>,
+    /// Coloured point cloud as binary PLY (world frame; confidence-filtered, sky dropped);
+    /// for a scene, every view in one cloud.
+    #[arg(long, value_name = "F.ply")]
+    ply: Option<PathBuf>,
+    /// Point cloud and camera frustums as glb (glTF 2.0), aligned as the official export.
+    #[arg(long, value_name = "F.glb")]
+    glb: Option<PathBuf>,
+    /// COLMAP sparse model (cameras/images/points3D, .txt and .bin) in this folder.
+    #[arg(long, value_name = "DIR")]
+    colmap: Option<PathBuf>,
+    /// depth, conf, extrinsics, intrinsics as the official mini_npz archive.
+    #[arg(long, value_name = "F.npz")]
+    npz: Option<PathBuf>,
+    /// Scene mode: the maps written per view N into --out-dir (viewN.pfm, viewN.png,
+    /// viewN.depth16.png, viewN.conf.pfm, viewN.sky.pfm). Default: pfm,png and sky where the
+    /// model has a sky head.
+    #[arg(long, value_delimiter = ',', value_name = "LIST")]
+    view_maps: Option<Vec<Output>>,
+    #[command(flatten)]
+    settings: Settings,
     /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
     /// resizing).
     #[arg(long, default_value_t = 504)]
@@ -49,24 +78,45 @@ pub struct Args {
     device: DeviceArgs,
 }
 
+impl Args {
+    fn exports(&self) -> Exports {
+        Exports {
+            ply: self.ply.clone(),
+            glb: self.glb.clone(),
+            npz: self.npz.clone(),
+            colmap: self.colmap.clone(),
+        }
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.policy == Policy::Unchecked {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
     }
+    args.settings.check()?;
     if args.input.len() > 1 || args.out_dir.is_some() {
         return run_scene(args);
     }
+    if args.view_maps.is_some() {
+        bail!("--view-maps: only a scene (several --input, or --out-dir) writes per-view maps");
+    }
+    let maps = Maps {
+        pfm: args.pfm.clone(),
+        png: args.png.clone(),
+        png16: args.png16.clone(),
+        conf: args.conf.clone(),
+        sky: args.sky.clone(),
+        pose: args.pose.clone(),
+    };
+    let exports = args.exports();
     // Before any computing: an output that cannot be written fails now, not after inference.
-    let outputs: Vec<(&str, &Path)> = [
-        ("--pfm", &args.pfm),
-        ("--png", &args.png),
-        ("--pose", &args.pose),
-        ("--sky", &args.sky),
-    ]
-    .into_iter()
-    .filter_map(|(flag, path)| Some((flag, path.as_deref()?)))
-    .collect();
+    let export_files = exports.files();
+    let mut outputs: Vec<(&str, &Path)> = maps.files();
+    outputs.extend(export_files.iter().map(|(f, p)| (*f, p.as_path())));
     check_outputs(&outputs, &input_files(&args.model, args.input.first()))?;
+    if let Some(dir) = &exports.colmap {
+        check_colmap_folder(dir)?;
+    }
     let image = load_input(args.input.first())?;
     // Sizes are checked before the model is loaded or anything is allocated for them.
     da3::preprocess::plan_resize(image.width, image.height, args.process_res)
@@ -77,21 +127,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         ..args.device.options()?
     };
     let model = args.model.load_for_results(&options)?;
-    let config = model.config();
-    if args.sky.is_some() && !config.head.sky {
-        bail!(
-            "--sky: {} has no sky head (only mono/metric models do)",
-            config.name
-        );
-    }
-    if args.pose.is_some() && config.cam_dim.is_none() {
-        bail!(
-            "--pose: {} has no camera decoder (only DualDPT models do)",
-            config.name
-        );
-    }
+    check_model(model.config(), &maps, &exports, &args.settings)?;
     let mut session = model.session()?;
-    let prediction = session.predict_rgb(&image).with_context(|| {
+    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
+    let prediction = session.predict_processed(&processed).with_context(|| {
         format!(
             "computing depth with {}; nothing written",
             args.model.describe()
@@ -106,28 +145,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         prediction.height,
         session.device().name()
     );
-    if let Some(path) = &args.pfm {
-        prediction.save_pfm(path)?;
-        println!("wrote {}", path.display());
-    }
-    if let Some(path) = &args.png {
-        let colormap = if args.colormap == "gray" {
-            Colormap::Gray
-        } else {
-            Colormap::Turbo
-        };
-        prediction.save_png(path, colormap)?;
-        println!("wrote {}", path.display());
-    }
-    if let Some(path) = &args.sky {
-        prediction.save_sky_pfm(path)?;
-        println!("wrote {}", path.display());
-    }
-    if let Some(path) = &args.pose {
-        prediction.save_pose_json(path)?;
+    let item = Item {
+        name: input_name(args.input.first()),
+        original: (image.width, image.height),
+        processed: &processed.rgb8,
+        prediction: &prediction,
+    };
+    let mut written = write_maps(&item, &maps, &args.settings)?;
+    written.extend(write_exports(&[item], &exports, &args.settings)?);
+    for path in written {
         println!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The file name of an input (COLMAP's image name).
+fn input_name(input: Option<&PathBuf>) -> String {
+    input
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "synthetic.png".into())
 }
 
 /// Several views of one scene (or one view with --out-dir): every view's depth and the
@@ -139,11 +176,21 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     for (flag, path) in [
         ("--pfm", &args.pfm),
         ("--png", &args.png),
+        ("--png16", &args.png16),
+        ("--conf", &args.conf),
         ("--pose", &args.pose),
         ("--sky", &args.sky),
     ] {
         if path.is_some() {
-            bail!("{flag}: a scene writes its outputs into --out-dir (viewN.pfm, viewN.png, viewN.sky.pfm, poses.json)");
+            bail!("{flag}: a scene writes its maps into --out-dir (viewN.pfm, viewN.png, viewN.sky.pfm, poses.json; --view-maps chooses)");
+        }
+    }
+    if let Some(list) = &args.view_maps {
+        if let Some(o) = list.iter().find(|o| !o.is_map() || **o == Output::Pose) {
+            bail!(
+                "--view-maps: {o:?} is not a per-view map (pfm, png, png16, conf, sky); a scene's \
+                 cameras go to poses.json and its 3D exports to --ply/--glb/--npz/--colmap"
+            );
         }
     }
     if !dir.is_dir() {
@@ -180,18 +227,28 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     let model = args.model.load_for_results(&options)?;
     let config = model.config();
     let (has_sky, has_pose) = (config.head.sky, config.cam_dim.is_some());
+    let view_maps = match &args.view_maps {
+        Some(list) => list.clone(),
+        None if has_sky => vec![Output::Pfm, Output::Png, Output::Sky],
+        None => vec![Output::Pfm, Output::Png],
+    };
+    let exports = args.exports();
+    let per_view: Vec<Maps> = (0..images.len())
+        .map(|i| named_outputs(dir, &format!("view{i}"), &view_maps).0)
+        .collect();
+    check_model(config, &per_view[0], &exports, &args.settings)?;
     // Before any computing: every output can be written and none is an input.
-    let view_file = |i: usize, ext: &str| dir.join(format!("view{i}.{ext}"));
     let mut planned: Vec<(String, PathBuf)> = Vec::new();
-    for i in 0..images.len() {
-        planned.push((format!("view {i} depth"), view_file(i, "pfm")));
-        planned.push((format!("view {i} png"), view_file(i, "png")));
-        if has_sky {
-            planned.push((format!("view {i} sky"), view_file(i, "sky.pfm")));
+    for (i, maps) in per_view.iter().enumerate() {
+        for (flag, path) in maps.files() {
+            planned.push((format!("view {i} {}", &flag[2..]), path.to_path_buf()));
         }
     }
     if has_pose {
         planned.push(("poses".to_owned(), dir.join("poses.json")));
+    }
+    for (flag, path) in exports.files() {
+        planned.push((flag.to_owned(), path));
     }
     let outputs: Vec<(&str, &Path)> = planned
         .iter()
@@ -200,16 +257,18 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     let mut inputs = input_files(&args.model, None);
     inputs.extend(args.input.iter().map(|p| ("an input image", p.as_path())));
     check_outputs(&outputs, &inputs)?;
+    if let Some(colmap) = &exports.colmap {
+        check_colmap_folder(colmap)?;
+    }
 
     let mut session = model.session()?;
+    let processed = images
+        .iter()
+        .map(|im| da3::preprocess::preprocess(im, args.process_res))
+        .collect::<Result<Vec<_>, _>>()?;
     let scene = session
-        .predict_views_at(&images, args.process_res, args.ref_view)
+        .predict_views_processed(&processed, args.ref_view)
         .context("computing the scene")?;
-    let colormap = if args.colormap == "gray" {
-        Colormap::Gray
-    } else {
-        Colormap::Turbo
-    };
     println!(
         "{} views -> {}x{} on {}: reference view {} ({})",
         images.len(),
@@ -219,14 +278,21 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         scene.reference,
         scene.strategy
     );
-    for (i, view) in scene.views.iter().enumerate() {
-        let (lo, hi) = view.depth_range();
+    let items: Vec<Item> = scene
+        .views
+        .iter()
+        .enumerate()
+        .map(|(i, view)| Item {
+            name: input_name(args.input.get(i)),
+            original: (images[i].width, images[i].height),
+            processed: &processed[i].rgb8,
+            prediction: view,
+        })
+        .collect();
+    for (i, (item, maps)) in items.iter().zip(&per_view).enumerate() {
+        let (lo, hi) = item.prediction.depth_range();
         println!("view {i}: depth {lo:.4} .. {hi:.4}");
-        view.save_pfm(view_file(i, "pfm"))?;
-        view.save_png(view_file(i, "png"), colormap)?;
-        if has_sky {
-            view.save_sky_pfm(view_file(i, "sky.pfm"))?;
-        }
+        write_maps(item, maps, &args.settings)?;
     }
     if has_pose {
         let names: Vec<String> = if args.input.is_empty() {
@@ -237,5 +303,8 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         scene.save_poses_json(dir.join("poses.json"), &names)?;
     }
     println!("wrote {} views to {}", scene.views.len(), dir.display());
+    for path in write_exports(&items, &exports, &args.settings)? {
+        println!("wrote {}", path.display());
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -5,16 +5,19 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod batch;
 mod bench;
 mod common;
 mod convert;
 mod depth;
 mod devices;
 mod info;
+mod outputs;
 mod quantize;
 mod repro;
 mod rpc_server;
 mod serve;
+mod video;
 
 #[derive(Parser)]
 #[command(
@@ -41,8 +44,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Depth (and confidence, sky, pose) for one image.
-    Depth(depth::Args),
+    /// Depth (and confidence, sky, pose, point clouds) for one image or one scene.
+    Depth(Box<depth::Args>),
+    /// Many images (files, folders, globs, video frames) with one model load per device;
+    /// outputs named after the inputs in --out-dir, and summary.json.
+    Batch(Box<batch::Args>),
     /// What a model file holds and where its weights live.
     Info(info::Args),
     /// Convert an official checkpoint directory to GGUF.
@@ -75,7 +81,8 @@ pub fn main() -> ExitCode {
         remove_temporary_files_on_signals();
     }
     let result = match cli.command {
-        Command::Depth(args) => depth::run(args),
+        Command::Depth(args) => depth::run(*args),
+        Command::Batch(args) => batch::run(*args),
         Command::Info(args) => info::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Quantize(args) => quantize::run(args),

@@ -80,7 +80,17 @@ impl Session {
             .iter()
             .map(|im| preprocess::preprocess(im, process_res))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut prediction = self.forward_views(&processed, strategy)?;
+        self.predict_views_processed(&processed, strategy)
+    }
+
+    /// [`Session::forward_views`] post-processed per view, as [`Session::predict_views_at`]:
+    /// for callers that keep the preprocessed images (their `rgb8` colours 3D exports).
+    pub fn predict_views_processed(
+        &mut self,
+        processed: &[ProcessedImage],
+        strategy: RefViewStrategy,
+    ) -> Result<MultiPrediction, Error> {
+        let mut prediction = self.forward_views(processed, strategy)?;
         for view in &mut prediction.views {
             postprocess(view);
         }

@@ -1,0 +1,390 @@
+//! What `da3 depth` and `da3 batch` write for a prediction: maps (depth PFM/PNG/16-bit PNG,
+//! confidence, sky, pose) and 3D exports (PLY, glb, COLMAP, npz) of one view or a scene.
+
+use anyhow::{bail, Context as _};
+use da3::export::{self, CloudOptions, ColmapFormat, GlbOptions, View};
+use da3::outputs::{resize_bilinear, write_pfm, write_png, write_png16};
+use da3::preprocess::RgbImage8;
+use da3::{Colormap, Config, Prediction};
+use std::path::{Path, PathBuf};
+
+/// Where each map of one view goes (`None`: not written).
+#[derive(Debug, Default, Clone)]
+pub struct Maps {
+    pub pfm: Option<PathBuf>,
+    pub png: Option<PathBuf>,
+    pub png16: Option<PathBuf>,
+    pub conf: Option<PathBuf>,
+    pub sky: Option<PathBuf>,
+    pub pose: Option<PathBuf>,
+}
+
+/// Where the 3D exports of a view or scene go.
+#[derive(Debug, Default, Clone)]
+pub struct Exports {
+    pub ply: Option<PathBuf>,
+    pub glb: Option<PathBuf>,
+    pub npz: Option<PathBuf>,
+    /// A folder (created if missing; its parent must exist).
+    pub colmap: Option<PathBuf>,
+}
+
+impl Maps {
+    /// `(flag, path)` of every map that is set.
+    pub fn files(&self) -> Vec<(&'static str, &Path)> {
+        [
+            ("--pfm", &self.pfm),
+            ("--png", &self.png),
+            ("--png16", &self.png16),
+            ("--conf", &self.conf),
+            ("--sky", &self.sky),
+            ("--pose", &self.pose),
+        ]
+        .into_iter()
+        .filter_map(|(flag, p)| p.as_deref().map(|p| (flag, p)))
+        .collect()
+    }
+}
+
+impl Exports {
+    /// `(flag, path)` of every export file that is set (the COLMAP folder's files included).
+    pub fn files(&self) -> Vec<(&'static str, PathBuf)> {
+        let mut files: Vec<(&'static str, PathBuf)> = [
+            ("--ply", &self.ply),
+            ("--glb", &self.glb),
+            ("--npz", &self.npz),
+        ]
+        .into_iter()
+        .filter_map(|(flag, p)| p.clone().map(|p| (flag, p)))
+        .collect();
+        // A COLMAP folder that does not exist yet is checked by [`check_colmap_folder`].
+        if let Some(dir) = self.colmap.as_ref().filter(|d| d.is_dir()) {
+            for name in COLMAP_FILES {
+                files.push(("--colmap", dir.join(name)));
+            }
+        }
+        files
+    }
+    pub fn needs_camera(&self) -> bool {
+        self.ply.is_some() || self.glb.is_some() || self.colmap.is_some()
+    }
+}
+
+const COLMAP_FILES: [&str; 6] = [
+    "cameras.txt",
+    "images.txt",
+    "points3D.txt",
+    "cameras.bin",
+    "images.bin",
+    "points3D.bin",
+];
+
+/// What `--outputs` (batch) and `--view-maps` (scene) may name, each written as
+/// `<dir>/<stem><suffix>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// depth PFM (<name>.pfm)
+    Pfm,
+    /// 8-bit colour-mapped depth (<name>.png)
+    Png,
+    /// 16-bit depth (<name>.depth16.png)
+    Png16,
+    /// confidence PFM (<name>.conf.pfm)
+    Conf,
+    /// sky PFM (<name>.sky.pfm)
+    Sky,
+    /// camera JSON (<name>.pose.json)
+    Pose,
+    /// point cloud (<name>.ply)
+    Ply,
+    /// point cloud and camera (<name>.glb)
+    Glb,
+    /// mini_npz archive (<name>.npz)
+    Npz,
+    /// COLMAP model folder (<name>.colmap/)
+    Colmap,
+}
+
+impl Output {
+    pub fn is_map(self) -> bool {
+        matches!(
+            self,
+            Output::Pfm | Output::Png | Output::Png16 | Output::Conf | Output::Sky | Output::Pose
+        )
+    }
+}
+
+/// The files `outputs` name for `<dir>/<stem>...`.
+pub fn named_outputs(dir: &Path, stem: &str, outputs: &[Output]) -> (Maps, Exports) {
+    let f = |suffix: &str| Some(dir.join(format!("{stem}{suffix}")));
+    let (mut m, mut e) = (Maps::default(), Exports::default());
+    for o in outputs {
+        match o {
+            Output::Pfm => m.pfm = f(".pfm"),
+            Output::Png => m.png = f(".png"),
+            Output::Png16 => m.png16 = f(".depth16.png"),
+            Output::Conf => m.conf = f(".conf.pfm"),
+            Output::Sky => m.sky = f(".sky.pfm"),
+            Output::Pose => m.pose = f(".pose.json"),
+            Output::Ply => e.ply = f(".ply"),
+            Output::Glb => e.glb = f(".glb"),
+            Output::Npz => e.npz = f(".npz"),
+            Output::Colmap => e.colmap = f(".colmap"),
+        }
+    }
+    (m, e)
+}
+
+/// How outputs are written (shared by `depth` and `batch`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Settings {
+    /// Colour map of the 8-bit depth PNG (near = bright).
+    #[arg(long, default_value = "turbo", value_parser = ["turbo", "inferno", "viridis", "gray"])]
+    pub colormap: String,
+    /// Write the depth, confidence and sky maps (PFM, PNG, 16-bit PNG) at the input image's
+    /// size (bilinear, pixel centres aligned) instead of the processed resolution. 3D exports
+    /// and the npz stay at the processed resolution, where the intrinsics apply.
+    #[arg(long)]
+    pub resize_to_input: bool,
+    /// Most points in a PLY or glb (evenly subsampled beyond it; official default 1000000).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_points: u64,
+    /// Confidence percentile below which PLY/glb/COLMAP points are dropped (the official
+    /// conf_thresh_percentile), 0 to 100.
+    #[arg(long, default_value_t = 40.0)]
+    pub conf_percentile: f64,
+    /// For models that predict no camera (mono/metric): the horizontal field of view in
+    /// degrees of the pinhole camera that --ply/--glb/--colmap assume. Without it they refuse.
+    #[arg(long, value_name = "DEGREES")]
+    pub fov: Option<f32>,
+}
+
+impl Settings {
+    pub fn colormap(&self) -> anyhow::Result<Colormap> {
+        Ok(self.colormap.parse()?)
+    }
+
+    /// Refuses settings that cannot work, before anything is loaded.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if !(0.0..=100.0).contains(&self.conf_percentile) {
+            bail!(
+                "--conf-percentile {}: a percentile is 0 to 100",
+                self.conf_percentile
+            );
+        }
+        if let Some(fov) = self.fov {
+            if !(fov > 0.0 && fov < 180.0) {
+                bail!("--fov {fov}: a field of view is between 0 and 180 degrees");
+            }
+        }
+        self.colormap()?;
+        Ok(())
+    }
+}
+
+/// Refuses, before any computing, outputs the model cannot produce.
+pub fn check_model(
+    config: &Config,
+    maps: &Maps,
+    exports: &Exports,
+    settings: &Settings,
+) -> anyhow::Result<()> {
+    let has_pose = config.cam_dim.is_some();
+    for (set, has, flag, what) in [
+        (
+            maps.sky.is_some(),
+            config.head.sky,
+            "--sky",
+            "no sky head (only mono/metric models do)",
+        ),
+        (
+            maps.pose.is_some(),
+            has_pose,
+            "--pose",
+            "no camera decoder (only DualDPT models do)",
+        ),
+        (
+            maps.conf.is_some(),
+            config.head.output_dim >= 2,
+            "--conf",
+            "no confidence output (only DualDPT models do)",
+        ),
+        (
+            exports.needs_camera() && settings.fov.is_none(),
+            has_pose,
+            "--ply/--glb/--colmap",
+            "no camera decoder to place points (pass --fov DEGREES to assume a pinhole camera)",
+        ),
+    ] {
+        if set && !has {
+            bail!("{flag}: {} has {what}", config.name);
+        }
+    }
+    Ok(())
+}
+
+/// One predicted view and the images it came from.
+pub struct Item<'a> {
+    /// The input's file name (COLMAP's image name).
+    pub name: String,
+    /// The input image's size.
+    pub original: (usize, usize),
+    /// The processed 8-bit image (colours of the 3D exports).
+    pub processed: &'a RgbImage8,
+    pub prediction: &'a Prediction,
+}
+
+/// Writes the maps of one view; returns the paths written.
+pub fn write_maps(
+    item: &Item<'_>,
+    maps: &Maps,
+    settings: &Settings,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let prediction = item.prediction;
+    let mut written = Vec::new();
+    let (w, h) = (prediction.width, prediction.height);
+    let (ow, oh) = if settings.resize_to_input {
+        item.original
+    } else {
+        (w, h)
+    };
+    let map = |values: &[f32]| -> anyhow::Result<Vec<f32>> {
+        if (ow, oh) == (w, h) {
+            Ok(values.to_vec())
+        } else {
+            Ok(resize_bilinear(values, w, h, ow, oh)?)
+        }
+    };
+    if maps.pfm.is_some() || maps.png.is_some() || maps.png16.is_some() {
+        let depth = map(&prediction.depth)?;
+        if let Some(path) = &maps.pfm {
+            write_pfm(path, &depth, ow, oh)?;
+            written.push(path.clone());
+        }
+        if let Some(path) = &maps.png {
+            write_png(path, &depth, ow, oh, settings.colormap()?)?;
+            written.push(path.clone());
+        }
+        if let Some(path) = &maps.png16 {
+            write_png16(path, &depth, ow, oh)?;
+            written.push(path.clone());
+        }
+    }
+    if let Some(path) = &maps.conf {
+        let conf = prediction
+            .confidence
+            .as_deref()
+            .context("--conf: this model predicts no confidence (only DualDPT models do)")?;
+        write_pfm(path, &map(conf)?, ow, oh)?;
+        written.push(path.clone());
+    }
+    if let Some(path) = &maps.sky {
+        let sky = prediction
+            .sky
+            .as_deref()
+            .context("--sky: this model has no sky head (only mono/metric models do)")?;
+        write_pfm(path, &map(sky)?, ow, oh)?;
+        written.push(path.clone());
+    }
+    if let Some(path) = &maps.pose {
+        prediction.save_pose_json(path)?;
+        written.push(path.clone());
+    }
+    Ok(written)
+}
+
+/// Writes the 3D exports of the views of one scene (or one view) in their common world
+/// frame; returns the paths written.
+pub fn write_exports(
+    items: &[Item<'_>],
+    exports: &Exports,
+    settings: &Settings,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    if let Some(path) = &exports.npz {
+        let predictions: Vec<&Prediction> = items.iter().map(|i| i.prediction).collect();
+        export::write_mini_npz(path, &predictions)?;
+        written.push(path.clone());
+    }
+    if !exports.needs_camera() {
+        return Ok(written);
+    }
+    let mut views = Vec::with_capacity(items.len());
+    for item in items {
+        let p = item.prediction;
+        let view = match (p.pose, settings.fov) {
+            (Some(_), _) => View::new(p, item.processed)?,
+            (None, Some(fov)) => View::with_pose(
+                p,
+                item.processed,
+                export::assumed_pose(p.width, p.height, fov),
+            )?,
+            (None, None) => bail!(
+                "--ply/--glb/--colmap need a camera: this model predicts none (mono/metric); \
+                 pass --fov DEGREES to assume a pinhole camera"
+            ),
+        };
+        views.push(view.named(item.name.clone(), item.original));
+    }
+    if exports.ply.is_some() || exports.glb.is_some() {
+        let options = CloudOptions {
+            lower_percentile: settings.conf_percentile,
+            upper_percentile: settings.conf_percentile.max(90.0),
+            max_points: Some(settings.max_points as usize),
+            ..Default::default()
+        };
+        let cloud = export::point_cloud(&views, &options)?;
+        log::info!(
+            "{} points{}",
+            cloud.len(),
+            cloud
+                .confidence_threshold
+                .map(|t| format!(" (confidence >= {t:.3})"))
+                .unwrap_or_default()
+        );
+        if let Some(path) = &exports.ply {
+            export::write_ply(path, &cloud)?;
+            written.push(path.clone());
+        }
+        if let Some(path) = &exports.glb {
+            export::write_glb(path, &cloud, &views, &GlbOptions::default())?;
+            written.push(path.clone());
+        }
+    }
+    if let Some(dir) = &exports.colmap {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--colmap: cannot create {}", dir.display()))?;
+        let options = CloudOptions {
+            lower_percentile: settings.conf_percentile,
+            upper_percentile: settings.conf_percentile,
+            ..CloudOptions::colmap()
+        };
+        let cloud = export::point_cloud(&views, &options)?;
+        export::write_colmap(dir, &cloud, &views, ColmapFormat::Text)?;
+        export::write_colmap(dir, &cloud, &views, ColmapFormat::Binary)?;
+        written.push(dir.clone());
+    }
+    Ok(written)
+}
+
+/// The folder the COLMAP model goes to: absent (its parent must exist) or a folder.
+pub fn check_colmap_folder(dir: &Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            bail!("--colmap {}: not a folder", dir.display());
+        }
+        return Ok(());
+    }
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        bail!(
+            "--colmap {}: the folder {} does not exist",
+            dir.display(),
+            parent.display()
+        );
+    }
+    Ok(())
+}
