@@ -14,6 +14,7 @@ mod info;
 mod repro;
 mod rpc_server;
 mod serve;
+mod view;
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +57,8 @@ enum Command {
     RpcServer(rpc_server::Args),
     /// Serve depth over HTTP (loopback by default; see /openapi.json).
     Serve(serve::Args),
+    /// Write a self-contained HTML page (WebGL) that shows a PLY or glb point cloud.
+    View(view::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -80,6 +83,7 @@ pub fn main() -> ExitCode {
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc_server::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::View(args) => view::run(args),
     };
     match result {
         Ok(code) => code,
