@@ -6,12 +6,13 @@
 //! cargo run --release --example write_synthetic -- da3-small /tmp/small.gguf f32
 //! cargo build --release -p da3-cli --example serve_load
 //! target/release/examples/serve_load target/release/da3 /tmp/small.gguf \
-//!     tests/fixtures/peer/test-640x480.png 140 330
+//!     tests/fixtures/peer/test-640x480.png 140 248
 //! ```
 //!
-//! Arguments: the `da3` binary, a model (`builtin`: the built-in da3-tiny), an image, the process resolution, and requests per
-//! concurrency level (10 warm-up requests come first: 10 + 3 x 330 = 1000 in all). Extra
-//! arguments after them go to `da3 serve` (default `--workers 1 --queue 64`).
+//! Arguments: the `da3` binary, a model (`builtin`: the built-in da3-tiny), an image, the
+//! process resolution, and requests per concurrency level: 10 warm-up requests first, then
+//! 1, 4, 16 and again 1 client (10 + 4 x 248 = 1002 in all), with the server's RSS after each.
+//! Extra arguments after them go to `da3 serve` (default `--workers 1 --queue 64`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -116,10 +117,13 @@ fn main() {
         request();
     }
     let rss_10 = status_kib(pid, "VmRSS:");
-    println!("| clients | requests | throughput (req/s) | p50 ms | p99 ms |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| clients | requests | throughput (req/s) | p50 ms | p99 ms | server RSS after (MiB) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
     let mut total = 10;
-    for clients in [1usize, 4, 16] {
+    // Then 1 client again: the same state as the first 10, after everything else.
+    for clients in [1usize, 4, 16, 1] {
         let next = AtomicUsize::new(0);
         let latencies = Mutex::new(Vec::with_capacity(per_level));
         let start = Instant::now();
@@ -138,11 +142,12 @@ fn main() {
         l.sort_by(f64::total_cmp);
         total += l.len();
         println!(
-            "| {clients} | {} | {:.1} | {:.0} | {:.0} |",
+            "| {clients} | {} | {:.2} | {:.0} | {:.0} | {:.1} |",
             l.len(),
             l.len() as f64 / wall,
             1000.0 * percentile(&l, 0.5),
-            1000.0 * percentile(&l, 0.99)
+            1000.0 * percentile(&l, 0.99),
+            status_kib(pid, "VmRSS:") as f64 / 1024.0
         );
     }
     let rss_end = status_kib(pid, "VmRSS:");
