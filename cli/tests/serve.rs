@@ -91,6 +91,50 @@ impl Server {
         self.post(&ct, &body)
     }
 
+    /// POST /v1/depth: (status, the Retry-After header if any, JSON).
+    fn depth_with_retry(
+        &self,
+        parts: &[(&str, Option<&str>, &[u8])],
+    ) -> (u16, Option<String>, Value) {
+        let (ct, body) = multipart(parts);
+        let mut r = self
+            .agent
+            .post(self.url("/v1/depth"))
+            .header("Content-Type", &ct)
+            .send(&body[..])
+            .unwrap();
+        let status = r.status().as_u16();
+        let retry = r
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let text = r
+            .body_mut()
+            .with_config()
+            .limit(256 << 20)
+            .read_to_string()
+            .unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("status {status}: not JSON ({e}): {text}"));
+        (status, retry, json)
+    }
+
+    /// Polls /metrics until `line` is one of its lines (at most 60 s).
+    fn wait_for_metric(&self, line: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, _, body) = self.get("/metrics");
+            if body.lines().any(|l| l == line) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {line:?} in /metrics:\n{body}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Writes `request` on a new connection, closes the writing half, reads the answer.
     fn raw(&self, request: &[u8]) -> String {
         let mut raw = std::net::TcpStream::connect(&self.addr).unwrap();
@@ -505,4 +549,151 @@ fn non_loopback_needs_allow_remote() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--allow-remote"), "{stderr}");
+}
+
+#[test]
+fn full_queue_answers_503_with_retry_after() {
+    // One worker, one waiting place: of 6 requests sent at once at most 2 are taken (one
+    // computing, one queued) until the first finishes, which takes far longer than sending.
+    let server = Server::start(&["--workers", "1", "--queue", "1"]);
+    let bytes = png();
+    let answers: Vec<(u16, Option<String>, Value)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| {
+                s.spawn(|| {
+                    server
+                        .depth_with_retry(&[("process_res", None, b"504"), ("image", None, &bytes)])
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = answers.iter().filter(|a| a.0 == 200).count();
+    let busy: Vec<_> = answers.iter().filter(|a| a.0 == 503).collect();
+    assert_eq!(
+        ok + busy.len(),
+        answers.len(),
+        "only 200 and 503: {answers:?}"
+    );
+    assert!(ok >= 1, "{answers:?}");
+    assert!(
+        !busy.is_empty(),
+        "some request found the queue full: {answers:?}"
+    );
+    for (_, retry, json) in &busy {
+        let seconds: u64 = retry.as_deref().expect("Retry-After").parse().unwrap();
+        assert!(seconds >= 1);
+        assert_error((503, json.clone()), 503, "queue full");
+    }
+    let (_, _, metrics) = server.get("/metrics");
+    assert!(metrics.contains(&format!(
+        "da3_http_requests_total{{path=\"/v1/depth\",status=\"503\"}} {}",
+        busy.len()
+    )));
+    server.stop();
+}
+
+#[test]
+fn slow_request_answers_504() {
+    let server = Server::start(&["--timeout", "0.05"]);
+    let bytes = png();
+    let answer = server.depth(&[("process_res", None, b"504"), ("image", None, &bytes)]);
+    assert_error(answer, 504, "no result within the limit of 0.05 s");
+    // The server goes on: the worker finishes the abandoned job and takes the next.
+    let (status, _, _) = server.get("/healthz");
+    assert_eq!(status, 200);
+    server.wait_for_metric("da3_jobs_in_flight 0");
+    let (_, _, metrics) = server.get("/metrics");
+    assert!(
+        metrics.contains("da3_http_requests_total{path=\"/v1/depth\",status=\"504\"} 1"),
+        "{metrics}"
+    );
+    server.stop();
+}
+
+#[test]
+fn sigterm_finishes_the_request_in_flight() {
+    let server = Server::start(&[]);
+    let bytes = png();
+    std::thread::scope(|s| {
+        let request = s.spawn(|| {
+            server.depth(&[
+                ("outputs", None, b"depth_f32"),
+                ("process_res", None, b"504"),
+                ("image", None, &bytes),
+            ])
+        });
+        server.wait_for_metric("da3_jobs_in_flight 1");
+        // SIGTERM while the job computes: the answer still comes, then the server exits 0.
+        let child = server.child.as_ref().unwrap();
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let (status, json) = request.join().unwrap();
+        assert_eq!(status, 200, "{json}");
+        let result = &json["images"][0];
+        let n = (result["width"].as_u64().unwrap() * result["height"].as_u64().unwrap()) as usize;
+        assert_eq!(f32s(&result["outputs"]["depth_f32"]).len(), n);
+    });
+    // Stopped: no new connections are taken.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut server = server;
+    let mut child = server.child.take().unwrap();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "after SIGTERM: {status:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(std::net::TcpStream::connect(&server.addr).is_err());
+}
+
+#[test]
+fn point_cloud_outputs_equal_the_library_exports() {
+    let server = Server::start(&[]);
+    let bytes = png();
+    let (status, json) = server.depth(&[
+        ("outputs", None, b"points,ply,glb"),
+        ("process_res", None, b"280"),
+        ("image", Some("photo.png"), &bytes),
+    ]);
+    assert_eq!(status, 200, "{json}");
+    let outputs = &json["images"][0]["outputs"];
+    let b64 = |v: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap())
+            .unwrap()
+    };
+
+    // The library's cloud of the same prediction, written by the same writers.
+    let image = da3::preprocess::decode_image(&bytes).unwrap();
+    let model = library_model();
+    let prediction = model.session().unwrap().predict_at(&image, 280).unwrap();
+    let processed = da3::preprocess::preprocess(&image, 280).unwrap();
+    let pose = prediction.pose.expect("the built-in model predicts a pose");
+    let views = [da3::export::View::with_pose(&prediction, &processed.rgb8, pose).unwrap()];
+    let cloud = da3::export::point_cloud(&views, &da3::export::CloudOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ply = dir.path().join("c.ply");
+    da3::export::write_ply(&ply, &cloud).unwrap();
+    assert_eq!(b64(&outputs["ply"]), std::fs::read(&ply).unwrap());
+    let glb = dir.path().join("c.glb");
+    let glb_options = da3::export::GlbOptions::default();
+    da3::export::write_glb(&glb, &cloud, &views, &glb_options).unwrap();
+    assert_eq!(b64(&outputs["glb"]), std::fs::read(&glb).unwrap());
+
+    let points = &outputs["points"];
+    assert_eq!(points["format"], "da3-viewer-1");
+    assert_eq!(points["points"].as_u64().unwrap() as usize, cloud.len());
+    assert_eq!(points["cameras"], 1);
+    let scene = da3::export::ViewerScene::new(&cloud, &views, &glb_options).unwrap();
+    assert_eq!(*points, scene.to_json(200_000));
+
+    // The page's viewer code is served.
+    let (status, ct, js) = server.get("/viewer.js");
+    assert_eq!(status, 200);
+    assert!(ct.starts_with("text/javascript"), "{ct}");
+    assert!(js.contains("function da3Viewer("));
+    server.stop();
 }

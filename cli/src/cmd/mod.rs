@@ -18,6 +18,7 @@ mod repro;
 mod rpc_server;
 mod serve;
 mod video;
+mod view;
 
 #[derive(Parser)]
 #[command(
@@ -65,6 +66,8 @@ enum Command {
     RpcServer(rpc_server::Args),
     /// Serve depth over HTTP (loopback by default; see /openapi.json).
     Serve(serve::Args),
+    /// Write a self-contained HTML page (WebGL) that shows a PLY or glb point cloud.
+    View(view::Args),
 }
 
 pub fn main() -> ExitCode {
@@ -91,6 +94,7 @@ pub fn main() -> ExitCode {
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc_server::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::View(args) => view::run(args),
     };
     match result {
         Ok(code) => code,

@@ -48,9 +48,9 @@ pub struct Args {
     /// Requests waiting for a worker before new ones get 503.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=4096))]
     queue: u32,
-    /// Seconds a request may wait and compute before it gets 504.
-    #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86400))]
-    timeout: u64,
+    /// Seconds a request may wait and compute before it gets 504 (decimals allowed).
+    #[arg(long, default_value = "120", value_parser = parse_timeout)]
+    timeout: Duration,
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_upload_bytes: usize,
@@ -67,16 +67,26 @@ enum Output {
     ConfidenceF32,
     SkyF32,
     Pose,
+    Points,
+    Ply,
+    Glb,
 }
 
 impl Output {
-    const ALL: [(&'static str, Output); 5] = [
+    const ALL: [(&'static str, Output); 8] = [
         ("depth_png", Output::DepthPng),
         ("depth_f32", Output::DepthF32),
         ("confidence_f32", Output::ConfidenceF32),
         ("sky_f32", Output::SkyF32),
         ("pose", Output::Pose),
+        ("points", Output::Points),
+        ("ply", Output::Ply),
+        ("glb", Output::Glb),
     ];
+    /// Needs the point cloud (and the processed colours).
+    fn is_3d(self) -> bool {
+        matches!(self, Output::Points | Output::Ply | Output::Glb)
+    }
     fn name(self) -> &'static str {
         Output::ALL.iter().find(|(_, o)| *o == self).unwrap().0
     }
@@ -84,7 +94,7 @@ impl Output {
 
 /// One request's images, for one worker.
 struct Job {
-    images: Vec<RgbImage8>,
+    images: Arc<Vec<RgbImage8>>,
     process_res: Option<usize>,
     reply: oneshot::Sender<Result<Vec<Prediction>, ApiError>>,
 }
@@ -198,7 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         has_pose: config.cam_dim.is_some(),
         has_sky: config.head.sky,
         has_confidence: config.head.kind == da3::da3::HeadKind::DualDpt,
-        timeout: Duration::from_secs(args.timeout),
+        timeout: args.timeout,
         max_upload_bytes: args.max_upload_bytes,
         max_views: args.max_views as usize,
     });
@@ -228,6 +238,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     log::info!("shut down cleanly");
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.001..=86400.0).contains(&seconds) {
+        return Err(format!("{seconds} s: must be from 0.001 to 86400"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 async fn shutdown_signal() {
@@ -353,6 +373,7 @@ fn router(shared: AppState) -> Router {
     let limit = shared.max_upload_bytes;
     Router::new()
         .route("/", get(index))
+        .route("/viewer.js", get(viewer_js))
         .route("/healthz", get(healthz))
         .route("/v1/models", get(models))
         .route("/v1/depth", post(depth))
@@ -382,6 +403,7 @@ fn path_label(path: &str) -> &'static str {
         "/v1/depth" => "/v1/depth",
         "/metrics" => "/metrics",
         "/openapi.json" => "/openapi.json",
+        "/viewer.js" => "/viewer.js",
         _ => "other",
     }
 }
@@ -425,6 +447,13 @@ async fn method_not_allowed() -> ApiError {
 
 async fn index() -> Html<&'static str> {
     Html(include_str!("serve/index.html"))
+}
+
+async fn viewer_js() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        da3::export::VIEWER_JS,
+    )
 }
 
 async fn healthz() -> Json<Value> {
@@ -597,7 +626,7 @@ async fn depth(
                     let Some((_, output)) = Output::ALL.iter().find(|(n, _)| *n == item) else {
                         return Err(ApiError::bad_request(format!(
                             "outputs: unknown output {item:?} (known: depth_png, depth_f32, \
-                             confidence_f32, sky_f32, pose)"
+                             confidence_f32, sky_f32, pose, points, ply, glb)"
                         )));
                     };
                     let missing = match output {
@@ -641,10 +670,11 @@ async fn depth(
     .await
     .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error decoding"))??;
     let sizes: Vec<(usize, usize)> = images.iter().map(|i| (i.width, i.height)).collect();
+    let images = Arc::new(images);
 
     let (reply, answer) = oneshot::channel();
     let job = Job {
-        images,
+        images: Arc::clone(&images),
         process_res,
         reply,
     };
@@ -676,18 +706,21 @@ async fn depth(
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
                     "no result within the limit of {} s",
-                    shared.timeout.as_secs()
+                    shared.timeout.as_secs_f64()
                 ),
             ))
         }
     };
     let model = shared.model_name.clone();
     let body = tokio::task::spawn_blocking(move || {
+        let res = process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
         let images = predictions
             .iter()
             .zip(&names)
-            .zip(&sizes)
-            .map(|((p, name), size)| encode(p, name.as_deref(), *size, &outputs))
+            .zip(sizes.iter().zip(images.iter()))
+            .map(|((p, name), (size, image))| {
+                encode(p, name.as_deref(), *size, &outputs, image, res)
+            })
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok::<_, ApiError>(json!({"model": model, "images": images}))
     })
@@ -719,14 +752,73 @@ fn f32_base64(values: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
+/// Horizontal field of view assumed for the 3D outputs of a model that predicts no camera.
+const ASSUMED_FOV_DEGREES: f32 = 60.0;
+
+/// Most points in a `points` output (the page's 3D view).
+const POINTS_OUTPUT_CAP: usize = 200_000;
+
+/// The 3D outputs of one prediction: its point cloud (the official glb export's filtering)
+/// and the views it came from.
+fn cloud_outputs(
+    p: &Prediction,
+    image: &RgbImage8,
+    process_res: usize,
+    outputs: &[Output],
+    encoded: &mut serde_json::Map<String, Value>,
+) -> Result<(), ApiError> {
+    use da3::export::{point_cloud, CloudOptions, GlbOptions, View};
+    let processed = da3::preprocess::preprocess(image, process_res).map_err(internal)?;
+    let pose = p
+        .pose
+        .unwrap_or_else(|| da3::export::assumed_pose(p.width, p.height, ASSUMED_FOV_DEGREES));
+    let views = [View::with_pose(p, &processed.rgb8, pose).map_err(internal)?];
+    let cloud = point_cloud(&views, &CloudOptions::default()).map_err(internal)?;
+    let dir = tempfile::tempdir().map_err(internal)?;
+    for output in outputs {
+        let value = match output {
+            Output::Points => {
+                let scene = da3::export::ViewerScene::new(&cloud, &views, &GlbOptions::default())
+                    .map_err(internal)?;
+                scene.to_json(POINTS_OUTPUT_CAP)
+            }
+            Output::Ply => {
+                let path = dir.path().join("points.ply");
+                da3::export::write_ply(&path, &cloud).map_err(internal)?;
+                Value::String(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(std::fs::read(&path).map_err(internal)?),
+                )
+            }
+            Output::Glb => {
+                let path = dir.path().join("scene.glb");
+                da3::export::write_glb(&path, &cloud, &views, &GlbOptions::default())
+                    .map_err(internal)?;
+                Value::String(
+                    base64::engine::general_purpose::STANDARD
+                        .encode(std::fs::read(&path).map_err(internal)?),
+                )
+            }
+            _ => continue,
+        };
+        encoded.insert(output.name().to_owned(), value);
+    }
+    Ok(())
+}
+
 fn encode(
     p: &Prediction,
     name: Option<&str>,
     (input_width, input_height): (usize, usize),
     outputs: &[Output],
+    image: &RgbImage8,
+    process_res: usize,
 ) -> Result<Value, ApiError> {
     let (lo, hi) = p.depth_range();
     let mut encoded = serde_json::Map::new();
+    if outputs.iter().any(|o| o.is_3d()) {
+        cloud_outputs(p, image, process_res, outputs, &mut encoded)?;
+    }
     for output in outputs {
         let value = match output {
             Output::DepthPng => {
@@ -747,6 +839,7 @@ fn encode(
                 None => continue,
             },
             Output::Pose => continue, // always in `pose` when the model has one
+            Output::Points | Output::Ply | Output::Glb => continue, // above
         };
         encoded.insert(output.name().to_owned(), Value::String(value));
     }

@@ -41,7 +41,7 @@ impl Default for GlbOptions {
     }
 }
 
-type Mat4 = [[f64; 4]; 4];
+pub(super) type Mat4 = [[f64; 4]; 4];
 
 fn mat4_mul(a: &Mat4, b: &Mat4) -> Mat4 {
     let mut out = [[0.0; 4]; 4];
@@ -53,7 +53,7 @@ fn mat4_mul(a: &Mat4, b: &Mat4) -> Mat4 {
     out
 }
 
-fn transform(a: &Mat4, p: [f64; 3]) -> [f64; 3] {
+pub(super) fn transform(a: &Mat4, p: [f64; 3]) -> [f64; 3] {
     [0, 1, 2].map(|r| a[r][0] * p[0] + a[r][1] * p[1] + a[r][2] * p[2] + a[r][3])
 }
 
@@ -66,7 +66,7 @@ fn percentile(values: &mut [f64], q: f64) -> f64 {
 }
 
 /// The official alignment: `A = T(-median) * diag(1, -1, -1, 1) * w2c_0`.
-pub(crate) fn alignment(first: &View<'_>, cloud: &PointCloud) -> Mat4 {
+pub(super) fn alignment(first: &View<'_>, cloud: &PointCloud) -> Mat4 {
     let e = to_f64(&first.pose.extrinsics);
     let w2c0: Mat4 = [e[0], e[1], e[2], [0.0, 0.0, 0.0, 1.0]];
     let flip: Mat4 = [
@@ -90,7 +90,7 @@ pub(crate) fn alignment(first: &View<'_>, cloud: &PointCloud) -> Mat4 {
     a
 }
 
-fn scene_scale(points: &[[f64; 3]]) -> f64 {
+pub(super) fn scene_scale(points: &[[f64; 3]]) -> f64 {
     if points.len() < 2 {
         return 1.0;
     }
@@ -110,7 +110,7 @@ fn scene_scale(points: &[[f64; 3]]) -> f64 {
 }
 
 /// The 8 segments (16 endpoints) of a view's frustum in world coordinates.
-fn frustum(view: &View<'_>, scale: f64) -> [[f64; 3]; 16] {
+pub(super) fn frustum(view: &View<'_>, scale: f64) -> [[f64; 3]; 16] {
     let (w, h) = ((view.width - 1) as f64, (view.height - 1) as f64);
     let k_inv = invert3(&to_f64(&view.pose.intrinsics)).expect("validated");
     let (rot, centre) = camera_to_world(&view.pose).expect("validated");
@@ -132,7 +132,7 @@ fn frustum(view: &View<'_>, scale: f64) -> [[f64; 3]; 16] {
 }
 
 /// The official `_index_color_rgb`: hue `(i + 0.5) / n`, saturation 0.85, value 0.95.
-fn index_color(i: usize, n: usize) -> [u8; 3] {
+pub(super) fn index_color(i: usize, n: usize) -> [u8; 3] {
     let h = (i as f64 + 0.5) / n.max(1) as f64;
     let (s, v) = (0.85, 0.95);
     let sector = (h * 6.0) as i64;

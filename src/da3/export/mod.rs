@@ -1,5 +1,6 @@
 //! 3D exports of predictions: coloured point clouds in one world frame, written as PLY, glb
-//! (glTF 2.0), COLMAP sparse models and the official `mini_npz` archive.
+//! (glTF 2.0), COLMAP sparse models and the official `mini_npz` archive, and a self-contained
+//! HTML page that draws them with WebGL ([`write_viewer`]).
 //!
 //! The geometry follows the official exporter (`depth_anything_3/utils/export/glb.py` of
 //! `depth-anything-3==0.1.1`, `_depths_to_world_points_with_colors`): pixel `(u, v)` (integer
@@ -20,11 +21,13 @@ mod colmap;
 mod glb;
 mod npz;
 mod ply;
+mod viewer;
 
 pub use colmap::{write_colmap, ColmapFormat};
 pub use glb::{write_glb, GlbOptions};
 pub use npz::write_mini_npz;
 pub use ply::write_ply;
+pub use viewer::{viewer_html, write_viewer, ViewerScene, DEFAULT_VIEWER_POINTS, VIEWER_JS};
 
 use super::outputs::{quantile, Pose, Prediction};
 use super::preprocess::RgbImage8;

@@ -40,7 +40,7 @@ pub fn openapi() -> Value {
                         "process_res": {"type": "integer", "minimum": 14, "maximum": 2048,
                             "description": "Longest side of the processed image (default: the server's, 504)"},
                         "outputs": {"type": "string", "example": "depth_png,depth_f32",
-                            "description": "Comma list of depth_png, depth_f32, confidence_f32, sky_f32, pose"}
+                            "description": "Comma list of depth_png, depth_f32, confidence_f32, sky_f32, pose, points (the point cloud for the viewer), ply, glb"}
                     }
                 }}}},
                 "responses": {
@@ -61,6 +61,10 @@ pub fn openapi() -> Value {
             "/openapi.json": {"get": {
                 "summary": "This document",
                 "responses": {"200": {"description": "OpenAPI 3", "content": {"application/json": {}}}}
+            }},
+            "/viewer.js": {"get": {
+                "summary": "The page's WebGL point-cloud viewer",
+                "responses": {"200": {"description": "JavaScript", "content": {"text/javascript": {}}}}
             }},
             "/": {"get": {
                 "summary": "A web page to try the service",
@@ -92,8 +96,20 @@ pub fn openapi() -> Value {
                         "depth_png": {"type": "string", "format": "byte"},
                         "depth_f32": {"type": "string", "format": "byte"},
                         "confidence_f32": {"type": "string", "format": "byte"},
-                        "sky_f32": {"type": "string", "format": "byte"}
+                        "sky_f32": {"type": "string", "format": "byte"},
+                        "ply": {"type": "string", "format": "byte", "description": "The point cloud as a binary PLY file (the official glb export's confidence filter, sky dropped)"},
+                        "glb": {"type": "string", "format": "byte", "description": "The point cloud and the camera frustum as a glb file"},
+                        "points": {"$ref": "#/components/schemas/ViewerScene"}
                     }}
+            }},
+            "ViewerScene": {"type": "object", "description": "The point cloud in glTF axes, centred on its median, as da3's viewer draws it (at most 200000 points, evenly strided)", "properties": {
+                "format": {"type": "string", "enum": ["da3-viewer-1"]},
+                "points": {"type": "integer"}, "total_points": {"type": "integer"},
+                "lines": {"type": "integer"}, "cameras": {"type": "integer"},
+                "positions": {"type": "string", "format": "byte", "description": "little-endian float32 x, y, z per point"},
+                "colors": {"type": "string", "format": "byte", "description": "uint8 r, g, b per point"},
+                "line_positions": {"type": "string", "format": "byte", "description": "float32 x, y, z per segment endpoint"},
+                "line_colors": {"type": "string", "format": "byte", "description": "uint8 r, g, b per endpoint"}
             }},
             "DepthResponse": {"type": "object", "properties": {
                 "model": {"type": "string"},
