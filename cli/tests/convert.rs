@@ -19,9 +19,11 @@ use std::path::{Path, PathBuf};
 
 const PRESET: &str = "da3-tiny";
 
-/// Tensors the official checkpoint has and single-image depth does not use.
+/// Tensors the official checkpoint has and no graph uses (the ray branch, the 3DGS head), and
+/// one camera-encoder name the architecture does not declare.
 const EXTRA_KEYS: &[&str] = &[
     "model.head.scratch.refinenet1_aux.out_conv.weight",
+    "model.gs_head.something",
     "model.cam_enc.something",
 ];
 
@@ -245,10 +247,22 @@ fn dropped_tensors_are_reported_by_name() {
     expected.sort();
     assert_eq!(skipped, expected);
     let file = GgufFile::open(ws.out("model.gguf")).unwrap();
-    assert!(file
-        .tensors()
-        .iter()
-        .all(|t| !t.name.contains("aux") && !t.name.contains("cam_enc")));
+    assert!(file.tensors().iter().all(|t| !t.name.contains("aux")
+        && !t.name.contains("gs_")
+        && t.name != "cam_enc.something"));
+    // The camera encoder is kept (known poses in).
+    for name in [
+        "cam_enc.pose.fc1.weight",
+        "cam_enc.token_norm.bias",
+        "cam_enc.blk.3.attn_qkv.weight",
+        "cam_enc.blk.0.ls2",
+        "cam_enc.trunk_norm.weight",
+    ] {
+        assert!(
+            file.tensors().iter().any(|t| t.name == name),
+            "{name} missing from the converted file"
+        );
+    }
 }
 
 #[test]

@@ -8,10 +8,25 @@ use crate::ggml::DType;
 use std::path::Path;
 
 /// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
-/// tensors single-image depth does not use (ray branch, camera encoder, 3DGS head).
+/// tensors no graph uses (ray branch, 3DGS head).
+///
+/// The camera encoder (`cam_enc.*`, which depth-anything.cpp does not convert) is kept under
+/// `cam_enc.`: `pose.fc1` / `pose.fc2` (the official `pose_branch`), `token_norm`,
+/// `blk.{i}.*` (the official `trunk.{i}`, fields named as in the backbone blocks) and
+/// `trunk_norm`.
 pub fn gguf_name(key: &str) -> Option<String> {
-    if key.contains("_aux") || key.starts_with("cam_enc.") || key.starts_with("gs_") {
+    if key.contains("_aux") || key.starts_with("gs_") {
         return None;
+    }
+    if let Some(rest) = key.strip_prefix("cam_enc.") {
+        let rest = match rest.strip_prefix("trunk.") {
+            Some(b) => {
+                let (index, field) = b.split_once('.')?;
+                format!("blk.{index}.{}", block_field(field))
+            }
+            None => rest.replace("pose_branch.", "pose."),
+        };
+        return Some(format!("cam_enc.{rest}"));
     }
     if let Some(rest) = key.strip_prefix("backbone.pretrained.") {
         let rest = match rest {
@@ -20,18 +35,7 @@ pub fn gguf_name(key: &str) -> Option<String> {
             other => match other.strip_prefix("blocks.") {
                 Some(b) => {
                     let (index, field) = b.split_once('.')?;
-                    let field = field
-                        .replace("attn.qkv", "attn_qkv")
-                        .replace("attn.proj", "attn_proj")
-                        .replace("attn.q_norm", "attn_qnorm")
-                        .replace("attn.k_norm", "attn_knorm")
-                        .replace("ls1.gamma", "ls1")
-                        .replace("ls2.gamma", "ls2")
-                        .replace("mlp.fc1", "mlp_fc1")
-                        .replace("mlp.fc2", "mlp_fc2")
-                        .replace("mlp.w12", "mlp_w12")
-                        .replace("mlp.w3", "mlp_w3");
-                    format!("blk.{index}.{field}")
+                    format!("blk.{index}.{}", block_field(field))
                 }
                 None => other.to_owned(),
             },
@@ -68,6 +72,38 @@ pub fn gguf_name(key: &str) -> Option<String> {
     None
 }
 
+/// A transformer block's field in GGUF naming (`attn.qkv.weight` -> `attn_qkv.weight`).
+fn block_field(field: &str) -> String {
+    field
+        .replace("attn.qkv", "attn_qkv")
+        .replace("attn.proj", "attn_proj")
+        .replace("attn.q_norm", "attn_qnorm")
+        .replace("attn.k_norm", "attn_knorm")
+        .replace("ls1.gamma", "ls1")
+        .replace("ls2.gamma", "ls2")
+        .replace("mlp.fc1", "mlp_fc1")
+        .replace("mlp.fc2", "mlp_fc2")
+        .replace("mlp.w12", "mlp_w12")
+        .replace("mlp.w3", "mlp_w3")
+}
+
+/// The official name of a block field (the inverse of [`block_field`]).
+fn official_block_field(field: &str) -> String {
+    match field {
+        "ls1" => "ls1.gamma".to_owned(),
+        "ls2" => "ls2.gamma".to_owned(),
+        f => f
+            .replace("attn_qkv", "attn.qkv")
+            .replace("attn_proj", "attn.proj")
+            .replace("attn_qnorm", "attn.q_norm")
+            .replace("attn_knorm", "attn.k_norm")
+            .replace("mlp_fc1", "mlp.fc1")
+            .replace("mlp_fc2", "mlp.fc2")
+            .replace("mlp_w12", "mlp.w12")
+            .replace("mlp_w3", "mlp.w3"),
+    }
+}
+
 /// The official key of a GGUF name (the inverse of [`gguf_name`] on the tensors it keeps).
 pub fn official_name(gguf: &str) -> String {
     if let Some(rest) = gguf.strip_prefix("vit.") {
@@ -77,20 +113,7 @@ pub fn official_name(gguf: &str) -> String {
             other => match other.strip_prefix("blk.") {
                 Some(b) => {
                     let (index, field) = b.split_once('.').unwrap_or((b, ""));
-                    let field = match field {
-                        "ls1" => "ls1.gamma".to_owned(),
-                        "ls2" => "ls2.gamma".to_owned(),
-                        f => f
-                            .replace("attn_qkv", "attn.qkv")
-                            .replace("attn_proj", "attn.proj")
-                            .replace("attn_qnorm", "attn.q_norm")
-                            .replace("attn_knorm", "attn.k_norm")
-                            .replace("mlp_fc1", "mlp.fc1")
-                            .replace("mlp_fc2", "mlp.fc2")
-                            .replace("mlp_w12", "mlp.w12")
-                            .replace("mlp_w3", "mlp.w3"),
-                    };
-                    format!("blocks.{index}.{field}")
+                    format!("blocks.{index}.{}", official_block_field(field))
                 }
                 None => other.to_owned(),
             },
@@ -116,6 +139,16 @@ pub fn official_name(gguf: &str) -> String {
             .replace(".out.", ".out_conv.");
         return format!("head.{name}");
     }
+    if let Some(rest) = gguf.strip_prefix("cam_enc.") {
+        let rest = match rest.strip_prefix("blk.") {
+            Some(b) => {
+                let (index, field) = b.split_once('.').unwrap_or((b, ""));
+                format!("trunk.{index}.{}", official_block_field(field))
+            }
+            None => rest.replace("pose.", "pose_branch."),
+        };
+        return format!("cam_enc.{rest}");
+    }
     if let Some(rest) = gguf.strip_prefix("cam.") {
         return format!(
             "cam_dec.{}",
@@ -135,6 +168,7 @@ pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Er
     Head::load(&mut l, &config.head, config.vit.feature_dim())?;
     if config.head.kind == HeadKind::DualDpt && config.cam_dim.is_some() {
         super::head::CameraDecoder::load(&mut l)?;
+        super::backbone::CameraEncoder::load(&mut l, &config.vit)?;
     }
     let mut tensors = l.into_declared();
     let e = config.vit.embed_dim;
@@ -284,7 +318,8 @@ pub fn build_gguf(
     Ok(w)
 }
 
-/// The tensors depth-anything.cpp stores quantised: block linears and the camera decoder.
+/// The tensors depth-anything.cpp stores quantised: block linears and the camera decoder;
+/// and the block linears of the camera encoder (its 9-input first layer stays f32).
 pub fn is_matmul_weight(name: &str) -> bool {
     let block = [
         "attn_qkv",
@@ -296,7 +331,8 @@ pub fn is_matmul_weight(name: &str) -> bool {
     ]
     .iter()
     .any(|k| name.contains(k));
-    (block && name.starts_with("vit.blk.") || name.starts_with("cam.")) && name.ends_with(".weight")
+    let in_block = name.starts_with("vit.blk.") || name.starts_with("cam_enc.blk.");
+    (block && in_block || name.starts_with("cam.")) && name.ends_with(".weight")
 }
 
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).
@@ -354,14 +390,16 @@ pub fn convert_checkpoint(
         let bare = key.strip_prefix("model.").unwrap_or(&key);
         match gguf_name(bare) {
             Some(name) => {
-                by_gguf.insert(name, view);
+                by_gguf.insert(name, (key.clone(), view));
             }
             None => skipped.push(key.clone()),
         }
     }
+    let mut written = std::collections::HashSet::new();
     write_gguf(out, &config, weight_type, |official, shape| {
         let name = gguf_name(official).expect("official names of kept tensors map back");
-        let view = by_gguf
+        written.insert(name.clone());
+        let (_, view) = by_gguf
             .get(&name)
             .ok_or_else(|| err(&st_path, format!("tensor `model.{official}` is missing")))?;
         if view.shape() != shape {
@@ -398,6 +436,13 @@ pub fn convert_checkpoint(
             }
         })
     })?;
+    // Mapped names the architecture does not declare (say a field of a newer release).
+    skipped.extend(
+        by_gguf
+            .iter()
+            .filter(|(name, _)| !written.contains(*name))
+            .map(|(_, (key, _))| key.clone()),
+    );
     skipped.sort();
     Ok(skipped)
 }

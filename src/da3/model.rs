@@ -5,7 +5,7 @@
 //! one computation at a time needs (a backend stream, graphs per processed resolution, their
 //! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
-use super::backbone::{Backbone, BackboneConstants};
+use super::backbone::{Backbone, BackboneConstants, CameraEncoder};
 use super::config::{Config, HeadKind};
 use super::head::{CameraDecoder, Head, HeadConstants};
 use super::outputs::{fill_sky, Pose, Prediction};
@@ -106,6 +106,8 @@ struct Layers {
     backbone: Backbone,
     head: Head,
     camera: Option<CameraDecoder>,
+    /// The camera encoder (known poses in), when the file has one.
+    camera_encoder: Option<CameraEncoder>,
     /// Holds the imported handles (and keeps the shared weights alive).
     _weights: Context,
     /// This session's copies of host-only weights (the crash layout), if any.
@@ -190,10 +192,9 @@ impl Model {
 }
 
 /// Declares every tensor of the architecture of `config` (the layers, in loading order).
-fn declare_layers(
-    l: &mut Loader<'_>,
-    config: &Config,
-) -> Result<(Backbone, Head, Option<CameraDecoder>), Error> {
+type DeclaredLayers = (Backbone, Head, Option<CameraDecoder>, Option<CameraEncoder>);
+
+fn declare_layers(l: &mut Loader<'_>, config: &Config) -> Result<DeclaredLayers, Error> {
     let backbone = Backbone::load(l, &config.vit)?;
     let head = Head::load(l, &config.head, config.vit.feature_dim())?;
     let camera = if config.head.kind == HeadKind::DualDpt {
@@ -210,7 +211,12 @@ fn declare_layers(
             )));
         }
     }
-    Ok((backbone, head, camera))
+    // The encoder feeds the camera token slot: only models with one (and a decoder) use it.
+    let encoder = match (&camera, config.vit.alt_start) {
+        (Some(_), Some(_)) => CameraEncoder::load(l, &config.vit)?,
+        _ => None,
+    };
+    Ok((backbone, head, camera, encoder))
 }
 
 /// One computation at a time on a model: its graphs (one per processed resolution, built on
@@ -262,7 +268,7 @@ impl Session {
         };
         let weights_ctx = Context::metadata(1)?;
         let mut binder = Loader::bind(&shared.weights, &weights_ctx)?;
-        let (backbone, head, camera) = declare_layers(&mut binder, &shared.config)?;
+        let (backbone, head, camera, camera_encoder) = declare_layers(&mut binder, &shared.config)?;
         let host = binder.into_host_context();
         let mut executor = Executor::new(device, cpu, shared.policy)?;
         if !shared.log_decisions {
@@ -273,6 +279,7 @@ impl Session {
                 backbone,
                 head,
                 camera,
+                camera_encoder,
                 _weights: weights_ctx,
                 _host: host,
             },
@@ -467,6 +474,7 @@ impl Session {
                 ),
             views: 1,
             camera_slots: None,
+            camera_tokens: None,
         };
         let features = self.layers.backbone.forward(&ctx, &image, &bconst)?;
         let hconst = HeadConstants {

@@ -213,8 +213,12 @@ pub struct MultiPrediction {
     /// The reference view (index into `views`): the one whose camera defines the scene's
     /// world frame in the predicted poses.
     pub reference: usize,
-    /// The strategy that was asked for (below three views none selects: view 0).
+    /// The strategy that was asked for (below three views none selects: view 0; with known
+    /// poses none selects either, and this is `First`).
     pub strategy: RefViewStrategy,
+    /// With known poses: the scale the predicted depth was divided by to reach the units of
+    /// the given cameras (the official Umeyama alignment, see [`crate::poses`]).
+    pub pose_scale: Option<f64>,
 }
 
 impl MultiPrediction {

@@ -370,6 +370,11 @@ impl<'f> Loader<'f> {
                     .cam_dim
                     .map(|d| vec![d, d])
                     .ok_or_else(|| Error::Weights("no camera decoder".into())),
+                // The official models with a camera decoder have the camera encoder too.
+                "cam_enc.token_norm.weight" => config
+                    .cam_dim
+                    .map(|_| vec![e])
+                    .ok_or_else(|| Error::Weights("no camera encoder".into())),
                 other => Err(Error::Weights(format!(
                     "a recording loader cannot tell the shape of `{other}`"
                 ))),
