@@ -461,3 +461,82 @@ fn known_poses_are_refused_where_they_cannot_apply() {
         .to_string();
     assert!(err.contains("no camera encoder"), "{err}");
 }
+
+/// The DualDPT ray branch of every scene (with the reference view each strategy picks):
+/// ray and ray confidence per view against the official auxiliary head outputs.
+#[test]
+fn ray_branch_matches_the_official_auxiliary_outputs() {
+    let m = manifest();
+    let process_res = m["process_res"].as_u64().unwrap() as usize;
+    let (mut model, _dir) = load_tiny();
+    model.set_ray_outputs(true).unwrap();
+    for scene in m["scenes"].as_array().unwrap() {
+        let at = scene["name"].as_str().unwrap().to_owned();
+        let images: Vec<_> = scene["views"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                synthetic::image(
+                    v["width"].as_u64().unwrap() as usize,
+                    v["height"].as_u64().unwrap() as usize,
+                )
+            })
+            .collect();
+        let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
+        let prediction = model
+            .predict_views_at(&images, process_res, strategy)
+            .unwrap();
+        let arrays = &scene["arrays"];
+        let shape: Vec<usize> = arrays["ray"]["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let (h, w) = (shape[1], shape[2]);
+        // Official [S, h, w, 6] (channels last) from ours (channel-major per view).
+        let mut ray = Vec::new();
+        let mut conf = Vec::new();
+        for view in &prediction.views {
+            let r = view.rays.as_ref().expect("ray outputs asked for");
+            assert_eq!((r.width, r.height), (w, h), "{at}");
+            for y in 0..h {
+                for x in 0..w {
+                    for c in 0..6 {
+                        ray.push(r.rays[(c * h + y) * w + x]);
+                    }
+                }
+            }
+            conf.extend(&r.confidence);
+        }
+        assert_close(
+            &at,
+            "ray",
+            agreement(&ray, &reference(&arrays["ray"])),
+            false,
+        );
+        assert_close(
+            &at,
+            "ray confidence",
+            agreement(&conf, &reference(&arrays["ray_conf"])),
+            true,
+        );
+    }
+    // Off again: no ray outputs; a file without the branch refuses them.
+    model.set_ray_outputs(false).unwrap();
+    let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
+    let plain = model
+        .predict_views_at(&images, process_res, RefViewStrategy::First)
+        .unwrap();
+    assert!(plain.views[0].rays.is_none());
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let peer = fixture_dir("peer").join("peer-tiny-seed0-f32.gguf");
+    let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
+    let err = peer.set_ray_outputs(true).unwrap_err().to_string();
+    assert!(err.contains("no ray branch"), "{err}");
+}

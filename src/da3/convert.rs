@@ -8,14 +8,17 @@ use crate::ggml::DType;
 use std::path::Path;
 
 /// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
-/// tensors no graph uses (ray branch, 3DGS head).
+/// tensors no graph uses (the 3DGS head).
 ///
 /// The camera encoder (`cam_enc.*`, which depth-anything.cpp does not convert) is kept under
 /// `cam_enc.`: `pose.fc1` / `pose.fc2` (the official `pose_branch`), `token_norm`,
 /// `blk.{i}.*` (the official `trunk.{i}`, fields named as in the backbone blocks) and
-/// `trunk_norm`.
+/// `trunk_norm`. The DualDPT ray branch (`*_aux`) is kept as `head.scratch.rn{k}_aux.*`,
+/// `head.scratch.out1_aux.{level}.{i}.*` and `head.scratch.out2_aux.{level}.{i}.*` (the
+/// official module indices), the LayerNorm all levels share as `head.scratch.out2_aux.norm`;
+/// the graph reads the last level only.
 pub fn gguf_name(key: &str) -> Option<String> {
-    if key.contains("_aux") || key.starts_with("gs_") {
+    if key.starts_with("gs_") {
         return None;
     }
     if let Some(rest) = key.strip_prefix("cam_enc.") {
@@ -50,9 +53,16 @@ pub fn gguf_name(key: &str) -> Option<String> {
             .replace("scratch.output_conv2.0.", "scratch.out2a.")
             .replace("scratch.output_conv2.2.", "scratch.out2b.")
             .replace("scratch.sky_output_conv2.0.", "scratch.sky_out2a.")
-            .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.");
+            .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.")
+            .replace("scratch.output_conv1_aux.", "scratch.out1_aux.")
+            .replace("scratch.output_conv2_aux.", "scratch.out2_aux.");
+        // One LayerNorm module serves every level (`ln_seq` is built once): one tensor.
+        for level in 0..4 {
+            name = name.replace(&format!("out2_aux.{level}.2."), "out2_aux.norm.");
+        }
         for k in 1..=4 {
             name = name.replace(&format!("refinenet{k}."), &format!("rn{k}."));
+            name = name.replace(&format!("refinenet{k}_aux."), &format!("rn{k}_aux."));
         }
         name = name
             .replace("resConfUnit", "rc")
@@ -128,9 +138,13 @@ pub fn official_name(gguf: &str) -> String {
             .replace("scratch.out2a.", "scratch.output_conv2.0.")
             .replace("scratch.out2b.", "scratch.output_conv2.2.")
             .replace("scratch.sky_out2a.", "scratch.sky_output_conv2.0.")
-            .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.");
+            .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.")
+            .replace("scratch.out1_aux.", "scratch.output_conv1_aux.")
+            .replace("scratch.out2_aux.norm.", "scratch.output_conv2_aux.0.2.")
+            .replace("scratch.out2_aux.", "scratch.output_conv2_aux.");
         for k in 1..=4 {
             name = name.replace(&format!("rn{k}."), &format!("refinenet{k}."));
+            name = name.replace(&format!("rn{k}_aux."), &format!("refinenet{k}_aux."));
         }
         name = name
             .replace(".rc", ".resConfUnit")
@@ -170,6 +184,7 @@ pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Er
         super::head::CameraDecoder::load(&mut l)?;
         super::backbone::CameraEncoder::load(&mut l, &config.vit)?;
     }
+    super::head::RayHead::load(&mut l, &config.head)?;
     let mut tensors = l.into_declared();
     let e = config.vit.embed_dim;
     tensors.push((

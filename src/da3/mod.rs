@@ -21,7 +21,7 @@ mod weights;
 pub use config::{Config, Ffn, HeadKind, PRESETS};
 pub use model::{LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::{MultiPrediction, RefViewStrategy};
-pub use outputs::{Colormap, Pose, Prediction};
+pub use outputs::{Colormap, Pose, Prediction, RayMap};
 pub use poses::KnownPose;
 pub use weights::{Loader, Role};
 

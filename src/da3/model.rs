@@ -7,7 +7,7 @@
 
 use super::backbone::{Backbone, BackboneConstants, CameraEncoder};
 use super::config::{Config, HeadKind};
-use super::head::{CameraDecoder, Head, HeadConstants};
+use super::head::{CameraDecoder, Head, HeadConstants, RayHead};
 use super::outputs::{fill_sky, Pose, Prediction};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{LoadedWeights, Loader};
@@ -108,6 +108,8 @@ struct Layers {
     camera: Option<CameraDecoder>,
     /// The camera encoder (known poses in), when the file has one.
     camera_encoder: Option<CameraEncoder>,
+    /// The DualDPT ray branch, when the file has it.
+    rays: Option<RayHead>,
     /// Holds the imported handles (and keeps the shared weights alive).
     _weights: Context,
     /// This session's copies of host-only weights (the crash layout), if any.
@@ -192,11 +194,18 @@ impl Model {
 }
 
 /// Declares every tensor of the architecture of `config` (the layers, in loading order).
-type DeclaredLayers = (Backbone, Head, Option<CameraDecoder>, Option<CameraEncoder>);
+struct DeclaredLayers {
+    backbone: Backbone,
+    head: Head,
+    camera: Option<CameraDecoder>,
+    camera_encoder: Option<CameraEncoder>,
+    rays: Option<RayHead>,
+}
 
 fn declare_layers(l: &mut Loader<'_>, config: &Config) -> Result<DeclaredLayers, Error> {
     let backbone = Backbone::load(l, &config.vit)?;
     let head = Head::load(l, &config.head, config.vit.feature_dim())?;
+    let rays = RayHead::load(l, &config.head)?;
     let camera = if config.head.kind == HeadKind::DualDpt {
         CameraDecoder::load(l)?
     } else {
@@ -216,7 +225,13 @@ fn declare_layers(l: &mut Loader<'_>, config: &Config) -> Result<DeclaredLayers,
         (Some(_), Some(_)) => CameraEncoder::load(l, &config.vit)?,
         _ => None,
     };
-    Ok((backbone, head, camera, encoder))
+    Ok(DeclaredLayers {
+        backbone,
+        head,
+        camera,
+        camera_encoder: encoder,
+        rays,
+    })
 }
 
 /// One computation at a time on a model: its graphs (one per processed resolution, built on
@@ -231,6 +246,8 @@ pub struct Session {
     graphs: HashMap<(usize, usize), ResolutionGraph>,
     /// Graphs of scenes of several views (see `views`).
     view_graphs: views::ViewGraphs,
+    /// Whether scene graphs compute the ray branch ([`Session::set_ray_outputs`]).
+    ray_outputs: bool,
     last_report: Option<Report>,
 }
 
@@ -268,7 +285,13 @@ impl Session {
         };
         let weights_ctx = Context::metadata(1)?;
         let mut binder = Loader::bind(&shared.weights, &weights_ctx)?;
-        let (backbone, head, camera, camera_encoder) = declare_layers(&mut binder, &shared.config)?;
+        let DeclaredLayers {
+            backbone,
+            head,
+            camera,
+            camera_encoder,
+            rays,
+        } = declare_layers(&mut binder, &shared.config)?;
         let host = binder.into_host_context();
         let mut executor = Executor::new(device, cpu, shared.policy)?;
         if !shared.log_decisions {
@@ -280,6 +303,7 @@ impl Session {
                 head,
                 camera,
                 camera_encoder,
+                rays,
                 _weights: weights_ctx,
                 _host: host,
             },
@@ -287,6 +311,7 @@ impl Session {
             executor,
             graphs: HashMap::new(),
             view_graphs: Default::default(),
+            ray_outputs: false,
             last_report: None,
         })
     }
@@ -383,6 +408,7 @@ impl Session {
             sky: g.sky.as_ref().map(read).transpose()?,
             pose,
             probes,
+            rays: None,
         })
     }
 

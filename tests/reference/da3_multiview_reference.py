@@ -177,6 +177,11 @@ def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
     handle = net.cam_dec.register_forward_hook(
         lambda m, a, o: captured.update(cam_input=a[0].detach().float().clone())
     )
+    head_hook = net.head.register_forward_hook(
+        lambda m, a, o: captured.update(
+            ray=o["ray"].detach().float().clone(), ray_conf=o["ray_conf"].detach().float().clone()
+        )
+    )
     vision_transformer.select_reference_view = recording
     try:
         with torch.inference_mode(), torch.autocast("cpu", enabled=False):
@@ -184,12 +189,17 @@ def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
     finally:
         vision_transformer.select_reference_view = original
         handle.remove()
+        head_hook.remove()
     arrays = {
         "depth": out["depth"].float(),
         "depth_conf": out["depth_conf"].float(),
         "extrinsics": out["extrinsics"].float(),
         "intrinsics": out["intrinsics"].float(),
         "cam_token": captured["cam_input"],
+        # The DualDPT auxiliary outputs (the official forward drops them when it decodes
+        # poses with the camera decoder): ray [S, h, w, 6], ray_conf [S, h, w].
+        "ray": captured["ray"],
+        "ray_conf": captured["ray_conf"],
     }
     if "token0" in chosen:
         arrays["selection_token0"] = chosen["token0"]
@@ -310,7 +320,9 @@ def main() -> None:
         "array_format": (
             "raw little-endian float32, row-major; shapes without the batch dim: depth and "
             "depth_conf [S, H, W], extrinsics [S, 3, 4] (world-to-camera), intrinsics "
-            "[S, 3, 3], cam_token [S, 2 * embed] (camera decoder input), selection_token0 "
+            "[S, 3, 3], cam_token [S, 2 * embed] (camera decoder input), ray [S, h, w, 6] and "
+            "ray_conf [S, h, w] (the DualDPT auxiliary head at 8/14 of the processed size), "
+            "selection_token0 "
             "[S, embed] (token 0 of every view before block alt_start - 1, in input order); "
             "posed scenes: processed_intrinsics [S, 3, 3] (the InputProcessor's), "
             "normalized_extrinsics [S, 4, 4] (the network's camera input), pose_tokens "

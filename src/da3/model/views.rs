@@ -6,10 +6,13 @@
 //! tokens with the camera token of every view chosen.
 
 use super::*;
+use crate::da3::head::RAY_CHANNELS;
 use crate::da3::multiview::{
     camera_slots, positional_reference, select_reference_view, MultiPrediction, RefViewStrategy,
 };
+use crate::da3::outputs::RayMap;
 use crate::da3::poses::{self, KnownPose};
+use crate::ggml::TensorView;
 
 /// Which blocks a graph runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,8 +25,9 @@ pub(super) enum Part {
     Trunk(usize),
 }
 
-/// A scene graph's key: width, height, views, part, and whether it takes known cameras.
-type ViewKey = (usize, usize, usize, Part, bool);
+/// A scene graph's key: width, height, views, part, whether it takes known cameras and
+/// whether it computes the ray branch.
+type ViewKey = (usize, usize, usize, Part, bool, bool);
 
 /// A session's scene graphs by [`ViewKey`], built on first use.
 pub(super) type ViewGraphs = HashMap<ViewKey, ViewsGraph>;
@@ -44,6 +48,8 @@ pub(super) struct ViewsGraph {
     confidence: Option<Tensor>,
     sky: Option<Tensor>,
     pose: Option<Tensor>,
+    /// The ray branch: ray `[w, h, 6, views]` and its confidence `[w, h, views]`.
+    rays: Option<(Tensor, Tensor)>,
     probes: Vec<(String, Tensor)>,
     _ctx: Context,
     _constants: Context,
@@ -59,6 +65,22 @@ impl Model {
 }
 
 impl Session {
+    /// Whether scene predictions ([`Session::predict_views`] and the others of this
+    /// session) also compute the DualDPT ray branch into [`Prediction::rays`] (off by
+    /// default: the official forward computes and drops it). An error when the model file
+    /// has no ray branch.
+    pub fn set_ray_outputs(&mut self, on: bool) -> Result<(), Error> {
+        if on && self.layers.rays.is_none() {
+            return Err(Error::Input(
+                "this model file has no ray branch (`head.scratch.*_aux` tensors; DualDPT \
+                 models only, kept by `da3 convert`)"
+                    .to_owned(),
+            ));
+        }
+        self.ray_outputs = on;
+        Ok(())
+    }
+
     /// Every image of one scene, preprocessed at the model's process resolution (all must
     /// reach the same processed size), predicted together and post-processed per view; the
     /// reference view by the official default strategy (`saddle_balanced`).
@@ -271,6 +293,13 @@ impl Session {
             read(&graph.sky)?,
             read(&graph.pose)?,
         );
+        let rays = match &graph.rays {
+            Some((ray, conf)) => {
+                let (rw, rh) = (ray.ne()[0] as usize, ray.ne()[1] as usize);
+                Some((rw, rh, run.read::<f32>(ray)?, run.read::<f32>(conf)?))
+            }
+            None => None,
+        };
         let mut probes = Vec::new();
         for (name, t) in &graph.probes {
             probes.push((name.clone(), run.read::<f32>(t)?));
@@ -289,6 +318,15 @@ impl Session {
                 pose: per_view(&pose, v, 9).map(|enc| Pose::from_encoding(&enc, w, h)),
                 // Probes hold every view (views last).
                 probes: probes.clone(),
+                rays: rays.as_ref().map(|(rw, rh, ray, conf)| {
+                    let n = rw * rh;
+                    RayMap {
+                        width: *rw,
+                        height: *rh,
+                        rays: ray[v * RAY_CHANNELS * n..(v + 1) * RAY_CHANNELS * n].to_vec(),
+                        confidence: conf[v * n..(v + 1) * n].to_vec(),
+                    }
+                }),
             })
             .collect();
         Ok(MultiPrediction {
@@ -308,7 +346,7 @@ impl Session {
         part: Part,
         posed: bool,
     ) -> Result<ViewKey, Error> {
-        let key = (width, height, views, part, posed);
+        let key = (width, height, views, part, posed, self.ray_outputs);
         if !self.view_graphs.contains_key(&key) {
             let graph = self.build_views_graph(width, height, views, part, posed)?;
             self.view_graphs.insert(key, graph);
@@ -364,7 +402,18 @@ impl Session {
         } else {
             None
         };
+        // The ray branch's map: twice the finest stage (4x the patch grid), 8x the grid.
+        let with_rays = self.ray_outputs && self.layers.rays.is_some();
+        let (aw, ah) = (8 * gw, 8 * gh);
+        let ray_uv = if with_rays && shared.config.head.pos_embed {
+            Some(constants.new_tensor(DType::F32, &[aw as i64, ah as i64, half as i64, 1])?)
+        } else {
+            None
+        };
         constants.allocate_on(self.executor.device(), BufferUsage::Any)?;
+        if let Some(uv) = &ray_uv {
+            constants.write(uv, &scaled_uv(aw, ah, half, width as f64 / height as f64)?)?;
+        }
         constants.write(&pos, &self.resampled_pos_embed(gh, gw)?)?;
         let (ly, lx, gy, gx) = rope_positions(gh, gw);
         for (t, values) in positions.iter().zip([ly, lx, gy, gx]) {
@@ -479,6 +528,7 @@ impl Session {
             confidence: None,
             sky: None,
             pose: None,
+            rays: None,
             probes: Vec::new(),
             _ctx: ctx,
             _constants: constants,
@@ -506,6 +556,12 @@ impl Session {
                 (Some(cam), Some(token)) => Some(cam.forward(ctx, token)?),
                 _ => None,
             };
+            if let (true, Some(rays)) = (with_rays, &self.layers.rays) {
+                let (ray, conf) = rays.forward(ctx, &out.stages, ray_uv.as_ref())?;
+                outputs.push(ray.clone());
+                outputs.push(conf.clone());
+                built.rays = Some((ray, conf));
+            }
             outputs.push(out.depth.clone());
             outputs.extend(out.confidence.iter().cloned());
             outputs.extend(out.sky.iter().cloned());
