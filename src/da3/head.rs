@@ -87,7 +87,7 @@ enum Resize {
     Down(Conv),
 }
 
-/// DPT / DualDPT head (the DualDPT ray branch is not built: single-image depth discards it).
+/// DPT / DualDPT head: depth, confidence, sky (the DualDPT ray branch is [`RayHead`]).
 pub struct Head {
     cfg: HeadConfig,
     norm: Option<Norm>,

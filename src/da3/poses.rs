@@ -254,41 +254,36 @@ pub fn pose_encoding(
     .map(|v| v as f32)
 }
 
-/// Eigenvalues of a symmetric 3x3 matrix (cyclic Jacobi), any order.
-fn symmetric_eigenvalues(mut a: Mat3) -> [f64; 3] {
+/// Singular values of a 3x3 matrix (one-sided Jacobi: the columns are orthogonalised by plane
+/// rotations and their norms are the singular values, accurate for the small ones too), any
+/// order.
+fn singular_values(mut a: Mat3) -> [f64; 3] {
     for _ in 0..64 {
-        let off = a[0][1].powi(2) + a[0][2].powi(2) + a[1][2].powi(2);
-        let scale: f64 = (0..3).map(|i| a[i][i].powi(2)).sum::<f64>() + off;
-        if off <= 1e-30 * scale.max(f64::MIN_POSITIVE) {
-            break;
-        }
+        let mut rotated = false;
         for (p, q) in [(0, 1), (0, 2), (1, 2)] {
-            if a[p][q] == 0.0 {
+            let alpha: f64 = (0..3).map(|i| a[i][p] * a[i][p]).sum();
+            let beta: f64 = (0..3).map(|i| a[i][q] * a[i][q]).sum();
+            let gamma: f64 = (0..3).map(|i| a[i][p] * a[i][q]).sum();
+            if gamma == 0.0 || gamma.abs() <= 1e-15 * (alpha * beta).sqrt() {
                 continue;
             }
-            let theta = (a[q][q] - a[p][p]) / (2.0 * a[p][q]);
-            let t = if theta == 0.0 {
-                1.0
-            } else {
-                theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt())
-            };
-            let c = 1.0 / (t * t + 1.0).sqrt();
-            let s = t * c;
-            // a := J^T a J for the rotation in the (p, q) plane.
-            let mut b = a;
-            for k in 0..3 {
-                b[k][p] = c * a[k][p] - s * a[k][q];
-                b[k][q] = s * a[k][p] + c * a[k][q];
+            rotated = true;
+            let zeta = (beta - alpha) / (2.0 * gamma);
+            let t = zeta.signum() / (zeta.abs() + (1.0 + zeta * zeta).sqrt());
+            let t = if zeta == 0.0 { 1.0 } else { t };
+            let c = 1.0 / (1.0 + t * t).sqrt();
+            let s = c * t;
+            for row in a.iter_mut() {
+                let (ap, aq) = (row[p], row[q]);
+                row[p] = c * ap - s * aq;
+                row[q] = s * ap + c * aq;
             }
-            let mut d = b;
-            for k in 0..3 {
-                d[p][k] = c * b[p][k] - s * b[q][k];
-                d[q][k] = s * b[p][k] + c * b[q][k];
-            }
-            a = d;
+        }
+        if !rotated {
+            break;
         }
     }
-    [a[0][0], a[1][1], a[2][2]]
+    [0, 1, 2].map(|j| (0..3).map(|i| a[i][j] * a[i][j]).sum::<f64>().sqrt())
 }
 
 /// The scale of evo's Umeyama alignment (`umeyama_alignment(x, y, with_scale=True)`) that maps
@@ -324,13 +319,7 @@ pub fn umeyama_scale(x: &[[f64; 3]], y: &[[f64; 3]]) -> Result<f64, Error> {
             }
         }
     }
-    let mut ctc = [[0.0; 3]; 3];
-    for i in 0..3 {
-        for j in 0..3 {
-            ctc[i][j] = (0..3).map(|k| cov[k][i] * cov[k][j]).sum();
-        }
-    }
-    let mut d = symmetric_eigenvalues(ctc).map(|v| v.max(0.0).sqrt());
+    let mut d = singular_values(cov);
     d.sort_by(|a, b| b.total_cmp(a));
     // det(U) det(V) has the sign of det(cov) (D >= 0); with det(cov) = 0 the smallest
     // singular value is 0 and the flip changes nothing.
