@@ -364,18 +364,10 @@ pub fn align_to_known_poses(
             // Divided, as the official `depth /= scale` (in f32).
             *d /= s;
         }
-        let mut pose = Pose {
-            intrinsics: [[0.0; 3]; 3],
-            extrinsics: [[0.0; 4]; 3],
+        let pose = Pose {
+            extrinsics: [0, 1, 2].map(|i| e[i].map(|v| v as f32)),
+            intrinsics: k.map(|row| row.map(|v| v as f32)),
         };
-        for i in 0..3 {
-            for j in 0..4 {
-                pose.extrinsics[i][j] = e[i][j] as f32;
-            }
-            for j in 0..3 {
-                pose.intrinsics[i][j] = k[i][j] as f32;
-            }
-        }
         view.pose = Some(pose);
     }
     Ok(scale)
