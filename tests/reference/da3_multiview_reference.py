@@ -10,6 +10,13 @@ official backbone chose and the token 0 of every view it chose from. Also: the o
 
 Weights: the formula of da3_reference.py (no checkpoint is committed).
 
+Posed scenes (`posed_scenes` in the manifest): known cameras through the official API's steps
+(InputProcessor, `_normalize_extrinsics`, the forward with `cam_enc`, OutputProcessor,
+`_align_to_input_extrinsics_intrinsics`); the alignment needs the `evo` and `scipy`
+packages, and `huggingface_hub` to import the API module (its export-only imports are
+stood in for when missing). Every scene also records the DualDPT ray branch (`ray`,
+`ray_conf`).
+
 Example (the committed fixture, from the repository root):
     PY=/path/to/venv/bin/python
     $PY tests/reference/da3_multiview_reference.py --out tests/fixtures/da3-tiny-multiview
