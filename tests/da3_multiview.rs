@@ -7,7 +7,9 @@ mod common;
 use common::{agreement, fixture_dir, Agreement, Reference};
 use da3::convert::{write_synthetic, WeightType};
 use da3::multiview::select_reference_view;
-use da3::{synthetic, Config, Device, LoadOptions, Model, RefViewStrategy, Session};
+use da3::{
+    poses, synthetic, Config, Device, KnownPose, LoadOptions, Model, RefViewStrategy, Session,
+};
 use serde_json::Value;
 
 fn load_tiny() -> (Session, tempfile::TempDir) {
@@ -217,4 +219,324 @@ fn scenes_match_the_official_multi_view_forward() {
             );
         }
     }
+}
+
+/// A posed scene's cameras from the manifest, and its synthetic images.
+fn posed_inputs(scene: &Value) -> (Vec<da3::preprocess::RgbImage8>, Vec<KnownPose>) {
+    let rows = |v: &Value| -> Vec<Vec<f64>> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect()
+            })
+            .collect()
+    };
+    scene["views"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let image = synthetic::image(
+                v["width"].as_u64().unwrap() as usize,
+                v["height"].as_u64().unwrap() as usize,
+            );
+            let pose = KnownPose::new(&rows(&v["extrinsics"]), &rows(&v["intrinsics"])).unwrap();
+            (image, pose)
+        })
+        .unzip()
+}
+
+fn posed_scene(name: &str) -> Value {
+    manifest()["posed_scenes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("posed scene {name}"))
+        .clone()
+}
+
+fn flat_poses(prediction: &da3::MultiPrediction) -> (Vec<f32>, Vec<f32>) {
+    let mut intr = Vec::new();
+    let mut extr = Vec::new();
+    for view in &prediction.views {
+        let pose = view.pose.unwrap();
+        intr.extend(pose.intrinsics.iter().flatten());
+        extr.extend(pose.extrinsics.iter().flatten());
+    }
+    (intr, extr)
+}
+
+/// Known cameras of two views: the official InputProcessor's intrinsics, the official
+/// normalisation, and the network forward through the camera encoder (before the alignment,
+/// which the official code refuses for two views).
+#[test]
+fn two_views_with_known_poses_match_the_official_forward() {
+    let m = manifest();
+    let process_res = m["process_res"].as_u64().unwrap() as usize;
+    let scene = posed_scene("2v_posed");
+    let arrays = &scene["arrays"];
+    let (images, poses) = posed_inputs(&scene);
+    let processed: Vec<_> = images
+        .iter()
+        .map(|im| da3::preprocess::preprocess(im, process_res).unwrap())
+        .collect();
+    let mut intrinsics = Vec::new();
+    for (im, pose) in images.iter().zip(&poses) {
+        let plan = da3::preprocess::plan_resize(im.width, im.height, process_res).unwrap();
+        intrinsics.push(poses::processed_intrinsics(
+            &pose.intrinsics,
+            im.width,
+            im.height,
+            &plan,
+        ));
+    }
+    let flat_k: Vec<f32> = intrinsics
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|&v| v as f32)
+        .collect();
+    assert_close(
+        "2v_posed",
+        "processed intrinsics",
+        agreement(&flat_k, &reference(&arrays["processed_intrinsics"])),
+        false,
+    );
+    let given: Vec<_> = poses.iter().map(|p| p.extrinsics).collect();
+    let normalized = poses::normalize_extrinsics(&given);
+    let flat_e: Vec<f32> = normalized
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|&v| v as f32)
+        .collect();
+    assert_close(
+        "2v_posed",
+        "normalised extrinsics",
+        agreement(&flat_e, &reference(&arrays["normalized_extrinsics"])),
+        false,
+    );
+    let encodings: Vec<[f32; 9]> = normalized
+        .iter()
+        .zip(&intrinsics)
+        .zip(&processed)
+        .map(|((e, k), im)| poses::pose_encoding(e, k, im.width, im.height))
+        .collect();
+    let (mut model, _dir) = load_tiny();
+    let prediction = model
+        .forward_views_with_poses(&processed, &encodings)
+        .unwrap();
+    assert_eq!(prediction.reference, 0);
+    let depth: Vec<f32> = prediction
+        .views
+        .iter()
+        .flat_map(|p| p.depth.clone())
+        .collect();
+    let conf: Vec<f32> = prediction
+        .views
+        .iter()
+        .flat_map(|p| p.confidence.clone().unwrap())
+        .collect();
+    let (intr, extr) = flat_poses(&prediction);
+    assert_close(
+        "2v_posed",
+        "depth",
+        agreement(&depth, &reference(&arrays["net_depth"])),
+        true,
+    );
+    assert_close(
+        "2v_posed",
+        "confidence",
+        agreement(&conf, &reference(&arrays["net_depth_conf"])),
+        true,
+    );
+    assert_close(
+        "2v_posed",
+        "intrinsics",
+        agreement(&intr, &reference(&arrays["net_intrinsics"])),
+        false,
+    );
+    assert_close(
+        "2v_posed",
+        "extrinsics",
+        agreement(&extr, &reference(&arrays["net_extrinsics"])),
+        false,
+    );
+    // The cameras changed the prediction: without them the same views predict other depth.
+    let free = model
+        .forward_views(&processed, RefViewStrategy::First)
+        .unwrap();
+    let free_depth: Vec<f32> = free.views.iter().flat_map(|p| p.depth.clone()).collect();
+    let a = agreement(&free_depth, &reference(&arrays["net_depth"]));
+    assert!(a.max_rel > 1e-2, "known poses changed nothing: {a:?}");
+}
+
+/// Known cameras of three views through the whole official path: the forward, the Umeyama
+/// scale and the aligned outputs (depth in the units of the given cameras, the given
+/// extrinsics, the processed intrinsics).
+#[test]
+fn three_views_with_known_poses_match_the_official_inference() {
+    let m = manifest();
+    let process_res = m["process_res"].as_u64().unwrap() as usize;
+    let scene = posed_scene("3v_posed");
+    let arrays = &scene["arrays"];
+    let (images, poses) = posed_inputs(&scene);
+    let (mut model, _dir) = load_tiny();
+    let prediction = model
+        .predict_views_with_poses_at(&images, process_res, &poses)
+        .unwrap();
+    assert_eq!(prediction.reference, 0);
+    let scale = prediction.pose_scale.unwrap();
+    let official = scene["scale"].as_f64().unwrap();
+    eprintln!("3v_posed scale: ours {scale}, official {official}");
+    assert!(
+        (scale / official - 1.0).abs() <= 1e-3,
+        "{scale} vs {official}"
+    );
+    let depth: Vec<f32> = prediction
+        .views
+        .iter()
+        .flat_map(|p| p.depth.clone())
+        .collect();
+    let conf: Vec<f32> = prediction
+        .views
+        .iter()
+        .flat_map(|p| p.confidence.clone().unwrap())
+        .collect();
+    let (intr, extr) = flat_poses(&prediction);
+    assert_close(
+        "3v_posed",
+        "depth",
+        agreement(&depth, &reference(&arrays["depth"])),
+        true,
+    );
+    assert_close(
+        "3v_posed",
+        "confidence",
+        agreement(&conf, &reference(&arrays["net_depth_conf"])),
+        true,
+    );
+    assert_close(
+        "3v_posed",
+        "intrinsics",
+        agreement(&intr, &reference(&arrays["intrinsics"])),
+        false,
+    );
+    assert_close(
+        "3v_posed",
+        "extrinsics",
+        agreement(&extr, &reference(&arrays["extrinsics"])),
+        false,
+    );
+}
+
+/// Poses for the wrong number of views, and a file without a camera encoder (written by
+/// depth-anything.cpp's converter), are refused with reasons.
+#[test]
+fn known_poses_are_refused_where_they_cannot_apply() {
+    let scene = posed_scene("3v_posed");
+    let (images, poses) = posed_inputs(&scene);
+    let (mut model, _dir) = load_tiny();
+    let err = model
+        .predict_views_with_poses_at(&images, 112, &poses[..2])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("2 camera pose(s) for 3 view(s)"), "{err}");
+    let peer = fixture_dir("peer").join("peer-tiny-seed0-f32.gguf");
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
+    let err = peer
+        .predict_views_with_poses_at(&images, 112, &poses)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no camera encoder"), "{err}");
+}
+
+/// The DualDPT ray branch of every scene (with the reference view each strategy picks):
+/// ray and ray confidence per view against the official auxiliary head outputs.
+#[test]
+fn ray_branch_matches_the_official_auxiliary_outputs() {
+    let m = manifest();
+    let process_res = m["process_res"].as_u64().unwrap() as usize;
+    let (mut model, _dir) = load_tiny();
+    model.set_ray_outputs(true).unwrap();
+    for scene in m["scenes"].as_array().unwrap() {
+        let at = scene["name"].as_str().unwrap().to_owned();
+        let images: Vec<_> = scene["views"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                synthetic::image(
+                    v["width"].as_u64().unwrap() as usize,
+                    v["height"].as_u64().unwrap() as usize,
+                )
+            })
+            .collect();
+        let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
+        let prediction = model
+            .predict_views_at(&images, process_res, strategy)
+            .unwrap();
+        let arrays = &scene["arrays"];
+        let shape: Vec<usize> = arrays["ray"]["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let (h, w) = (shape[1], shape[2]);
+        // Official [S, h, w, 6] (channels last) from ours (channel-major per view).
+        let mut ray = Vec::new();
+        let mut conf = Vec::new();
+        for view in &prediction.views {
+            let r = view.rays.as_ref().expect("ray outputs asked for");
+            assert_eq!((r.width, r.height), (w, h), "{at}");
+            for y in 0..h {
+                for x in 0..w {
+                    for c in 0..6 {
+                        ray.push(r.rays[(c * h + y) * w + x]);
+                    }
+                }
+            }
+            conf.extend(&r.confidence);
+        }
+        assert_close(
+            &at,
+            "ray",
+            agreement(&ray, &reference(&arrays["ray"])),
+            false,
+        );
+        assert_close(
+            &at,
+            "ray confidence",
+            agreement(&conf, &reference(&arrays["ray_conf"])),
+            true,
+        );
+    }
+    // Off again: no ray outputs; a file without the branch refuses them.
+    model.set_ray_outputs(false).unwrap();
+    let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
+    let plain = model
+        .predict_views_at(&images, process_res, RefViewStrategy::First)
+        .unwrap();
+    assert!(plain.views[0].rays.is_none());
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let peer = fixture_dir("peer").join("peer-tiny-seed0-f32.gguf");
+    let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
+    let err = peer.set_ray_outputs(true).unwrap_err().to_string();
+    assert!(err.contains("no ray branch"), "{err}");
 }

@@ -38,6 +38,7 @@ fn prediction() -> Prediction {
         sky: None,
         pose: Some(pose()),
         probes: Vec::new(),
+        rays: None,
     }
 }
 

@@ -19,9 +19,11 @@ use std::path::{Path, PathBuf};
 
 const PRESET: &str = "da3-tiny";
 
-/// Tensors the official checkpoint has and single-image depth does not use.
+/// Tensors the official checkpoint has and no graph uses (the 3DGS head, the ray branch's
+/// coarser levels), and one camera-encoder name the architecture does not declare.
 const EXTRA_KEYS: &[&str] = &[
-    "model.head.scratch.refinenet1_aux.out_conv.weight",
+    "model.head.scratch.output_conv1_aux.0.0.weight",
+    "model.gs_head.something",
     "model.cam_enc.something",
 ];
 
@@ -245,10 +247,26 @@ fn dropped_tensors_are_reported_by_name() {
     expected.sort();
     assert_eq!(skipped, expected);
     let file = GgufFile::open(ws.out("model.gguf")).unwrap();
-    assert!(file
-        .tensors()
-        .iter()
-        .all(|t| !t.name.contains("aux") && !t.name.contains("cam_enc")));
+    assert!(file.tensors().iter().all(|t| !t.name.contains("aux.0.")
+        && !t.name.contains("gs_")
+        && t.name != "cam_enc.something"));
+    // The camera encoder (known poses in) and the ray branch's last level are kept.
+    for name in [
+        "head.scratch.rn1_aux.rc1.c1.weight",
+        "head.scratch.out1_aux.3.4.bias",
+        "head.scratch.out2_aux.norm.weight",
+        "head.scratch.out2_aux.3.5.weight",
+        "cam_enc.pose.fc1.weight",
+        "cam_enc.token_norm.bias",
+        "cam_enc.blk.3.attn_qkv.weight",
+        "cam_enc.blk.0.ls2",
+        "cam_enc.trunk_norm.weight",
+    ] {
+        assert!(
+            file.tensors().iter().any(|t| t.name == name),
+            "{name} missing from the converted file"
+        );
+    }
 }
 
 #[test]

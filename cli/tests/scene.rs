@@ -113,3 +113,176 @@ fn depth_on_several_inputs_writes_every_view_and_the_scene_poses() {
     assert_eq!(run.code, Some(1), "{}", run.context());
     assert!(run.stderr.contains("--out-dir"), "{}", run.context());
 }
+
+/// A camera looking along +z from `centre`, turned by `yaw` degrees about y: (world-to-camera
+/// rows, COLMAP quaternion w x y z).
+fn camera(yaw: f64, centre: [f64; 3]) -> ([[f64; 4]; 3], [f64; 4]) {
+    let a = yaw.to_radians();
+    let r = [
+        [a.cos(), 0.0, a.sin()],
+        [0.0, 1.0, 0.0],
+        [-a.sin(), 0.0, a.cos()],
+    ];
+    let mut e = [[0.0; 4]; 3];
+    for i in 0..3 {
+        e[i][..3].copy_from_slice(&r[i]);
+        e[i][3] = -(0..3).map(|j| r[i][j] * centre[j]).sum::<f64>();
+    }
+    // A rotation about y by a: q = (cos a/2, 0, sin a/2, 0).
+    (e, [(a / 2.0).cos(), 0.0, (a / 2.0).sin(), 0.0])
+}
+
+#[test]
+fn depth_with_known_cameras_from_json_or_colmap_matches_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let cams = [
+        (3.0, [0.1, 0.0, 0.2], 500.0),
+        (-5.0, [1.2, 0.1, 0.0], 470.0),
+        (7.0, [0.5, 0.8, -0.4], 540.0),
+    ];
+    let mut images = Vec::new();
+    let mut poses = Vec::new();
+    let mut json_views = Vec::new();
+    let mut cameras_txt = String::from("# CAMERA_ID MODEL WIDTH HEIGHT PARAMS[]\n");
+    let mut images_txt = String::from("# IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME\n");
+    let mut args: Vec<String> = vec!["depth".into()];
+    for (i, (&(w, h), &(yaw, centre, f))) in VIEWS.iter().zip(&cams).enumerate() {
+        let im = synthetic::image(w, h);
+        let name = format!("in{i}.png");
+        image::RgbImage::from_raw(w as u32, h as u32, im.data.clone())
+            .unwrap()
+            .save(dir.path().join(&name))
+            .unwrap();
+        images.push(im);
+        args.extend(["--input".into(), name.clone()]);
+        let (e, q) = camera(yaw, centre);
+        let (cx, cy) = (w as f64 / 2.0 + 1.5, h as f64 / 2.0 - 0.5);
+        let k = [[f, 0.0, cx], [0.0, f, cy], [0.0, 0.0, 1.0]];
+        let rows = |m: &[[f64; 4]; 3]| m.iter().map(|r| r.to_vec()).collect::<Vec<_>>();
+        poses.push(
+            da3::KnownPose::new(&rows(&e), &k.iter().map(|r| r.to_vec()).collect::<Vec<_>>())
+                .unwrap(),
+        );
+        // Listed in reverse in the JSON: matched by name.
+        json_views.insert(
+            0,
+            serde_json::json!({"name": name, "extrinsics": e, "intrinsics": k}),
+        );
+        cameras_txt.push_str(&format!("{} PINHOLE {w} {h} {f} {f} {cx} {cy}\n", i + 1));
+        images_txt.push_str(&format!(
+            "{} {} {} {} {} {} {} {} {} {name}\n\n",
+            i + 1,
+            q[0],
+            q[1],
+            q[2],
+            q[3],
+            e[0][3],
+            e[1][3],
+            e[2][3],
+            i + 1
+        ));
+    }
+    std::fs::write(
+        dir.path().join("poses-in.json"),
+        serde_json::json!({ "views": json_views }).to_string(),
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("sparse")).unwrap();
+    std::fs::write(dir.path().join("sparse/cameras.txt"), cameras_txt).unwrap();
+    std::fs::write(dir.path().join("sparse/images.txt"), images_txt).unwrap();
+    let common: Vec<String> = ["--process-res", "112", "--device", "cpu", "--threads", "2"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let model = Model::from_gguf(&builtin_model_file().unwrap(), &options).unwrap();
+    let scene = model
+        .session()
+        .unwrap()
+        .predict_views_with_poses_at(&images, 112, &poses)
+        .unwrap();
+    let scale = scene.pose_scale.unwrap();
+
+    for (out, flag, value) in [
+        ("json", "--poses", "poses-in.json"),
+        ("colmap", "--poses-colmap", "sparse"),
+    ] {
+        std::fs::create_dir(dir.path().join(out)).unwrap();
+        let mut a = args.clone();
+        a.extend(common.iter().cloned());
+        a.extend([flag.into(), value.into(), "--out-dir".into(), out.into()]);
+        let run = da3_in(dir.path(), &a);
+        assert_eq!(run.code, Some(0), "{}", run.context());
+        assert!(run.stdout.contains("known cameras"), "{}", run.context());
+        let written: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(out).join("poses.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(written["reference"], 0);
+        assert_eq!(written["known_poses"], true);
+        let s = written["pose_scale"].as_f64().unwrap();
+        assert!((s / scale - 1.0).abs() < 1e-9, "{out}: {s} vs {scale}");
+        for (i, view) in scene.views.iter().enumerate() {
+            let bytes = std::fs::read(dir.path().join(format!("{out}/view{i}.pfm"))).unwrap();
+            let header = format!("Pf\n{} {}\n-1.0\n", view.width, view.height);
+            let values: Vec<f32> = bytes[header.len()..]
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let top_down: Vec<f32> = values
+                .chunks_exact(view.width)
+                .rev()
+                .flatten()
+                .copied()
+                .collect();
+            // The COLMAP rotation comes from a quaternion: equal to rounding.
+            let worst = top_down
+                .iter()
+                .zip(&view.depth)
+                .map(|(a, b)| ((a - b) / b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-4, "{out} view {i}: max rel {worst}");
+            // The given cameras come back out.
+            let e = &written["views"][i]["extrinsics_world_to_camera"];
+            let want = view.pose.unwrap().extrinsics;
+            for r in 0..3 {
+                for c in 0..4 {
+                    let got = e[r][c].as_f64().unwrap() as f32;
+                    assert!((got - want[r][c]).abs() < 1e-5, "{out} view {i} [{r}][{c}]");
+                }
+            }
+        }
+    }
+
+    // The written poses.json reads back as --poses (intrinsics of the processed size).
+    std::fs::create_dir(dir.path().join("again")).unwrap();
+    let mut a = args.clone();
+    a.extend(common.iter().cloned());
+    a.extend(["--poses", "json/poses.json", "--out-dir", "again"].map(String::from));
+    let run = da3_in(dir.path(), &a);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+
+    // Cameras for too few views, and a broken file, are refused before computing.
+    std::fs::write(
+        dir.path().join("two.json"),
+        serde_json::json!([json_views[0], json_views[1]]).to_string(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("bad.json"), "{\"views\": [{}]}").unwrap();
+    for (file, needle) in [
+        ("two.json", "no camera for"),
+        ("bad.json", "no `extrinsics`"),
+    ] {
+        let mut a = args.clone();
+        a.extend(common.iter().cloned());
+        a.extend(["--poses", file, "--out-dir", "again"].map(String::from));
+        let run = da3_in(dir.path(), &a);
+        assert_eq!(run.code, Some(1), "{}", run.context());
+        assert!(run.stderr.contains(needle), "{}", run.context());
+    }
+}

@@ -26,6 +26,10 @@ pub struct BackboneConstants {
     /// With several views: which camera token (0 reference, 1 other) each view takes at
     /// `alt_start`, i32 `[views]`, written per request.
     pub camera_slots: Option<Tensor>,
+    /// Known cameras: the camera encoder's token of every view, `[embed, views]`, which
+    /// replaces token 0 at `alt_start` instead of the learnt camera tokens (the official
+    /// `cam_token` argument); `camera_slots` is then unused.
+    pub camera_tokens: Option<Tensor>,
 }
 
 enum FfnWeights {
@@ -91,8 +95,12 @@ struct AttentionMode {
 
 impl Block {
     fn load(l: &mut Loader<'_>, cfg: &VitConfig, i: usize) -> Result<Self, Error> {
+        Self::load_at(l, cfg, &format!("vit.blk.{i}"), i)
+    }
+
+    /// Block `i` of a stack shaped by `cfg`, its tensors under `p`.
+    fn load_at(l: &mut Loader<'_>, cfg: &VitConfig, p: &str, i: usize) -> Result<Self, Error> {
         let e = cfg.embed_dim;
-        let p = format!("vit.blk.{i}");
         let qk_norm = match cfg.qknorm_start {
             Some(start) if i >= start => Some((
                 Norm::load(l, &format!("{p}.attn_qnorm"), cfg.head_dim(), cfg.qk_ln_eps)?,
@@ -357,7 +365,12 @@ impl Backbone {
             let block = &self.blocks[i];
             if cfg.alt_start == Some(i) {
                 let cam = self.camera_token.as_ref().expect("loaded with alt_start");
-                x = if s == 1 {
+                x = if let Some(tokens) = &c.camera_tokens {
+                    // Token 0 of each view := the encoded camera of that view.
+                    let cams = g.reshape(tokens, &[e, 1, s])?;
+                    let rest = g.view(&x, &[e, t - 1, s], &[row, row * t as usize], row)?;
+                    g.reshape(&g.concat(&cams, &rest, 1)?, &[e, t * s])?
+                } else if s == 1 {
                     let cam0 = g.view(cam, &[e, 1], &[cam.nb()[1]], 0)?;
                     let rest = g.view(&x, &[e, t - 1], &[row], row)?;
                     g.concat(&cam0, &rest, 1)?
@@ -423,5 +436,79 @@ impl Backbone {
             tokens_in,
             tokens_out: x,
         })
+    }
+}
+
+/// The camera encoder (`cam_enc` of the DualDPT models): known cameras to camera tokens. The
+/// official `CameraEnc`: the 9-value pose encoding of every view through an MLP (9 -> E/2,
+/// GELU, -> E), a LayerNorm, four transformer blocks (16 heads, MLP ratio 4, LayerScale, no
+/// RoPE, no QK-norm) attending over the views of the scene, and a final LayerNorm; every
+/// LayerNorm with PyTorch's default epsilon 1e-5.
+pub struct CameraEncoder {
+    cfg: VitConfig,
+    fc1: Linear,
+    fc2: Linear,
+    token_norm: Norm,
+    blocks: Vec<Block>,
+    trunk_norm: Norm,
+}
+
+/// The official `CameraEnc` defaults the presets keep (`trunk_depth`, `num_heads`,
+/// `mlp_ratio`).
+const CAM_ENC_DEPTH: usize = 4;
+const CAM_ENC_HEADS: usize = 16;
+const CAM_ENC_LN_EPS: f32 = 1e-5;
+
+impl CameraEncoder {
+    /// The encoder when the file has one (`cam_enc.token_norm.weight` present), of width
+    /// `vit.embed_dim`.
+    pub fn load(l: &mut Loader<'_>, vit: &VitConfig) -> Result<Option<Self>, Error> {
+        let Ok(shape) = l.shape_of("cam_enc.token_norm.weight") else {
+            return Ok(None);
+        };
+        let e = vit.embed_dim;
+        if shape != [e] {
+            return Err(Error::Weights(format!(
+                "tensor `cam_enc.token_norm.weight` has shape {shape:?}, expected [{e}]"
+            )));
+        }
+        if !e.is_multiple_of(CAM_ENC_HEADS) {
+            return Err(Error::Weights(format!(
+                "camera encoder width {e} is not a multiple of its {CAM_ENC_HEADS} heads"
+            )));
+        }
+        let cfg = VitConfig {
+            num_heads: CAM_ENC_HEADS,
+            mlp_hidden: 4 * e,
+            ffn: Ffn::Mlp,
+            alt_start: None,
+            rope_start: None,
+            qknorm_start: None,
+            block_ln_eps: CAM_ENC_LN_EPS,
+            ..vit.clone()
+        };
+        let blocks = (0..CAM_ENC_DEPTH)
+            .map(|i| Block::load_at(l, &cfg, &format!("cam_enc.blk.{i}"), i))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Some(CameraEncoder {
+            fc1: Linear::load(l, "cam_enc.pose.fc1", 9, e / 2)?,
+            fc2: Linear::load(l, "cam_enc.pose.fc2", e / 2, e)?,
+            token_norm: Norm::load(l, "cam_enc.token_norm", e, CAM_ENC_LN_EPS)?,
+            blocks,
+            trunk_norm: Norm::load(l, "cam_enc.trunk_norm", e, CAM_ENC_LN_EPS)?,
+            cfg,
+        }))
+    }
+
+    /// `encoding`: `[9, views]` (t, quaternion xyzw, fov h/w of camera-to-world poses) ->
+    /// camera tokens `[embed, views]`.
+    pub fn forward(&self, g: &Context, encoding: &Tensor, half_kv: bool) -> Result<Tensor, Error> {
+        let h = self.fc2.forward(g, &self.fc1.forward_gelu(g, encoding)?)?;
+        let mut x = self.token_norm.forward(g, &h)?;
+        let mode = AttentionMode { half_kv, views: 1 };
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(g, &self.cfg, &x, None, mode, &format!("cam_enc.blk.{i}"))?;
+        }
+        Ok(self.trunk_norm.forward(g, &x)?.named("cam_enc.tokens"))
     }
 }

@@ -11,10 +11,28 @@ mod quantize;
 pub use quantize::{quantize, QuantizeSummary, TypeCount};
 
 /// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
-/// tensors single-image depth does not use (ray branch, camera encoder, 3DGS head).
+/// tensors no graph uses (the 3DGS head).
+///
+/// The camera encoder (`cam_enc.*`, which depth-anything.cpp does not convert) is kept under
+/// `cam_enc.`: `pose.fc1` / `pose.fc2` (the official `pose_branch`), `token_norm`,
+/// `blk.{i}.*` (the official `trunk.{i}`, fields named as in the backbone blocks) and
+/// `trunk_norm`. The DualDPT ray branch (`*_aux`) is kept as `head.scratch.rn{k}_aux.*`,
+/// `head.scratch.out1_aux.{level}.{i}.*` and `head.scratch.out2_aux.{level}.{i}.*` (the
+/// official module indices), the LayerNorm all levels share as `head.scratch.out2_aux.norm`;
+/// the graph reads the last level only.
 pub fn gguf_name(key: &str) -> Option<String> {
-    if key.contains("_aux") || key.starts_with("cam_enc.") || key.starts_with("gs_") {
+    if key.starts_with("gs_") {
         return None;
+    }
+    if let Some(rest) = key.strip_prefix("cam_enc.") {
+        let rest = match rest.strip_prefix("trunk.") {
+            Some(b) => {
+                let (index, field) = b.split_once('.')?;
+                format!("blk.{index}.{}", block_field(field))
+            }
+            None => rest.replace("pose_branch.", "pose."),
+        };
+        return Some(format!("cam_enc.{rest}"));
     }
     if let Some(rest) = key.strip_prefix("backbone.pretrained.") {
         let rest = match rest {
@@ -23,18 +41,7 @@ pub fn gguf_name(key: &str) -> Option<String> {
             other => match other.strip_prefix("blocks.") {
                 Some(b) => {
                     let (index, field) = b.split_once('.')?;
-                    let field = field
-                        .replace("attn.qkv", "attn_qkv")
-                        .replace("attn.proj", "attn_proj")
-                        .replace("attn.q_norm", "attn_qnorm")
-                        .replace("attn.k_norm", "attn_knorm")
-                        .replace("ls1.gamma", "ls1")
-                        .replace("ls2.gamma", "ls2")
-                        .replace("mlp.fc1", "mlp_fc1")
-                        .replace("mlp.fc2", "mlp_fc2")
-                        .replace("mlp.w12", "mlp_w12")
-                        .replace("mlp.w3", "mlp_w3");
-                    format!("blk.{index}.{field}")
+                    format!("blk.{index}.{}", block_field(field))
                 }
                 None => other.to_owned(),
             },
@@ -49,9 +56,16 @@ pub fn gguf_name(key: &str) -> Option<String> {
             .replace("scratch.output_conv2.0.", "scratch.out2a.")
             .replace("scratch.output_conv2.2.", "scratch.out2b.")
             .replace("scratch.sky_output_conv2.0.", "scratch.sky_out2a.")
-            .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.");
+            .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.")
+            .replace("scratch.output_conv1_aux.", "scratch.out1_aux.")
+            .replace("scratch.output_conv2_aux.", "scratch.out2_aux.");
+        // One LayerNorm module serves every level (`ln_seq` is built once): one tensor.
+        for level in 0..4 {
+            name = name.replace(&format!("out2_aux.{level}.2."), "out2_aux.norm.");
+        }
         for k in 1..=4 {
             name = name.replace(&format!("refinenet{k}."), &format!("rn{k}."));
+            name = name.replace(&format!("refinenet{k}_aux."), &format!("rn{k}_aux."));
         }
         name = name
             .replace("resConfUnit", "rc")
@@ -71,6 +85,38 @@ pub fn gguf_name(key: &str) -> Option<String> {
     None
 }
 
+/// A transformer block's field in GGUF naming (`attn.qkv.weight` -> `attn_qkv.weight`).
+fn block_field(field: &str) -> String {
+    field
+        .replace("attn.qkv", "attn_qkv")
+        .replace("attn.proj", "attn_proj")
+        .replace("attn.q_norm", "attn_qnorm")
+        .replace("attn.k_norm", "attn_knorm")
+        .replace("ls1.gamma", "ls1")
+        .replace("ls2.gamma", "ls2")
+        .replace("mlp.fc1", "mlp_fc1")
+        .replace("mlp.fc2", "mlp_fc2")
+        .replace("mlp.w12", "mlp_w12")
+        .replace("mlp.w3", "mlp_w3")
+}
+
+/// The official name of a block field (the inverse of [`block_field`]).
+fn official_block_field(field: &str) -> String {
+    match field {
+        "ls1" => "ls1.gamma".to_owned(),
+        "ls2" => "ls2.gamma".to_owned(),
+        f => f
+            .replace("attn_qkv", "attn.qkv")
+            .replace("attn_proj", "attn.proj")
+            .replace("attn_qnorm", "attn.q_norm")
+            .replace("attn_knorm", "attn.k_norm")
+            .replace("mlp_fc1", "mlp.fc1")
+            .replace("mlp_fc2", "mlp.fc2")
+            .replace("mlp_w12", "mlp.w12")
+            .replace("mlp_w3", "mlp.w3"),
+    }
+}
+
 /// The official key of a GGUF name (the inverse of [`gguf_name`] on the tensors it keeps).
 pub fn official_name(gguf: &str) -> String {
     if let Some(rest) = gguf.strip_prefix("vit.") {
@@ -80,20 +126,7 @@ pub fn official_name(gguf: &str) -> String {
             other => match other.strip_prefix("blk.") {
                 Some(b) => {
                     let (index, field) = b.split_once('.').unwrap_or((b, ""));
-                    let field = match field {
-                        "ls1" => "ls1.gamma".to_owned(),
-                        "ls2" => "ls2.gamma".to_owned(),
-                        f => f
-                            .replace("attn_qkv", "attn.qkv")
-                            .replace("attn_proj", "attn.proj")
-                            .replace("attn_qnorm", "attn.q_norm")
-                            .replace("attn_knorm", "attn.k_norm")
-                            .replace("mlp_fc1", "mlp.fc1")
-                            .replace("mlp_fc2", "mlp.fc2")
-                            .replace("mlp_w12", "mlp.w12")
-                            .replace("mlp_w3", "mlp.w3"),
-                    };
-                    format!("blocks.{index}.{field}")
+                    format!("blocks.{index}.{}", official_block_field(field))
                 }
                 None => other.to_owned(),
             },
@@ -108,9 +141,13 @@ pub fn official_name(gguf: &str) -> String {
             .replace("scratch.out2a.", "scratch.output_conv2.0.")
             .replace("scratch.out2b.", "scratch.output_conv2.2.")
             .replace("scratch.sky_out2a.", "scratch.sky_output_conv2.0.")
-            .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.");
+            .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.")
+            .replace("scratch.out1_aux.", "scratch.output_conv1_aux.")
+            .replace("scratch.out2_aux.norm.", "scratch.output_conv2_aux.0.2.")
+            .replace("scratch.out2_aux.", "scratch.output_conv2_aux.");
         for k in 1..=4 {
             name = name.replace(&format!("rn{k}."), &format!("refinenet{k}."));
+            name = name.replace(&format!("rn{k}_aux."), &format!("refinenet{k}_aux."));
         }
         name = name
             .replace(".rc", ".resConfUnit")
@@ -118,6 +155,16 @@ pub fn official_name(gguf: &str) -> String {
             .replace(".c2.", ".conv2.")
             .replace(".out.", ".out_conv.");
         return format!("head.{name}");
+    }
+    if let Some(rest) = gguf.strip_prefix("cam_enc.") {
+        let rest = match rest.strip_prefix("blk.") {
+            Some(b) => {
+                let (index, field) = b.split_once('.').unwrap_or((b, ""));
+                format!("trunk.{index}.{}", official_block_field(field))
+            }
+            None => rest.replace("pose.", "pose_branch."),
+        };
+        return format!("cam_enc.{rest}");
     }
     if let Some(rest) = gguf.strip_prefix("cam.") {
         return format!(
@@ -138,7 +185,9 @@ pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Er
     Head::load(&mut l, &config.head, config.vit.feature_dim())?;
     if config.head.kind == HeadKind::DualDpt && config.cam_dim.is_some() {
         super::head::CameraDecoder::load(&mut l)?;
+        super::backbone::CameraEncoder::load(&mut l, &config.vit)?;
     }
+    super::head::RayHead::load(&mut l, &config.head)?;
     let mut tensors = l.into_declared();
     let e = config.vit.embed_dim;
     tensors.push((
@@ -345,10 +394,11 @@ pub fn build_gguf(
     Ok(w)
 }
 
-/// The tensors depth-anything.cpp's quantizer converts (the matrix weights of
-/// `ggml_mul_mat`): `vit.blk.N.{attn_qkv,attn_proj,mlp_fc1,mlp_fc2,mlp_w12,mlp_w3}.weight` and
-/// `cam.{bb0,bb2,fc_t,fc_q,fc_fov}.weight`. Everything else (convolutions, norms, biases,
-/// tokens, position embedding) stays f32.
+/// The matrix weights of `ggml_mul_mat` that are stored quantised: those depth-anything.cpp's
+/// quantizer converts, `vit.blk.N.{attn_qkv,attn_proj,mlp_fc1,mlp_fc2,mlp_w12,mlp_w3}.weight`
+/// and `cam.{bb0,bb2,fc_t,fc_q,fc_fov}.weight`, and the same block linears of the camera
+/// encoder (`cam_enc.blk.N.*`; its 9-input first layer stays f32). Everything else
+/// (convolutions, norms, biases, tokens, position embedding) stays f32.
 pub fn is_matmul_weight(name: &str) -> bool {
     const BLOCK: [&str; 6] = [
         "attn_qkv",
@@ -362,13 +412,20 @@ pub fn is_matmul_weight(name: &str) -> bool {
     let Some(stem) = name.strip_suffix(".weight") else {
         return false;
     };
-    if let Some(rest) = stem.strip_prefix("vit.blk.") {
-        return rest.split_once('.').is_some_and(|(index, field)| {
-            !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()) && BLOCK.contains(&field)
-        });
-    }
-    stem.strip_prefix("cam.")
-        .is_some_and(|field| CAMERA.contains(&field))
+    let block = |prefix: &str| {
+        stem.strip_prefix(prefix).is_some_and(|rest| {
+            rest.split_once('.').is_some_and(|(index, field)| {
+                !index.is_empty()
+                    && index.bytes().all(|b| b.is_ascii_digit())
+                    && BLOCK.contains(&field)
+            })
+        })
+    };
+    block("vit.blk.")
+        || block("cam_enc.blk.")
+        || stem
+            .strip_prefix("cam.")
+            .is_some_and(|field| CAMERA.contains(&field))
 }
 
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).
@@ -426,14 +483,16 @@ pub fn convert_checkpoint(
         let bare = key.strip_prefix("model.").unwrap_or(&key);
         match gguf_name(bare) {
             Some(name) => {
-                by_gguf.insert(name, view);
+                by_gguf.insert(name, (key.clone(), view));
             }
             None => skipped.push(key.clone()),
         }
     }
+    let mut written = std::collections::HashSet::new();
     write_gguf(out, &config, weight_type, |official, shape| {
         let name = gguf_name(official).expect("official names of kept tensors map back");
-        let view = by_gguf
+        written.insert(name.clone());
+        let (_, view) = by_gguf
             .get(&name)
             .ok_or_else(|| err(&st_path, format!("tensor `model.{official}` is missing")))?;
         if view.shape() != shape {
@@ -470,6 +529,13 @@ pub fn convert_checkpoint(
             }
         })
     })?;
+    // Mapped names the architecture does not declare (say a field of a newer release).
+    skipped.extend(
+        by_gguf
+            .iter()
+            .filter(|(name, _)| !written.contains(*name))
+            .map(|(_, (key, _))| key.clone()),
+    );
     skipped.sort();
     Ok(skipped)
 }

@@ -42,7 +42,9 @@ struct Fusion {
 
 impl Fusion {
     fn load(l: &mut Loader<'_>, k: usize, f: usize) -> Result<Self, Error> {
-        let p = format!("head.scratch.rn{k}");
+        Self::load_at(l, &format!("head.scratch.rn{k}"), k, f)
+    }
+    fn load_at(l: &mut Loader<'_>, p: &str, k: usize, f: usize) -> Result<Self, Error> {
         Ok(Fusion {
             rc1: if k == 4 {
                 None
@@ -85,7 +87,7 @@ enum Resize {
     Down(Conv),
 }
 
-/// DPT / DualDPT head (the DualDPT ray branch is not built: single-image depth discards it).
+/// DPT / DualDPT head: depth, confidence, sky (the DualDPT ray branch is [`RayHead`]).
 pub struct Head {
     cfg: HeadConfig,
     norm: Option<Norm>,
@@ -104,6 +106,8 @@ pub struct HeadOutput {
     pub depth: Tensor,
     pub confidence: Option<Tensor>,
     pub sky: Option<Tensor>,
+    /// The four stage maps after `layer{k}_rn` (the input of both fusion chains).
+    pub stages: Vec<Tensor>,
 }
 
 impl Head {
@@ -253,6 +257,7 @@ impl Head {
             depth,
             confidence,
             sky,
+            stages: rn,
         })
     }
 }
@@ -294,5 +299,102 @@ impl CameraDecoder {
     }
     pub fn dim(&self) -> usize {
         self.bb0.n_in
+    }
+}
+
+/// The DualDPT auxiliary (ray) branch: its own fusion chain over the same stage maps
+/// (`refinenet{k}_aux`), then, for the last (finest) level only, as the official forward
+/// returns it: `output_conv1_aux[3]` (five 3x3 convolutions, no activations), the 0.1 x UV
+/// embedding, and `output_conv2_aux[3]` (3x3 conv, LayerNorm over channels with eps 1e-5,
+/// ReLU, 1x1 conv to 7 channels). Not resized: the map is twice the finest stage, 8/14 of
+/// the processed size. Channels 0..6 are the ray (linear), channel 6 its confidence (expp1).
+pub struct RayHead {
+    pos_embed: bool,
+    fusion: Vec<Fusion>,
+    out1: Vec<Conv>,
+    out2a: Conv,
+    out2_norm: Norm,
+    out2b: Conv,
+}
+
+/// The ray map's channels: a ray direction and origin per pixel (the official `ray`).
+pub const RAY_CHANNELS: usize = 6;
+
+impl RayHead {
+    /// The branch when the file holds it (`head.scratch.rn1_aux.rc2.c1.weight` present).
+    pub fn load(l: &mut Loader<'_>, cfg: &HeadConfig) -> Result<Option<Self>, Error> {
+        if cfg.kind != HeadKind::DualDpt
+            || l.shape_of("head.scratch.rn1_aux.rc2.c1.weight").is_err()
+        {
+            return Ok(None);
+        }
+        let f = cfg.features;
+        let fusion = (1..=4)
+            .map(|k| Fusion::load_at(l, &format!("head.scratch.rn{k}_aux"), k, f))
+            .collect::<Result<Vec<_>, _>>()?;
+        let level = "head.scratch.out1_aux.3";
+        let widths = [(f, f / 2), (f / 2, f), (f, f / 2), (f / 2, f), (f, f / 2)];
+        let out1 = widths
+            .iter()
+            .enumerate()
+            .map(|(j, &(i, o))| Conv::load(l, &format!("{level}.{j}"), i, o, 3, 1, 1, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        let p = "head.scratch.out2_aux.3";
+        Ok(Some(RayHead {
+            pos_embed: cfg.pos_embed,
+            fusion,
+            out1,
+            out2a: Conv::load(l, &format!("{p}.0"), f / 2, 32, 3, 1, 1, true)?,
+            out2_norm: Norm::load(l, "head.scratch.out2_aux.norm", 32, 1e-5)?,
+            out2b: Conv::load(l, &format!("{p}.5"), 32, RAY_CHANNELS + 1, 1, 1, 0, true)?,
+        }))
+    }
+
+    /// `stages`: [`HeadOutput::stages`]; `uv`: the 0.1 x UV embedding at the ray map's size
+    /// with `features / 2` channels (models with `pos_embed`). Returns (ray `[w, h, 6, views]`,
+    /// confidence `[w, h, views]`).
+    pub fn forward(
+        &self,
+        g: &Context,
+        stages: &[Tensor],
+        uv: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor), Error> {
+        let size_of = |t: &Tensor| (t.ne()[0], t.ne()[1]);
+        let rn = stages;
+        let out = self.fusion[3].forward(g, &rn[3], None, Some(size_of(&rn[2])))?;
+        let out = self.fusion[2].forward(g, &out, Some(&rn[2]), Some(size_of(&rn[1])))?;
+        let out = self.fusion[1].forward(g, &out, Some(&rn[1]), Some(size_of(&rn[0])))?;
+        let mut out = self.fusion[0].forward(g, &out, Some(&rn[0]), None)?;
+        for conv in &self.out1 {
+            out = conv.forward(g, &out)?;
+        }
+        if let (true, Some(uv)) = (self.pos_embed, uv) {
+            out = g.add(&out, uv)?;
+        }
+        let y = self.out2a.forward(g, &out)?;
+        // LayerNorm over the channels: [W, H, C, N] -> [C, W, H, N] and back.
+        let channels_first = g.cont(&g.permute(&y, [1, 2, 0, 3])?)?;
+        let normed = self.out2_norm.forward(g, &channels_first)?;
+        let y = g.cont(&g.permute(&normed, [2, 0, 1, 3])?)?;
+        let logits = self.out2b.forward(g, &g.relu(&y)?)?;
+        let [w, h, _, views] = logits.ne();
+        let nb = logits.nb();
+        let ray = g.view(
+            &logits,
+            &[w, h, RAY_CHANNELS as i64, views],
+            &[nb[1], nb[2], nb[3]],
+            0,
+        )?;
+        let conf = g.view(
+            &logits,
+            &[w, h, views],
+            &[nb[1], nb[3]],
+            RAY_CHANNELS * nb[2],
+        )?;
+        let ray = g.cont(&ray)?.named("ray");
+        let conf = g
+            .scale_bias(&g.exp(&g.cont(&conf)?)?, 1.0, 1.0)?
+            .named("ray_conf");
+        Ok((ray, conf))
     }
 }

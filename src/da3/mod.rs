@@ -14,6 +14,7 @@ mod head;
 mod model;
 pub mod multiview;
 pub mod outputs;
+pub mod poses;
 pub mod preprocess;
 pub mod synthetic;
 mod weights;
@@ -21,7 +22,8 @@ mod weights;
 pub use config::{Config, Ffn, HeadKind, PRESETS};
 pub use model::{LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::{MultiPrediction, RefViewStrategy};
-pub use outputs::{Colormap, Pose, Prediction};
+pub use outputs::{Colormap, Pose, Prediction, RayMap};
+pub use poses::KnownPose;
 pub use weights::{Loader, Role};
 
 use std::path::PathBuf;

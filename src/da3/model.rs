@@ -5,9 +5,9 @@
 //! one computation at a time needs (a backend stream, graphs per processed resolution, their
 //! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
-use super::backbone::{Backbone, BackboneConstants};
+use super::backbone::{Backbone, BackboneConstants, CameraEncoder};
 use super::config::{Config, HeadKind};
-use super::head::{CameraDecoder, Head, HeadConstants};
+use super::head::{CameraDecoder, Head, HeadConstants, RayHead};
 use super::outputs::{fill_sky, Pose, Prediction};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{LoadedWeights, Loader};
@@ -106,6 +106,10 @@ struct Layers {
     backbone: Backbone,
     head: Head,
     camera: Option<CameraDecoder>,
+    /// The camera encoder (known poses in), when the file has one.
+    camera_encoder: Option<CameraEncoder>,
+    /// The DualDPT ray branch, when the file has it.
+    rays: Option<RayHead>,
     /// Holds the imported handles (and keeps the shared weights alive).
     _weights: Context,
     /// This session's copies of host-only weights (the crash layout), if any.
@@ -190,12 +194,18 @@ impl Model {
 }
 
 /// Declares every tensor of the architecture of `config` (the layers, in loading order).
-fn declare_layers(
-    l: &mut Loader<'_>,
-    config: &Config,
-) -> Result<(Backbone, Head, Option<CameraDecoder>), Error> {
+struct DeclaredLayers {
+    backbone: Backbone,
+    head: Head,
+    camera: Option<CameraDecoder>,
+    camera_encoder: Option<CameraEncoder>,
+    rays: Option<RayHead>,
+}
+
+fn declare_layers(l: &mut Loader<'_>, config: &Config) -> Result<DeclaredLayers, Error> {
     let backbone = Backbone::load(l, &config.vit)?;
     let head = Head::load(l, &config.head, config.vit.feature_dim())?;
+    let rays = RayHead::load(l, &config.head)?;
     let camera = if config.head.kind == HeadKind::DualDpt {
         CameraDecoder::load(l)?
     } else {
@@ -210,7 +220,18 @@ fn declare_layers(
             )));
         }
     }
-    Ok((backbone, head, camera))
+    // The encoder feeds the camera token slot: only models with one (and a decoder) use it.
+    let encoder = match (&camera, config.vit.alt_start) {
+        (Some(_), Some(_)) => CameraEncoder::load(l, &config.vit)?,
+        _ => None,
+    };
+    Ok(DeclaredLayers {
+        backbone,
+        head,
+        camera,
+        camera_encoder: encoder,
+        rays,
+    })
 }
 
 /// One computation at a time on a model: its graphs (one per processed resolution, built on
@@ -225,6 +246,8 @@ pub struct Session {
     graphs: HashMap<(usize, usize), ResolutionGraph>,
     /// Graphs of scenes of several views (see `views`).
     view_graphs: views::ViewGraphs,
+    /// Whether scene graphs compute the ray branch ([`Session::set_ray_outputs`]).
+    ray_outputs: bool,
     last_report: Option<Report>,
 }
 
@@ -262,7 +285,13 @@ impl Session {
         };
         let weights_ctx = Context::metadata(1)?;
         let mut binder = Loader::bind(&shared.weights, &weights_ctx)?;
-        let (backbone, head, camera) = declare_layers(&mut binder, &shared.config)?;
+        let DeclaredLayers {
+            backbone,
+            head,
+            camera,
+            camera_encoder,
+            rays,
+        } = declare_layers(&mut binder, &shared.config)?;
         let host = binder.into_host_context();
         let mut executor = Executor::new(device, cpu, shared.policy)?;
         if !shared.log_decisions {
@@ -273,6 +302,8 @@ impl Session {
                 backbone,
                 head,
                 camera,
+                camera_encoder,
+                rays,
                 _weights: weights_ctx,
                 _host: host,
             },
@@ -280,6 +311,7 @@ impl Session {
             executor,
             graphs: HashMap::new(),
             view_graphs: Default::default(),
+            ray_outputs: false,
             last_report: None,
         })
     }
@@ -382,6 +414,7 @@ impl Session {
             sky: g.sky.as_ref().map(read).transpose()?,
             pose,
             probes,
+            rays: None,
         })
     }
 
@@ -473,6 +506,7 @@ impl Session {
                 ),
             views: 1,
             camera_slots: None,
+            camera_tokens: None,
         };
         let features = self.layers.backbone.forward(&ctx, &image, &bconst)?;
         let hconst = HeadConstants {

@@ -213,15 +213,21 @@ pub struct MultiPrediction {
     /// The reference view (index into `views`): the one whose camera defines the scene's
     /// world frame in the predicted poses.
     pub reference: usize,
-    /// The strategy that was asked for (below three views none selects: view 0).
+    /// The strategy that was asked for (below three views none selects: view 0; with known
+    /// poses none selects either, and this is `First`).
     pub strategy: RefViewStrategy,
+    /// With known poses: the scale the predicted depth was divided by to reach the units of
+    /// the given cameras (the official Umeyama alignment, see [`crate::poses`]).
+    pub pose_scale: Option<f64>,
 }
 
 impl MultiPrediction {
     /// Writes the scene's cameras as JSON: `reference`, `ref_view_strategy` and `views`, one
     /// entry per view in input order (`index`, `name` from `names` when given, `width`,
-    /// `height`, `intrinsics`, `extrinsics_world_to_camera`, `reference`). An error when the
-    /// model has no camera decoder.
+    /// `height`, `intrinsics`, `extrinsics_world_to_camera`, `reference`); with known poses
+    /// also `known_poses` and `pose_scale`. An error when the model has no camera decoder.
+    /// The file reads back as `--poses` input (the intrinsics refer to `width` x `height`,
+    /// the processed size).
     pub fn save_poses_json(&self, path: impl AsRef<Path>, names: &[String]) -> Result<(), Error> {
         let mut views = Vec::with_capacity(self.views.len());
         for (i, view) in self.views.iter().enumerate() {
@@ -238,11 +244,15 @@ impl MultiPrediction {
                 "extrinsics_world_to_camera": pose.extrinsics,
             }));
         }
-        let json = serde_json::json!({
+        let mut json = serde_json::json!({
             "reference": self.reference,
             "ref_view_strategy": self.strategy.name(),
             "views": views,
         });
+        if let Some(scale) = self.pose_scale {
+            json["known_poses"] = serde_json::json!(true);
+            json["pose_scale"] = serde_json::json!(scale);
+        }
         write_atomically(path.as_ref(), |out| {
             serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
             out.write_all(b"\n")

@@ -75,6 +75,23 @@ pub struct Prediction {
     pub pose: Option<Pose>,
     /// Intermediate stages, when loaded with probes.
     pub probes: Vec<(String, Vec<f32>)>,
+    /// The DualDPT ray branch, when asked for ([`crate::Session::set_ray_outputs`]).
+    pub rays: Option<RayMap>,
+}
+
+/// The DualDPT auxiliary outputs of one view (the official `ray` and `ray_conf`), at 8/14 of
+/// the processed size (`width` x `height` here).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RayMap {
+    /// Width of the map.
+    pub width: usize,
+    /// Height of the map.
+    pub height: usize,
+    /// Six values per pixel, channel-major (`6 x height x width`): channel `c` of pixel
+    /// `(x, y)` at `(c * height + y) * width + x`.
+    pub rays: Vec<f32>,
+    /// Confidence per pixel (`height x width`, `exp(x) + 1`).
+    pub confidence: Vec<f32>,
 }
 
 impl Prediction {

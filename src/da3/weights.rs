@@ -1,7 +1,7 @@
 //! Loading weights from a GGUF file: every tensor is declared with the shape the architecture
 //! expects before any memory is touched; a missing or misshapen tensor is an error naming it.
 
-use super::config::Config;
+use super::config::{Config, HeadKind};
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
@@ -371,6 +371,15 @@ impl<'f> Loader<'f> {
                     .cam_dim
                     .map(|d| vec![d, d])
                     .ok_or_else(|| Error::Weights("no camera decoder".into())),
+                "head.scratch.rn1_aux.rc2.c1.weight" if config.head.kind == HeadKind::DualDpt => {
+                    let f = config.head.features;
+                    Ok(vec![f, f, 3, 3])
+                }
+                // The official models with a camera decoder have the camera encoder too.
+                "cam_enc.token_norm.weight" => config
+                    .cam_dim
+                    .map(|_| vec![e])
+                    .ok_or_else(|| Error::Weights("no camera encoder".into())),
                 other => Err(Error::Weights(format!(
                     "a recording loader cannot tell the shape of `{other}`"
                 ))),

@@ -10,6 +10,13 @@ official backbone chose and the token 0 of every view it chose from. Also: the o
 
 Weights: the formula of da3_reference.py (no checkpoint is committed).
 
+Posed scenes (`posed_scenes` in the manifest): known cameras through the official API's steps
+(InputProcessor, `_normalize_extrinsics`, the forward with `cam_enc`, OutputProcessor,
+`_align_to_input_extrinsics_intrinsics`); the alignment needs the `evo` and `scipy`
+packages, and `huggingface_hub` to import the API module (its export-only imports are
+stood in for when missing). Every scene also records the DualDPT ray branch (`ray`,
+`ray_conf`).
+
 Example (the committed fixture, from the repository root):
     PY=/path/to/venv/bin/python
     $PY tests/reference/da3_multiview_reference.py --out tests/fixtures/da3-tiny-multiview
@@ -40,6 +47,127 @@ SCENES = [
 ]
 STRATEGIES = ["first", "middle", "saddle_balanced", "saddle_sim_range"]
 
+# Scenes with known cameras: (name, view sizes, per view (yaw, pitch, roll in degrees,
+# camera centre in world units, focal length in pixels of the original image)). "forward"
+# records the network forward with the poses normalised as the official API does (two views:
+# the official API cannot align their scale, see `run_posed`); "inference" also runs the
+# official alignment of the predicted scale to the input poses (Umeyama, via evo).
+POSED_SCENES = [
+    (
+        "2v_posed",
+        "forward",
+        [(640, 240), (600, 225)],
+        [(0.0, 0.0, 0.0, (0.0, 0.0, 0.0), 520.0), (8.0, -3.0, 1.5, (0.6, 0.05, -0.1), 470.0)],
+    ),
+    (
+        "3v_posed",
+        "inference",
+        [(640, 240), (600, 225), (680, 255)],
+        [
+            (2.0, 1.0, 0.0, (0.2, -0.1, 0.3), 500.0),
+            (-6.0, 2.0, -1.0, (1.5, 0.2, 0.1), 480.0),
+            (5.0, -4.0, 2.0, (0.4, 0.9, -0.6), 560.0),
+        ],
+    ),
+]
+
+
+def camera(width: int, height: int, yaw, pitch, roll, centre, focal):
+    """World-to-camera 4x4 and pixel intrinsics 3x3 (float64) of one synthetic view: R from
+    Z(roll) @ X(pitch) @ Y(yaw), t = -R @ centre; principal point near the image centre."""
+    import numpy as np
+
+    a, b, c = (np.deg2rad(v) for v in (yaw, pitch, roll))
+    ry = np.array([[np.cos(a), 0, np.sin(a)], [0, 1, 0], [-np.sin(a), 0, np.cos(a)]])
+    rx = np.array([[1, 0, 0], [0, np.cos(b), -np.sin(b)], [0, np.sin(b), np.cos(b)]])
+    rz = np.array([[np.cos(c), -np.sin(c), 0], [np.sin(c), np.cos(c), 0], [0, 0, 1]])
+    r = rz @ rx @ ry
+    ext = np.eye(4)
+    ext[:3, :3] = r
+    ext[:3, 3] = -r @ np.asarray(centre, dtype=np.float64)
+    k = np.array(
+        [[focal, 0.0, width / 2 + 3.5], [0.0, focal * 1.02, height / 2 - 2.25], [0.0, 0.0, 1.0]]
+    )
+    return ext, k
+
+
+def official_api():
+    """`depth_anything_3.api.DepthAnything3`, importing with stand-ins for the export-only
+    packages it pulls in (moviepy, plyfile, matplotlib, pycolmap, trimesh: not used by the
+    steps called here) when they are not installed. The alignment needs evo and scipy."""
+    from unittest import mock
+
+    for _ in range(16):
+        try:
+            from depth_anything_3.api import DepthAnything3
+
+            return DepthAnything3
+        except ModuleNotFoundError as e:
+            if e.name.startswith(("depth_anything_3", "evo", "scipy", "torch", "numpy")):
+                raise
+            sys.modules[e.name] = mock.MagicMock()
+            for k in [k for k in sys.modules if k.startswith("depth_anything_3.api")]:
+                del sys.modules[k]
+            for k in [k for k in sys.modules if k.startswith("depth_anything_3.utils.export")]:
+                del sys.modules[k]
+    raise RuntimeError("could not import depth_anything_3.api")
+
+
+def run_posed(net, images, extrinsics, intrinsics, process_res: int, mode: str) -> dict:
+    """The official API's steps for known poses (api.py `inference`): InputProcessor with the
+    cameras, `_normalize_extrinsics`, the network forward with them, OutputProcessor and (mode
+    "inference") `_align_to_input_extrinsics_intrinsics`. Its Umeyama alignment needs three
+    views not on one line: with two, evo raises "Degenerate covariance rank"."""
+    import numpy as np
+
+    DepthAnything3 = official_api()
+    from depth_anything_3.utils.io.input_processor import InputProcessor
+    from depth_anything_3.utils.io.output_processor import OutputProcessor
+
+    imgs, ex, ix = InputProcessor()(
+        images, extrinsics.copy(), intrinsics.copy(), process_res, "upper_bound_resize",
+        num_workers=1,
+    )
+    ex_t, in_t = ex[None].float(), ix[None].float()
+    ex_norm = DepthAnything3._normalize_extrinsics(None, ex_t.clone())
+    captured = {}
+    hooks = [
+        net.cam_enc.register_forward_hook(
+            lambda m, a, o: captured.update(pose_tokens=o.detach().float().clone())
+        ),
+        net.cam_dec.register_forward_hook(
+            lambda m, a, o: captured.update(cam_input=a[0].detach().float().clone())
+        ),
+    ]
+    try:
+        with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+            out = net(imgs[None].float(), ex_norm, in_t)
+    finally:
+        for h in hooks:
+            h.remove()
+    arrays = {
+        "processed_intrinsics": ix.float(),
+        "normalized_extrinsics": ex_norm[0].float(),
+        "pose_tokens": captured["pose_tokens"][0],
+        "cam_token": captured["cam_input"][0],
+        "net_depth": out["depth"][0].float(),
+        "net_depth_conf": out["depth_conf"][0].float(),
+        "net_extrinsics": out["extrinsics"][0].float(),
+        "net_intrinsics": out["intrinsics"][0].float(),
+    }
+    result = {"arrays": arrays, "width": int(imgs.shape[-1]), "height": int(imgs.shape[-2])}
+    if mode == "inference":
+        pred = OutputProcessor()(out)
+        pred = DepthAnything3._align_to_input_extrinsics_intrinsics(None, ex, ix, pred)
+        from depth_anything_3.utils.pose_align import align_poses_umeyama
+
+        _, _, scale = align_poses_umeyama(out["extrinsics"][0].numpy(), ex.numpy())
+        arrays["depth"] = torch.from_numpy(np.asarray(pred.depth)).float()
+        arrays["extrinsics"] = torch.from_numpy(np.asarray(pred.extrinsics)).float()
+        arrays["intrinsics"] = torch.from_numpy(np.asarray(pred.intrinsics)).float()
+        result["scale"] = float(scale)
+    return result
+
 
 def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
     """One forward; the selection the backbone made (if any) is recorded from inside."""
@@ -56,6 +184,11 @@ def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
     handle = net.cam_dec.register_forward_hook(
         lambda m, a, o: captured.update(cam_input=a[0].detach().float().clone())
     )
+    head_hook = net.head.register_forward_hook(
+        lambda m, a, o: captured.update(
+            ray=o["ray"].detach().float().clone(), ray_conf=o["ray_conf"].detach().float().clone()
+        )
+    )
     vision_transformer.select_reference_view = recording
     try:
         with torch.inference_mode(), torch.autocast("cpu", enabled=False):
@@ -63,12 +196,17 @@ def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
     finally:
         vision_transformer.select_reference_view = original
         handle.remove()
+        head_hook.remove()
     arrays = {
         "depth": out["depth"].float(),
         "depth_conf": out["depth_conf"].float(),
         "extrinsics": out["extrinsics"].float(),
         "intrinsics": out["intrinsics"].float(),
         "cam_token": captured["cam_input"],
+        # The DualDPT auxiliary outputs (the official forward drops them when it decodes
+        # poses with the camera decoder): ray [S, h, w, 6], ray_conf [S, h, w].
+        "ray": captured["ray"],
+        "ray_conf": captured["ray_conf"],
     }
     if "token0" in chosen:
         arrays["selection_token0"] = chosen["token0"]
@@ -149,6 +287,37 @@ def main() -> None:
             f"reference {result['reference']}, depth [{d.min():.4g}, {d.max():.4g}]",
             file=sys.stderr,
         )
+    posed = []
+    for name, mode, sizes, cams in POSED_SCENES:
+        import numpy as np
+
+        images = [R.make_image(w, h) for w, h in sizes]
+        pairs = [camera(w, h, *c) for (w, h), c in zip(sizes, cams)]
+        extrinsics = np.stack([e for e, _ in pairs])
+        intrinsics = np.stack([k for _, k in pairs])
+        result = run_posed(net, images, extrinsics, intrinsics, args.process_res, mode)
+        entry = {
+            "name": name,
+            "mode": mode,
+            "views": [
+                {
+                    "width": w,
+                    "height": h,
+                    "extrinsics": e.tolist(),
+                    "intrinsics": k.tolist(),
+                }
+                for (w, h), (e, k) in zip(sizes, pairs)
+            ],
+            "processed_width": result["width"],
+            "processed_height": result["height"],
+            "arrays": {},
+        }
+        if "scale" in result:
+            entry["scale"] = result["scale"]
+        for key, t in result["arrays"].items():
+            entry["arrays"][key] = R.store(t.numpy(), "full", out_dir, f"{name}/{key}")
+        posed.append(entry)
+        print(f"{name}: {len(sizes)} views, {mode}, scale {result.get('scale')}", file=sys.stderr)
     manifest = {
         "preset": args.preset,
         "process_res": args.process_res,
@@ -158,10 +327,17 @@ def main() -> None:
         "array_format": (
             "raw little-endian float32, row-major; shapes without the batch dim: depth and "
             "depth_conf [S, H, W], extrinsics [S, 3, 4] (world-to-camera), intrinsics "
-            "[S, 3, 3], cam_token [S, 2 * embed] (camera decoder input), selection_token0 "
-            "[S, embed] (token 0 of every view before block alt_start - 1, in input order)"
+            "[S, 3, 3], cam_token [S, 2 * embed] (camera decoder input), ray [S, h, w, 6] and "
+            "ray_conf [S, h, w] (the DualDPT auxiliary head at 8/14 of the processed size), "
+            "selection_token0 "
+            "[S, embed] (token 0 of every view before block alt_start - 1, in input order); "
+            "posed scenes: processed_intrinsics [S, 3, 3] (the InputProcessor's), "
+            "normalized_extrinsics [S, 4, 4] (the network's camera input), pose_tokens "
+            "[S, embed] (camera encoder output), net_* (network outputs before alignment), "
+            "depth, depth_conf, extrinsics, intrinsics (after the official alignment)"
         ),
         "scenes": scenes,
+        "posed_scenes": posed,
         "selector_cases": selector_cases(),
     }
     (out_dir / "manifest.json").write_text(R.dump_json(manifest))

@@ -27,6 +27,18 @@ pub struct Args {
     /// world frame): first, middle, saddle_balanced (the official default), saddle_sim_range.
     #[arg(long, value_name = "STRATEGY", default_value = "saddle_balanced")]
     ref_view: RefViewStrategy,
+    /// Known cameras of the scene's views, as JSON: {"views": [...]} (or a bare array), each
+    /// with `extrinsics` (world-to-camera, 3x4 or 4x4; `extrinsics_world_to_camera` as
+    /// poses.json writes it) and `intrinsics` (3x3, pixels of the input image, or of
+    /// `width` x `height` when given), matched to the inputs by `name` when every entry has
+    /// one, else in order. Depth comes out in the cameras' units; view 0 is the reference.
+    #[arg(long, value_name = "F.json", conflicts_with = "poses_colmap")]
+    poses: Option<PathBuf>,
+    /// Known cameras from a COLMAP text model: a folder with cameras.txt and images.txt
+    /// (images matched to the inputs by file name), as the official `colmap` command reads.
+    /// (`--colmap DIR` writes one.)
+    #[arg(long, value_name = "DIR")]
+    poses_colmap: Option<PathBuf>,
     /// Depth as PFM (float32, rows bottom to top) at the processed resolution.
     #[arg(long)]
     pfm: Option<PathBuf>,
@@ -94,7 +106,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("--policy unchecked exists only inside `da3 repro`; use route, mirror or strict");
     }
     args.settings.check()?;
-    if args.input.len() > 1 || args.out_dir.is_some() {
+    if args.input.len() > 1
+        || args.out_dir.is_some()
+        || args.poses.is_some()
+        || args.poses_colmap.is_some()
+    {
         return run_scene(args);
     }
     if args.view_maps.is_some() {
@@ -171,7 +187,7 @@ fn input_name(input: Option<&PathBuf>) -> String {
 /// scene's poses in one folder.
 fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     let Some(dir) = &args.out_dir else {
-        bail!("several --input images are one scene: name a folder for its outputs with --out-dir");
+        bail!("several --input images (or known --poses / --poses-colmap cameras) are one scene: name a folder for its outputs with --out-dir");
     };
     for (flag, path) in [
         ("--pfm", &args.pfm),
@@ -256,19 +272,48 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         .collect();
     let mut inputs = input_files(&args.model, None);
     inputs.extend(args.input.iter().map(|p| ("an input image", p.as_path())));
+    if let Some(p) = &args.poses {
+        inputs.push(("the --poses file", p.as_path()));
+    }
     check_outputs(&outputs, &inputs)?;
     if let Some(colmap) = &exports.colmap {
         check_colmap_folder(colmap)?;
     }
+    let names: Vec<String> = args.input.iter().map(|p| p.display().to_string()).collect();
+    let known = match (&args.poses, &args.poses_colmap) {
+        (Some(path), _) => Some(
+            da3::poses::read_poses_json(path)
+                .with_context(|| format!("--poses {}", path.display()))?,
+        ),
+        (None, Some(dir)) => Some(
+            da3::poses::read_colmap_text(dir)
+                .with_context(|| format!("--poses-colmap {}", dir.display()))?,
+        ),
+        _ => None,
+    };
+    let known = match known {
+        Some(list) => {
+            if !has_pose {
+                bail!("known cameras need a model with a camera decoder and encoder (DualDPT); this one has none");
+            }
+            let input_sizes: Vec<(usize, usize)> =
+                images.iter().map(|im| (im.width, im.height)).collect();
+            Some(da3::poses::match_views(&list, &names, &input_sizes)?)
+        }
+        None => None,
+    };
 
     let mut session = model.session()?;
+    // The processed images colour the 3D exports.
     let processed = images
         .iter()
         .map(|im| da3::preprocess::preprocess(im, args.process_res))
         .collect::<Result<Vec<_>, _>>()?;
-    let scene = session
-        .predict_views_processed(&processed, args.ref_view)
-        .context("computing the scene")?;
+    let scene = match &known {
+        Some(poses) => session.predict_views_with_poses_at(&images, args.process_res, poses),
+        None => session.predict_views_processed(&processed, args.ref_view),
+    }
+    .context("computing the scene")?;
     println!(
         "{} views -> {}x{} on {}: reference view {} ({})",
         images.len(),
@@ -278,6 +323,9 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         scene.reference,
         scene.strategy
     );
+    if let Some(scale) = scene.pose_scale {
+        println!("known cameras: predicted depth divided by {scale:.6} to their units");
+    }
     let items: Vec<Item> = scene
         .views
         .iter()

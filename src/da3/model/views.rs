@@ -6,9 +6,13 @@
 //! tokens with the camera token of every view chosen.
 
 use super::*;
+use crate::da3::head::RAY_CHANNELS;
 use crate::da3::multiview::{
     camera_slots, positional_reference, select_reference_view, MultiPrediction, RefViewStrategy,
 };
+use crate::da3::outputs::RayMap;
+use crate::da3::poses::{self, KnownPose};
+use crate::ggml::TensorView;
 
 /// Which blocks a graph runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,8 +25,12 @@ pub(super) enum Part {
     Trunk(usize),
 }
 
-/// A session's scene graphs by (width, height, views, part), built on first use.
-pub(super) type ViewGraphs = HashMap<(usize, usize, usize, Part), ViewsGraph>;
+/// A scene graph's key: width, height, views, part, whether it takes known cameras and
+/// whether it computes the ray branch.
+type ViewKey = (usize, usize, usize, Part, bool, bool);
+
+/// A session's scene graphs by [`ViewKey`], built on first use.
+pub(super) type ViewGraphs = HashMap<ViewKey, ViewsGraph>;
 
 pub(super) struct ViewsGraph {
     graph: Graph,
@@ -30,6 +38,8 @@ pub(super) struct ViewsGraph {
     input: Tensor,
     /// i32 `[views]`: the camera token of every view (several views with `alt_start`).
     slots: Option<Tensor>,
+    /// Known cameras: f32 `[9, views]`, the camera encoder's input.
+    pose_encoding: Option<Tensor>,
     /// Stem: the tokens it ends with.
     tokens_out: Option<Tensor>,
     /// Features of the out layers before the cut: outputs of the stem, inputs of the trunk.
@@ -38,6 +48,8 @@ pub(super) struct ViewsGraph {
     confidence: Option<Tensor>,
     sky: Option<Tensor>,
     pose: Option<Tensor>,
+    /// The ray branch: ray `[w, h, 6, views]` and its confidence `[w, h, views]`.
+    rays: Option<(Tensor, Tensor)>,
     probes: Vec<(String, Tensor)>,
     _ctx: Context,
     _constants: Context,
@@ -53,6 +65,22 @@ impl Model {
 }
 
 impl Session {
+    /// Whether scene predictions ([`Session::predict_views`] and the others of this
+    /// session) also compute the DualDPT ray branch into [`Prediction::rays`] (off by
+    /// default: the official forward computes and drops it). An error when the model file
+    /// has no ray branch.
+    pub fn set_ray_outputs(&mut self, on: bool) -> Result<(), Error> {
+        if on && self.layers.rays.is_none() {
+            return Err(Error::Input(
+                "this model file has no ray branch (`head.scratch.*_aux` tensors; DualDPT \
+                 models only, kept by `da3 convert`)"
+                    .to_owned(),
+            ));
+        }
+        self.ray_outputs = on;
+        Ok(())
+    }
+
     /// Every image of one scene, preprocessed at the model's process resolution (all must
     /// reach the same processed size), predicted together and post-processed per view; the
     /// reference view by the official default strategy (`saddle_balanced`).
@@ -97,6 +125,97 @@ impl Session {
         Ok(prediction)
     }
 
+    /// Every image of one scene with its known camera (world-to-camera extrinsics and
+    /// intrinsics in pixels of that image), through the camera encoder, at the model's
+    /// process resolution; depth comes out in the units of the given cameras and the poses
+    /// are the given ones (the official `inference(images, extrinsics, intrinsics)`, see
+    /// [`crate::poses`]). View 0 is the reference.
+    pub fn predict_views_with_poses(
+        &mut self,
+        images: &[image::DynamicImage],
+        poses: &[KnownPose],
+    ) -> Result<MultiPrediction, Error> {
+        let images = images
+            .iter()
+            .map(RgbImage8::from_dynamic)
+            .collect::<Result<Vec<_>, _>>()?;
+        let res = self.model.shared.process_res;
+        self.predict_views_with_poses_at(&images, res, poses)
+    }
+
+    /// [`Session::predict_views_with_poses`] for 8-bit RGB images at an explicit process
+    /// resolution. [`MultiPrediction::pose_scale`] holds the scale the depth was divided by.
+    pub fn predict_views_with_poses_at(
+        &mut self,
+        images: &[RgbImage8],
+        process_res: usize,
+        poses: &[KnownPose],
+    ) -> Result<MultiPrediction, Error> {
+        if poses.len() != images.len() {
+            return Err(Error::Input(format!(
+                "{} camera pose(s) for {} view(s): give one per view",
+                poses.len(),
+                images.len()
+            )));
+        }
+        let processed = images
+            .iter()
+            .map(|im| preprocess::preprocess(im, process_res))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut intrinsics = Vec::with_capacity(images.len());
+        for (im, pose) in images.iter().zip(poses) {
+            let plan = preprocess::plan_resize(im.width, im.height, process_res)?;
+            intrinsics.push(poses::processed_intrinsics(
+                &pose.intrinsics,
+                im.width,
+                im.height,
+                &plan,
+            ));
+        }
+        let given: Vec<poses::Mat4> = poses.iter().map(|p| p.extrinsics).collect();
+        let normalized = poses::normalize_extrinsics(&given);
+        let encodings: Vec<[f32; 9]> = normalized
+            .iter()
+            .zip(&intrinsics)
+            .zip(&processed)
+            .map(|((e, k), im)| poses::pose_encoding(e, k, im.width, im.height))
+            .collect();
+        let mut prediction = self.forward_views_with_poses(&processed, &encodings)?;
+        for view in &mut prediction.views {
+            postprocess(view);
+        }
+        let scale = poses::align_to_known_poses(&mut prediction.views, &given, &intrinsics)?;
+        prediction.pose_scale = Some(scale);
+        Ok(prediction)
+    }
+
+    /// The network's outputs for preprocessed views with their cameras already encoded
+    /// ([`poses::pose_encoding`] of the normalised extrinsics, one per view), before
+    /// post-processing and before the alignment to the given cameras: depth and poses in the
+    /// normalised frame, view 0 the reference.
+    pub fn forward_views_with_poses(
+        &mut self,
+        images: &[ProcessedImage],
+        encodings: &[[f32; 9]],
+    ) -> Result<MultiPrediction, Error> {
+        if encodings.len() != images.len() {
+            return Err(Error::Input(format!(
+                "{} pose encoding(s) for {} view(s)",
+                encodings.len(),
+                images.len()
+            )));
+        }
+        if self.layers.camera_encoder.is_none() {
+            return Err(Error::Input(
+                "this model file has no camera encoder (`cam_enc.*` tensors), so it cannot \
+                 take known poses; convert the checkpoint again with `da3 convert`"
+                    .to_owned(),
+            ));
+        }
+        let flat: Vec<f32> = encodings.iter().flatten().copied().collect();
+        self.forward_scene(images, RefViewStrategy::First, Some(&flat))
+    }
+
     /// The network's outputs for already preprocessed views of one scene (all of one size),
     /// in their order, before post-processing; `strategy` picks the reference view when there
     /// are three or more.
@@ -104,6 +223,15 @@ impl Session {
         &mut self,
         images: &[ProcessedImage],
         strategy: RefViewStrategy,
+    ) -> Result<MultiPrediction, Error> {
+        self.forward_scene(images, strategy, None)
+    }
+
+    fn forward_scene(
+        &mut self,
+        images: &[ProcessedImage],
+        strategy: RefViewStrategy,
+        pose_encoding: Option<&[f32]>,
     ) -> Result<MultiPrediction, Error> {
         let first = images
             .first()
@@ -121,11 +249,17 @@ impl Session {
             chw.extend_from_slice(&im.chw);
         }
         let alt_start = self.model.shared.config.vit.alt_start;
-        let known = positional_reference(views, strategy);
+        let posed = pose_encoding.is_some();
+        // Known cameras: no selection (the official backbone selects only without them).
+        let known = if posed {
+            Some(0)
+        } else {
+            positional_reference(views, strategy)
+        };
         let (reference, part, tokens, carried) = match (known, alt_start) {
             (None, Some(cut)) if cut >= 1 => {
                 // Run to the selection point, select, continue from the tokens.
-                let stem = self.views_graph(w, h, views, Part::Stem(cut - 1))?;
+                let stem = self.views_graph(w, h, views, Part::Stem(cut - 1), false)?;
                 let stem = &self.view_graphs[&stem];
                 let run = self.executor.run(&stem.graph)?;
                 run.write(&stem.input, &chw)?;
@@ -147,11 +281,14 @@ impl Session {
             }
             _ => (known.unwrap_or(0), Part::Whole, chw, Vec::new()),
         };
-        let key = self.views_graph(w, h, views, part)?;
+        let key = self.views_graph(w, h, views, part, posed)?;
         let graph = &self.view_graphs[&key];
         let run = self.executor.run(&graph.graph)?;
         self.last_report = Some(run.report().clone());
         run.write(&graph.input, &tokens)?;
+        if let (Some(t), Some(values)) = (&graph.pose_encoding, pose_encoding) {
+            run.write(t, values)?;
+        }
         for (t, values) in graph.carried.iter().zip(&carried) {
             run.write(t, values)?;
         }
@@ -166,6 +303,13 @@ impl Session {
             read(&graph.sky)?,
             read(&graph.pose)?,
         );
+        let rays = match &graph.rays {
+            Some((ray, conf)) => {
+                let (rw, rh) = (ray.ne()[0] as usize, ray.ne()[1] as usize);
+                Some((rw, rh, run.read::<f32>(ray)?, run.read::<f32>(conf)?))
+            }
+            None => None,
+        };
         let mut probes = Vec::new();
         for (name, t) in &graph.probes {
             probes.push((name.clone(), run.read::<f32>(t)?));
@@ -184,12 +328,22 @@ impl Session {
                 pose: per_view(&pose, v, 9).map(|enc| Pose::from_encoding(&enc, w, h)),
                 // Probes hold every view (views last).
                 probes: probes.clone(),
+                rays: rays.as_ref().map(|(rw, rh, ray, conf)| {
+                    let n = rw * rh;
+                    RayMap {
+                        width: *rw,
+                        height: *rh,
+                        rays: ray[v * RAY_CHANNELS * n..(v + 1) * RAY_CHANNELS * n].to_vec(),
+                        confidence: conf[v * n..(v + 1) * n].to_vec(),
+                    }
+                }),
             })
             .collect();
         Ok(MultiPrediction {
             views: predictions,
             reference,
             strategy,
+            pose_scale: None,
         })
     }
 
@@ -200,10 +354,11 @@ impl Session {
         height: usize,
         views: usize,
         part: Part,
-    ) -> Result<(usize, usize, usize, Part), Error> {
-        let key = (width, height, views, part);
+        posed: bool,
+    ) -> Result<ViewKey, Error> {
+        let key = (width, height, views, part, posed, self.ray_outputs);
         if !self.view_graphs.contains_key(&key) {
-            let graph = self.build_views_graph(width, height, views, part)?;
+            let graph = self.build_views_graph(width, height, views, part, posed)?;
             self.view_graphs.insert(key, graph);
         }
         Ok(key)
@@ -215,6 +370,7 @@ impl Session {
         height: usize,
         views: usize,
         part: Part,
+        posed: bool,
     ) -> Result<ViewsGraph, Error> {
         let shared = &self.model.shared;
         let v = &shared.config.vit;
@@ -256,7 +412,18 @@ impl Session {
         } else {
             None
         };
+        // The ray branch's map: twice the finest stage (4x the patch grid), 8x the grid.
+        let with_rays = self.ray_outputs && self.layers.rays.is_some();
+        let (aw, ah) = (8 * gw, 8 * gh);
+        let ray_uv = if with_rays && shared.config.head.pos_embed {
+            Some(constants.new_tensor(DType::F32, &[aw as i64, ah as i64, half as i64, 1])?)
+        } else {
+            None
+        };
         constants.allocate_on(self.executor.device(), BufferUsage::Any)?;
+        if let Some(uv) = &ray_uv {
+            constants.write(uv, &scaled_uv(aw, ah, half, width as f64 / height as f64)?)?;
+        }
         constants.write(&pos, &self.resampled_pos_embed(gh, gw)?)?;
         let (ly, lx, gy, gx) = rope_positions(gh, gw);
         for (t, values) in positions.iter().zip([ly, lx, gy, gx]) {
@@ -283,7 +450,8 @@ impl Session {
                 .named("tokens"),
         };
         input.mark_input();
-        let needs_slots = views > 1 && v.alt_start.is_some() && !matches!(part, Part::Stem(_));
+        let needs_slots =
+            views > 1 && v.alt_start.is_some() && !posed && !matches!(part, Part::Stem(_));
         let slots = if needs_slots {
             let t = ctx.new_tensor(DType::I32, &[s])?.named("camera_slots");
             t.mark_input();
@@ -291,19 +459,37 @@ impl Session {
         } else {
             None
         };
+        let half_kv = !self.executor.device().is_rpc()
+            && matches!(
+                self.executor.device().device().kind(),
+                DeviceKind::Gpu | DeviceKind::IntegratedGpu
+            );
+        let (pose_encoding, camera_tokens) = match (posed, &self.layers.camera_encoder) {
+            (false, _) => (None, None),
+            (true, Some(encoder)) if v.alt_start.is_some() && part == Part::Whole => {
+                let t = ctx
+                    .new_tensor(DType::F32, &[9, s])?
+                    .named("pose_encoding_in");
+                t.mark_input();
+                let tokens = encoder.forward(&ctx, &t, half_kv)?;
+                (Some(t), Some(tokens))
+            }
+            (true, _) => {
+                return Err(Error::Input(
+                    "this model cannot take known poses (no camera encoder)".to_owned(),
+                ))
+            }
+        };
         let bconst = BackboneConstants {
             pos_embed: pos,
             local_y: positions[0].clone(),
             local_x: positions[1].clone(),
             global_y: positions[2].clone(),
             global_x: positions[3].clone(),
-            half_kv_attention: !self.executor.device().is_rpc()
-                && matches!(
-                    self.executor.device().device().kind(),
-                    DeviceKind::Gpu | DeviceKind::IntegratedGpu
-                ),
+            half_kv_attention: half_kv,
             views,
             camera_slots: slots.clone(),
+            camera_tokens,
         };
         let (x, blocks) = match part {
             Part::Whole => (
@@ -345,12 +531,14 @@ impl Session {
             graph,
             input,
             slots,
+            pose_encoding,
             tokens_out: None,
             carried,
             depth: None,
             confidence: None,
             sky: None,
             pose: None,
+            rays: None,
             probes: Vec::new(),
             _ctx: ctx,
             _constants: constants,
@@ -378,6 +566,12 @@ impl Session {
                 (Some(cam), Some(token)) => Some(cam.forward(ctx, token)?),
                 _ => None,
             };
+            if let (true, Some(rays)) = (with_rays, &self.layers.rays) {
+                let (ray, conf) = rays.forward(ctx, &out.stages, ray_uv.as_ref())?;
+                outputs.push(ray.clone());
+                outputs.push(conf.clone());
+                built.rays = Some((ray, conf));
+            }
             outputs.push(out.depth.clone());
             outputs.extend(out.confidence.iter().cloned());
             outputs.extend(out.sky.iter().cloned());
