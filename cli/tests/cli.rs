@@ -668,3 +668,19 @@ fn cli_and_library_give_identical_depth_for_a_sky_model() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&top_down), bits(&library.depth));
 }
+
+/// A reader that has closed the pipe (`da3 info | head -1` once head is done) ends `da3`
+/// quietly with SIGPIPE's shell status, not a panic about printing.
+#[test]
+fn closed_stdout_ends_quietly() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["info", "--device", "cpu"])
+        .stdout(writer)
+        .output()
+        .expect("da3 starts");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+}

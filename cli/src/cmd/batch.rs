@@ -418,7 +418,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for e in &worker_errors {
         eprintln!("Error: {e:#}");
     }
-    println!(
+    outln!(
         "{} of {} images done, {failed} failed; summary in {}",
         ordered.len() - failed,
         ordered.len(),

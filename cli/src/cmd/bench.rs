@@ -107,39 +107,39 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let report = model.last_report().map(|r| r.summary()).unwrap_or_default();
     let rss = peak_rss();
 
-    println!(
+    outln!(
         "model      {} ({})",
         args.model.describe(),
         model.model().config().name
     );
-    println!(
+    outln!(
         "device     {device_name}, {} threads, {}x{} -> {}x{}",
         args.device.threads, image.width, image.height, processed.width, processed.height
     );
-    println!("cpu        {}", da3::ggml::cpu_features());
-    println!("load       {:.1} ms", load_s * 1e3);
-    println!(
+    outln!("cpu        {}", da3::ggml::cpu_features());
+    outln!("load       {:.1} ms", load_s * 1e3);
+    outln!(
         "first      {:.1} ms (graph build, allocation, compute)",
         first_s * 1e3
     );
-    println!(
+    outln!(
         "per image  median {:.1} ms, p90 {:.1} ms, min {:.1} ms over {} runs",
         median * 1e3,
         p90 * 1e3,
         min * 1e3,
         args.runs
     );
-    println!("depth      mean {depth_mean:.6}, last run vs first: max abs difference {drift:.3e}");
+    outln!("depth      mean {depth_mean:.6}, last run vs first: max abs difference {drift:.3e}");
     if let Some(rss) = rss {
-        println!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
+        outln!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
     }
     if total > 0 && !model.device().is_cpu() {
-        println!(
+        outln!(
             "device mem {:.1} MiB used by this process (free before/after)",
             free_before.saturating_sub(free_after) as f64 / (1u64 << 20) as f64
         );
     }
-    println!("{report}");
+    outln!("{report}");
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "model": args.model.describe(),

@@ -34,9 +34,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     )?;
     let skipped = convert_checkpoint(&args.checkpoint, &args.output, args.weight_type)
         .with_context(|| format!("converting {}", args.checkpoint.display()))?;
-    println!("wrote {}", args.output.display());
+    outln!("wrote {}", args.output.display());
     if !skipped.is_empty() {
-        println!(
+        outln!(
             "left out {} tensors single-image depth does not use (ray branch, camera encoder, ...)",
             skipped.len()
         );

@@ -153,7 +153,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )
     })?;
     let (lo, hi) = prediction.depth_range();
-    println!(
+    outln!(
         "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
         image.width,
         image.height,
@@ -170,7 +170,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut written = write_maps(&item, &maps, &args.settings)?;
     written.extend(write_exports(&[item], &exports, &args.settings)?);
     for path in written {
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -314,7 +314,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         None => session.predict_views_processed(&processed, args.ref_view),
     }
     .context("computing the scene")?;
-    println!(
+    outln!(
         "{} views -> {}x{} on {}: reference view {} ({})",
         images.len(),
         scene.views[0].width,
@@ -324,7 +324,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         scene.strategy
     );
     if let Some(scale) = scene.pose_scale {
-        println!("known cameras: predicted depth divided by {scale:.6} to their units");
+        outln!("known cameras: predicted depth divided by {scale:.6} to their units");
     }
     let items: Vec<Item> = scene
         .views
@@ -339,7 +339,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         .collect();
     for (i, (item, maps)) in items.iter().zip(&per_view).enumerate() {
         let (lo, hi) = item.prediction.depth_range();
-        println!("view {i}: depth {lo:.4} .. {hi:.4}");
+        outln!("view {i}: depth {lo:.4} .. {hi:.4}");
         write_maps(item, maps, &args.settings)?;
     }
     if has_pose {
@@ -350,9 +350,9 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         };
         scene.save_poses_json(dir.join("poses.json"), &names)?;
     }
-    println!("wrote {} views to {}", scene.views.len(), dir.display());
+    outln!("wrote {} views to {}", scene.views.len(), dir.display());
     for path in write_exports(&items, &exports, &args.settings)? {
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -14,10 +14,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(endpoint) = &args.rpc {
         Device::rpc(endpoint)?;
     }
-    println!("ggml {}", ggml_version());
+    outln!("ggml {}", ggml_version());
     for device in Device::all() {
         let (free, total) = device.memory();
-        println!(
+        outln!(
             "{:<24} {:<14} {:>8.1} / {:>8.1} GiB free  {}",
             device.name(),
             format!("{:?}", device.kind()),

@@ -24,14 +24,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let model = Model::from_gguf(&file, &args.device.options()?)?;
     let c = model.config().clone();
-    println!("model        {}", args.model.describe());
-    println!("cpu          {}", da3::ggml::cpu_features());
-    println!(
+    outln!("model        {}", args.model.describe());
+    outln!("cpu          {}", da3::ggml::cpu_features());
+    outln!(
         "architecture depthanything3 ({}), GGUF v{}",
         c.name,
         file.version()
     );
-    println!(
+    outln!(
         "backbone     embed {} depth {} heads {} ffn {:?} {}  out layers {:?}",
         c.vit.embed_dim,
         c.vit.depth,
@@ -40,11 +40,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         c.vit.mlp_hidden,
         c.vit.out_layers
     );
-    println!(
+    outln!(
         "             alt/rope/qk-norm start {:?}/{:?}/{:?}, cat_token {}",
         c.vit.alt_start, c.vit.rope_start, c.vit.qknorm_start, c.vit.cat_token
     );
-    println!(
+    outln!(
         "head         {:?} features {} out_channels {:?} sky {}",
         c.head.kind, c.head.features, c.head.out_channels, c.head.sky
     );
@@ -57,7 +57,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         *entry.2.entry(t.dtype.to_string()).or_default() += 1;
     }
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
-    println!(
+    outln!(
         "parameters   {:.1} M in {} tensors",
         params as f64 / 1e6,
         file.tensors().len()
@@ -65,21 +65,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device = model.device().name();
     for (group, (count, bytes, types)) in &groups {
         let types: Vec<String> = types.iter().map(|(t, n)| format!("{n} {t}")).collect();
-        println!(
+        outln!(
             "  {group:<5} {count:>4} tensors {:>9.1} MiB  [{}]  on {device}",
             *bytes as f64 / (1u64 << 20) as f64,
             types.join(", ")
         );
     }
-    println!("  (vit.pos_embed is also read on the host for the per-resolution resample)");
-    println!(
+    outln!("  (vit.pos_embed is also read on the host for the per-resolution resample)");
+    outln!(
         "weights on device: {:.1} MiB",
         model.device_weight_bytes() as f64 / (1u64 << 20) as f64
     );
     if !model.unused_tensors().is_empty() {
-        println!("unused tensors: {}", model.unused_tensors().join(", "));
+        outln!("unused tensors: {}", model.unused_tensors().join(", "));
     }
     let report = model.session()?.residency_report(504, 336)?;
-    println!("{}", report.summary());
+    outln!("{}", report.summary());
     Ok(ExitCode::SUCCESS)
 }

@@ -5,6 +5,24 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// `print!` / `println!` that never panic: see [`stdout_failed`].
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout(), $($arg)*) {
+            $crate::cmd::stdout_failed(e);
+        }
+    }};
+}
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*) {
+            $crate::cmd::stdout_failed(e);
+        }
+    }};
+}
+
 mod batch;
 mod bench;
 mod common;
@@ -112,6 +130,20 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Where `out!`/`outln!` go when stdout cannot be written. A reader that closed the pipe
+/// early (`da3 info | head -1`) ends the program quietly with the status of a process killed
+/// by SIGPIPE (141), as a C tool would end; SIGPIPE itself stays ignored, so that a lost RPC
+/// peer is an error rather than a signal. Any other failure (`> /dev/full`) is an error.
+/// Either way the temporary files of outputs being written are removed first.
+pub(crate) fn stdout_failed(error: std::io::Error) -> ! {
+    da3::outputs::remove_temporary_files();
+    if error.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(141);
+    }
+    eprintln!("Error: cannot write to stdout: {error}");
+    std::process::exit(1)
 }
 
 /// The library logs through `log`; by default the CLI shows its warnings and the planner's

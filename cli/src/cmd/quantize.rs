@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     )?;
     let summary = quantize(&args.input, &args.output, args.weight_type)
         .with_context(|| format!("quantizing {}", args.input.display()))?;
-    print!("{}", report(&args, &summary));
+    out!("{}", report(&args, &summary));
     Ok(ExitCode::SUCCESS)
 }
 

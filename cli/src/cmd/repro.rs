@@ -82,11 +82,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         threads: args.threads,
     };
     let image = load_input(args.input.as_ref())?;
-    println!(
+    outln!(
         "da3 repro: model {}, device {device_spec}",
         args.model.describe()
     );
-    println!(
+    outln!(
         "layout of the crashing engine: {} in host memory with no buffer, the rest on the device",
         CRASH_LAYOUT.join(", ")
     );
@@ -104,15 +104,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     drop(reference);
 
     // 1. The unchecked path, in a child process.
-    println!("\n[1] unchecked gallocr path (child process)");
+    outln!("\n[1] unchecked gallocr path (child process)");
     let outcome = run_child(&args, &device_spec)?;
-    println!("    {}", outcome.describe());
+    outln!("    {}", outcome.describe());
     if let Some(server) = server.as_mut() {
         server.ensure_running(args.threads)?;
     }
 
     // 2. The planned path.
-    println!("\n[2] planned path, policy {:?}", args.policy);
+    outln!("\n[2] planned path, policy {:?}", args.policy);
     let options = LoadOptions {
         policy: args.policy,
         host_only: CRASH_LAYOUT.iter().map(|s| s.to_string()).collect(),
@@ -125,17 +125,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let processed = da3::preprocess::preprocess(&image, args.process_res)?;
     match model.residency_report(processed.width, processed.height) {
         Err(da3::Error::Residency(residency::Error::Refused(report))) => {
-            println!("{report}");
-            println!("strict: refused, as asked (the report above is the error)");
+            outln!("{report}");
+            outln!("strict: refused, as asked (the report above is the error)");
             return Ok(ExitCode::FAILURE);
         }
         other => other?,
     };
     let prediction = model.forward(&processed)?;
-    print!("{}", model.last_report().expect("set by forward"));
+    out!("{}", model.last_report().expect("set by forward"));
     drop(model);
     let cmp = compare(&prediction.depth, &expected);
-    println!(
+    outln!(
         "    depth vs CPU: max abs {:.3e}, max rel {:.3e}, correlation {:.9}",
         cmp.max_abs, cmp.max_rel, cmp.corr
     );
@@ -145,7 +145,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let resident = args.model.load(&device_args.options()?)?;
         let resident_depth = resident.session()?.forward(&processed)?.depth;
         let c = compare(&prediction.depth, &resident_depth);
-        println!(
+        outln!(
             "    depth vs {device_spec} with every weight resident: max abs {:.3e}, max rel {:.3e}",
             c.max_abs, c.max_rel
         );
@@ -157,7 +157,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // 3. Verdict.
     let planned_ok = resident_cmp.max_rel <= TOLERANCE && cmp.corr >= MIN_CORRELATION_WITH_CPU;
     let unchecked_failed = !outcome.success;
-    println!(
+    outln!(
         "\nresult: planned path {}; unchecked path {}",
         if planned_ok { "correct" } else { "WRONG" },
         if unchecked_failed {
@@ -168,7 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     let ok = planned_ok && (unchecked_failed || !separate_memory);
     if separate_memory && !unchecked_failed {
-        println!("note: the device has separate memory, yet the unchecked path did not fail: the scenario did not reproduce");
+        outln!("note: the device has separate memory, yet the unchecked path did not fail: the scenario did not reproduce");
     }
     Ok(if ok {
         ExitCode::SUCCESS
@@ -330,7 +330,7 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
     let image = load_input(args.input.as_ref())?;
     let prediction = model.session()?.predict_at(&image, args.process_res)?;
     let finite = prediction.depth.iter().all(|v| v.is_finite());
-    println!(
+    outln!(
         "unchecked compute returned ({} values, all finite: {finite})",
         prediction.depth.len()
     );
@@ -355,7 +355,7 @@ impl RpcServer {
         let server = RpcServer { child, endpoint };
         rpc::wait_until_listening(&server.endpoint, Duration::from_secs(20))
             .context("waiting for the RPC server")?;
-        println!(
+        outln!(
             "started `da3 rpc-server` on {} (pid {})",
             server.endpoint,
             server.child.id()
@@ -370,11 +370,11 @@ impl RpcServer {
     fn ensure_running(&mut self, threads: usize) -> anyhow::Result<()> {
         match self.child.try_wait() {
             Ok(None) => return Ok(()),
-            Ok(Some(status)) => println!(
+            Ok(Some(status)) => outln!(
                 "    the RPC server died too ({}); restarting it",
                 describe_status(&status)
             ),
-            Err(e) => println!("    the RPC server's status is unknown ({e}); restarting it"),
+            Err(e) => outln!("    the RPC server's status is unknown ({e}); restarting it"),
         }
         let port = self.endpoint.rsplit(':').next().unwrap_or("0").to_owned();
         let exe = std::env::current_exe()?;

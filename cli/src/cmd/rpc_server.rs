@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
     // Tests and scripts read the port from this line (`--port 0`).
-    println!("rpc-server: listening on {addr}");
+    outln!("rpc-server: listening on {addr}");
     let _ = std::io::stdout().flush();
     eprintln!(
         "rpc-server: serving {} on {addr}, one worker process per connection",

@@ -222,7 +222,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             .await
             .with_context(|| format!("listening on {}", args.addr))?;
         let bound = listener.local_addr()?;
-        println!("listening on http://{bound}");
+        outln!("listening on http://{bound}");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
         let app = router(shared);

@@ -65,7 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .map_or_else(|| "da3".into(), |n| n.to_string_lossy().into_owned());
     write_viewer(&output, &scene, &title, args.max_points)?;
     let shown = scene.positions.len().min(args.max_points);
-    println!(
+    outln!(
         "wrote {} ({shown} of {} points, {} camera{})",
         output.display(),
         scene.positions.len(),
