@@ -414,7 +414,10 @@ mod tests {
                 let ulps = (ours.to_bits() as i64 - exact.to_bits() as i64).abs();
                 assert!(ulps <= 2, "exp({x}) = {ours}, exact {exact}: {ulps} ulp");
             }
-            assert!(ours == 0.0 || ours.is_normal(), "exp({x}) = {ours} is subnormal");
+            assert!(
+                ours == 0.0 || ours.is_normal(),
+                "exp({x}) = {ours} is subnormal"
+            );
             x -= 0.0137;
         }
     }

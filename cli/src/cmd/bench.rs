@@ -114,7 +114,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     outln!(
         "device     {device_name}, {} threads, {}x{} -> {}x{}",
-        args.device.threads, image.width, image.height, processed.width, processed.height
+        args.device.threads,
+        image.width,
+        image.height,
+        processed.width,
+        processed.height
     );
     outln!("cpu        {}", da3::ggml::cpu_features());
     outln!("load       {:.1} ms", load_s * 1e3);

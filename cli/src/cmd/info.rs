@@ -42,11 +42,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     outln!(
         "             alt/rope/qk-norm start {:?}/{:?}/{:?}, cat_token {}",
-        c.vit.alt_start, c.vit.rope_start, c.vit.qknorm_start, c.vit.cat_token
+        c.vit.alt_start,
+        c.vit.rope_start,
+        c.vit.qknorm_start,
+        c.vit.cat_token
     );
     outln!(
         "head         {:?} features {} out_channels {:?} sky {}",
-        c.head.kind, c.head.features, c.head.out_channels, c.head.sky
+        c.head.kind,
+        c.head.features,
+        c.head.out_channels,
+        c.head.sky
     );
     let mut groups: BTreeMap<String, (usize, u64, BTreeMap<String, usize>)> = BTreeMap::new();
     for t in file.tensors() {

@@ -137,7 +137,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cmp = compare(&prediction.depth, &expected);
     outln!(
         "    depth vs CPU: max abs {:.3e}, max rel {:.3e}, correlation {:.9}",
-        cmp.max_abs, cmp.max_rel, cmp.corr
+        cmp.max_abs,
+        cmp.max_rel,
+        cmp.corr
     );
     // On a GPU the kernels differ from the CPU's; the exact check is against the same device
     // with every weight resident.
@@ -147,7 +149,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let c = compare(&prediction.depth, &resident_depth);
         outln!(
             "    depth vs {device_spec} with every weight resident: max abs {:.3e}, max rel {:.3e}",
-            c.max_abs, c.max_rel
+            c.max_abs,
+            c.max_rel
         );
         c
     } else {
