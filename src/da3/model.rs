@@ -261,6 +261,17 @@ impl std::fmt::Debug for Session {
 }
 
 /// The graph for one processed resolution, built once and reused.
+/// The constants a graph of one resolution reads, in a context of their own: the resampled
+/// position embedding, the RoPE positions (repeated for each view of a scene) and the head's
+/// UV embeddings.
+struct ResolutionConstants {
+    ctx: Context,
+    pos: Tensor,
+    positions: Vec<Tensor>,
+    stage_uv: Vec<Tensor>,
+    output_uv: Option<Tensor>,
+}
+
 struct ResolutionGraph {
     graph: Graph,
     image: Tensor,
@@ -426,60 +437,107 @@ impl Session {
         Ok(&self.graphs[&(width, height)])
     }
 
-    fn build_graph(&self, width: usize, height: usize) -> Result<ResolutionGraph, Error> {
-        let shared = &self.model.shared;
-        let v = &shared.config.vit;
-        let p = v.patch_size;
+    /// The patch grid of a processed size; an error unless both sides are positive multiples
+    /// of the patch size.
+    fn patch_grid(&self, width: usize, height: usize) -> Result<(usize, usize), Error> {
+        let p = self.model.shared.config.vit.patch_size;
         if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
             return Err(Error::Input(format!(
                 "processed size {width}x{height} is not a positive multiple of the patch size {p}"
             )));
         }
-        let (gw, gh) = (width / p, height / p);
-        let tokens = gw * gh + 1;
+        Ok((width / p, height / p))
+    }
 
-        // Constants of this resolution, on the device next to the weights.
-        let constants = Context::metadata_with_graph(16, 1)?;
-        let e = v.embed_dim as i64;
-        let pos = constants
-            .new_tensor(DType::F32, &[e, tokens as i64])?
+    /// Declares the constants of a graph of `views` views of `width` x `height` in a context
+    /// of their own (allocate it, then [`Session::write_constants`]).
+    fn declare_constants(
+        &self,
+        width: usize,
+        height: usize,
+        views: usize,
+    ) -> Result<ResolutionConstants, Error> {
+        let shared = &self.model.shared;
+        let (gw, gh) = self.patch_grid(width, height)?;
+        let tokens = (gw * gh + 1) as i64;
+        let ctx = Context::metadata_with_graph(16, 1)?;
+        let e = shared.config.vit.embed_dim as i64;
+        let pos = ctx
+            .new_tensor(DType::F32, &[e, tokens])?
             .named("pos_embed.resampled");
-        let positions: Vec<Tensor> = (0..4)
+        let positions = (0..4)
             .map(|i| {
-                constants
-                    .new_tensor(DType::I32, &[tokens as i64])
+                ctx.new_tensor(DType::I32, &[tokens * views as i64])
                     .map(|t| t.named(&format!("rope.pos{i}")))
             })
             .collect::<Result<_, _>>()?;
         // The UV embeddings exist only for heads that add them.
-        let uv_channels: Vec<usize> = if shared.config.head.pos_embed {
-            shared.config.head.out_channels.to_vec()
+        let head = &shared.config.head;
+        let (stage_uv, output_uv) = if head.pos_embed {
+            let stages = head
+                .out_channels
+                .iter()
+                .map(|&c| ctx.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
+                .collect::<Result<_, _>>()?;
+            let half = head.features as i64 / 2;
+            let output = ctx.new_tensor(DType::F32, &[width as i64, height as i64, half, 1])?;
+            (stages, Some(output))
         } else {
-            Vec::new()
+            (Vec::new(), None)
         };
-        let stage_uv: Vec<Tensor> = uv_channels
-            .iter()
-            .map(|&c| constants.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
-            .collect::<Result<_, _>>()?;
-        let half = shared.config.head.features / 2;
-        let output_uv = if shared.config.head.pos_embed {
-            Some(constants.new_tensor(DType::F32, &[width as i64, height as i64, half as i64, 1])?)
-        } else {
-            None
-        };
-        constants.allocate_on(self.executor.device(), BufferUsage::Any)?;
-        constants.write(&pos, &self.resampled_pos_embed(gh, gw)?)?;
+        Ok(ResolutionConstants {
+            ctx,
+            pos,
+            positions,
+            stage_uv,
+            output_uv,
+        })
+    }
+
+    /// Writes what [`Session::declare_constants`] declared, once its context is allocated.
+    fn write_constants(
+        &self,
+        c: &ResolutionConstants,
+        width: usize,
+        height: usize,
+        views: usize,
+    ) -> Result<(), Error> {
+        let head = &self.model.shared.config.head;
+        let (gw, gh) = self.patch_grid(width, height)?;
+        c.ctx.write(&c.pos, &self.resampled_pos_embed(gh, gw)?)?;
         let (ly, lx, gy, gx) = rope_positions(gh, gw);
-        for (t, values) in positions.iter().zip([ly, lx, gy, gx]) {
-            constants.write(t, &values)?;
+        for (t, values) in c.positions.iter().zip([ly, lx, gy, gx]) {
+            // The same positions in every view (no view index).
+            c.ctx.write(t, &values.repeat(views))?;
         }
         let aspect = width as f64 / height as f64;
-        for (t, &c) in stage_uv.iter().zip(&uv_channels) {
-            constants.write(t, &scaled_uv(gw, gh, c, aspect)?)?;
+        for (t, &channels) in c.stage_uv.iter().zip(&head.out_channels) {
+            c.ctx.write(t, &scaled_uv(gw, gh, channels, aspect)?)?;
         }
-        if let Some(uv) = &output_uv {
-            constants.write(uv, &scaled_uv(width, height, half, aspect)?)?;
+        if let Some(uv) = &c.output_uv {
+            c.ctx
+                .write(uv, &scaled_uv(width, height, head.features / 2, aspect)?)?;
         }
+        Ok(())
+    }
+
+    fn build_graph(&self, width: usize, height: usize) -> Result<ResolutionGraph, Error> {
+        let shared = &self.model.shared;
+        let (gw, gh) = self.patch_grid(width, height)?;
+
+        // Constants of this resolution, on the device next to the weights.
+        let constants = self.declare_constants(width, height, 1)?;
+        constants
+            .ctx
+            .allocate_on(self.executor.device(), BufferUsage::Any)?;
+        self.write_constants(&constants, width, height, 1)?;
+        let ResolutionConstants {
+            ctx: constants,
+            pos,
+            positions,
+            stage_uv,
+            output_uv,
+        } = constants;
 
         // The graph.
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;

@@ -272,17 +272,16 @@ fn rgba_bytes(colors: impl Iterator<Item = [u8; 3]>) -> Vec<u8> {
 /// Writes `cloud` (world frame, from [`super::point_cloud`] over `views`) and the views'
 /// frustums as a glb file (atomically).
 ///
-/// # Errors
-/// [`Error::Input`] when `views` is empty or invalid, or the scene exceeds glb's 4 GiB.
-pub fn write_glb(
-    path: &Path,
+/// The first view of a scene to draw, once every view is valid and the cloud's colours match
+/// its positions; `what` names the export in the error.
+pub(super) fn check_scene<'v, 'd>(
     cloud: &PointCloud,
-    views: &[View<'_>],
-    options: &GlbOptions,
-) -> Result<(), Error> {
+    views: &'v [View<'d>],
+    what: &str,
+) -> Result<&'v View<'d>, Error> {
     let first = views
         .first()
-        .ok_or_else(|| Error::Input("a glb export needs at least one view".into()))?;
+        .ok_or_else(|| Error::Input(format!("{what} needs at least one view")))?;
     for v in views {
         v.validate()?;
     }
@@ -293,6 +292,18 @@ pub fn write_glb(
             cloud.colors.len()
         )));
     }
+    Ok(first)
+}
+
+/// # Errors
+/// [`Error::Input`] when `views` is empty or invalid, or the scene exceeds glb's 4 GiB.
+pub fn write_glb(
+    path: &Path,
+    cloud: &PointCloud,
+    views: &[View<'_>],
+    options: &GlbOptions,
+) -> Result<(), Error> {
+    let first = check_scene(cloud, views, "a glb export")?;
     if !(options.camera_size.is_finite() && options.camera_size > 0.0) {
         return Err(Error::Input(format!(
             "camera size {} must be positive",

@@ -20,7 +20,7 @@
 
 use super::super::outputs::write_atomically;
 use super::super::Error;
-use super::glb::{alignment, frustum, index_color, scene_scale, transform};
+use super::glb::{alignment, check_scene, frustum, index_color, scene_scale, transform};
 use super::{GlbOptions, PointCloud, View};
 use base64::Engine as _;
 use serde_json::json;
@@ -60,19 +60,7 @@ impl ViewerScene {
         views: &[View<'_>],
         options: &GlbOptions,
     ) -> Result<ViewerScene, Error> {
-        let first = views
-            .first()
-            .ok_or_else(|| Error::Input("a viewer scene needs at least one view".into()))?;
-        for v in views {
-            v.validate()?;
-        }
-        if cloud.colors.len() != cloud.positions.len() {
-            return Err(Error::Input(format!(
-                "point cloud has {} positions but {} colours",
-                cloud.positions.len(),
-                cloud.colors.len()
-            )));
-        }
+        let first = check_scene(cloud, views, "a viewer scene")?;
         let a = alignment(first, cloud);
         let moved: Vec<[f64; 3]> = cloud
             .positions

@@ -374,69 +374,41 @@ impl Session {
     ) -> Result<ViewsGraph, Error> {
         let shared = &self.model.shared;
         let v = &shared.config.vit;
-        let p = v.patch_size;
-        if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
-            return Err(Error::Input(format!(
-                "processed size {width}x{height} is not a positive multiple of the patch size {p}"
-            )));
-        }
-        let (gw, gh) = (width / p, height / p);
+        let (gw, gh) = self.patch_grid(width, height)?;
         let tokens = gw * gh + 1;
         let s = views as i64;
         let e = v.embed_dim as i64;
 
         // Constants of this resolution and scene size.
-        let constants = Context::metadata_with_graph(16, 1)?;
-        let pos = constants
-            .new_tensor(DType::F32, &[e, tokens as i64])?
-            .named("pos_embed.resampled");
-        let positions: Vec<Tensor> = (0..4)
-            .map(|i| {
-                constants
-                    .new_tensor(DType::I32, &[tokens as i64 * s])
-                    .map(|t| t.named(&format!("rope.pos{i}")))
-            })
-            .collect::<Result<_, _>>()?;
-        let uv_channels: Vec<usize> = if shared.config.head.pos_embed {
-            shared.config.head.out_channels.to_vec()
-        } else {
-            Vec::new()
-        };
-        let stage_uv: Vec<Tensor> = uv_channels
-            .iter()
-            .map(|&c| constants.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
-            .collect::<Result<_, _>>()?;
-        let half = shared.config.head.features / 2;
-        let output_uv = if shared.config.head.pos_embed {
-            Some(constants.new_tensor(DType::F32, &[width as i64, height as i64, half as i64, 1])?)
-        } else {
-            None
-        };
+        let constants = self.declare_constants(width, height, views)?;
         // The ray branch's map: twice the finest stage (4x the patch grid), 8x the grid.
         let with_rays = self.ray_outputs && self.layers.rays.is_some();
         let (aw, ah) = (8 * gw, 8 * gh);
+        let half = shared.config.head.features / 2;
         let ray_uv = if with_rays && shared.config.head.pos_embed {
-            Some(constants.new_tensor(DType::F32, &[aw as i64, ah as i64, half as i64, 1])?)
+            Some(
+                constants
+                    .ctx
+                    .new_tensor(DType::F32, &[aw as i64, ah as i64, half as i64, 1])?,
+            )
         } else {
             None
         };
-        constants.allocate_on(self.executor.device(), BufferUsage::Any)?;
+        constants
+            .ctx
+            .allocate_on(self.executor.device(), BufferUsage::Any)?;
         if let Some(uv) = &ray_uv {
-            constants.write(uv, &scaled_uv(aw, ah, half, width as f64 / height as f64)?)?;
+            let aspect = width as f64 / height as f64;
+            constants.ctx.write(uv, &scaled_uv(aw, ah, half, aspect)?)?;
         }
-        constants.write(&pos, &self.resampled_pos_embed(gh, gw)?)?;
-        let (ly, lx, gy, gx) = rope_positions(gh, gw);
-        for (t, values) in positions.iter().zip([ly, lx, gy, gx]) {
-            // The same positions in every view (no view index).
-            constants.write(t, &values.repeat(views))?;
-        }
-        let aspect = width as f64 / height as f64;
-        for (t, &c) in stage_uv.iter().zip(&uv_channels) {
-            constants.write(t, &scaled_uv(gw, gh, c, aspect)?)?;
-        }
-        if let Some(uv) = &output_uv {
-            constants.write(uv, &scaled_uv(width, height, half, aspect)?)?;
-        }
+        self.write_constants(&constants, width, height, views)?;
+        let ResolutionConstants {
+            ctx: constants,
+            pos,
+            positions,
+            stage_uv,
+            output_uv,
+        } = constants;
 
         let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
         ctx.use_cpu_kernels(shared.cpu_kernels);
