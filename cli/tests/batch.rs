@@ -525,17 +525,7 @@ struct Server {
 impl Server {
     fn start() -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
-            // A finished client's worker lingers up to 5 s (the supervisor waits to log how
-            // it ended), holding a connection slot: room for the runs of this test.
-            .args([
-                "rpc-server",
-                "--port",
-                "0",
-                "--threads",
-                "1",
-                "--max-connections",
-                "64",
-            ])
+            .args(["rpc-server", "--port", "0", "--threads", "1"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -299,3 +299,45 @@ fn a_non_loopback_address_needs_allow_remote() {
     let out = child.wait_with_output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("WARNING"));
 }
+
+/// A client that leaves frees its slot at once. The relay used to report every ordinary end as
+/// the server's, and the supervisor then waited 5 s for a worker that never exits (ggml's
+/// server loops): three quick `da3 depth` runs filled the eight slots.
+#[test]
+fn a_client_that_leaves_frees_its_slot_at_once() {
+    let mut server = Server::start(&["--max-connections", "1"]);
+    for served in 1..=4 {
+        server.assert_serves();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while server.log().matches("client closed the connection").count() < served {
+            assert!(Instant::now() < deadline, "{}", server.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    assert!(!server.log().contains("turned away"), "{}", server.log());
+    assert!(!server.log().contains("server side closed"), "{}", server.log());
+}
+
+/// ggml's client aborts the process when the HELLO exchange fails; a server at its connection
+/// limit closes new connections unanswered. `da3 depth` does the HELLO itself first and names
+/// the problem.
+#[test]
+fn a_client_turned_away_gets_an_error_not_an_abort() {
+    let server = Server::start(&["--max-connections", "1"]);
+    let mut holder = server.connect();
+    hello(&mut holder);
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .current_dir(dir.path())
+        .args(["depth", "--device", &format!("rpc:127.0.0.1:{}", server.port)])
+        .args(["--pfm", "depth.pfm"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("refused the handshake"), "{stderr}");
+    assert!(stderr.contains("--max-connections"), "{stderr}");
+    assert!(!dir.path().join("depth.pfm").exists());
+    assert!(server.wait_log("turned away"), "{}", server.log());
+    drop(holder);
+}

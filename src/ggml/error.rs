@@ -181,6 +181,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An RPC endpoint that accepts connections but does not complete ggml's HELLO exchange.
+    #[error("RPC server {endpoint} refused the handshake: {reason}")]
+    RpcHandshake {
+        /// The server's `HOST:PORT`.
+        endpoint: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A node whose op the backend cannot run.
     #[error("backend {backend} cannot run {op} for node `{node}`")]
     UnsupportedOp {

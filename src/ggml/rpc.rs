@@ -53,13 +53,77 @@ pub fn probe(endpoint: &str, timeout: Duration) -> Result<()> {
         })
 }
 
+/// ggml 0.26.0's RPC protocol: `RPC_PROTO_MAJOR_VERSION`, `RPC_PROTO_MINOR_VERSION`.
+const PROTOCOL: (u8, u8) = (7, 0);
+/// `RPC_CMD_HELLO` and `sizeof(rpc_msg_hello_req)`, `sizeof(rpc_msg_hello_rsp)`.
+const HELLO: (u8, usize, usize) = (14, 24, 28);
+
+/// Does the HELLO exchange ggml's client does on connecting, whose failure it answers with an
+/// abort: a server that closes the connection instead (`da3 rpc-server` at its connection
+/// limit, a worker that failed to start), answers garbage or speaks another protocol version.
+pub fn handshake(endpoint: &str, timeout: Duration) -> Result<()> {
+    use std::io::{Read as _, Write as _};
+    let addr = resolve(endpoint)?;
+    let unreachable = |source| Error::RpcUnreachable {
+        endpoint: endpoint.to_owned(),
+        source,
+    };
+    let refused = |reason: String| Error::RpcHandshake {
+        endpoint: endpoint.to_owned(),
+        reason,
+    };
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(unreachable)?;
+    s.set_read_timeout(Some(timeout)).map_err(unreachable)?;
+    s.set_write_timeout(Some(timeout)).map_err(unreachable)?;
+    let (cmd, req_size, rsp_size) = HELLO;
+    let mut msg = vec![cmd];
+    msg.extend((req_size as u64).to_le_bytes());
+    // conn_caps all zero: plain TCP, as a client that offers no other transport.
+    msg.resize(9 + req_size, 0);
+    s.write_all(&msg).map_err(unreachable)?;
+    let mut size = [0u8; 8];
+    s.read_exact(&mut size).map_err(|e| {
+        refused(match e.kind() {
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset => {
+                "it closed the connection without answering HELLO (a `da3 rpc-server` at its \
+                 --max-connections limit, or not a ggml RPC server)"
+                    .into()
+            }
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("no answer to HELLO within {timeout:?}")
+            }
+            _ => format!("reading its answer to HELLO: {e}"),
+        })
+    })?;
+    let size = u64::from_le_bytes(size);
+    if size != rsp_size as u64 {
+        return Err(refused(format!(
+            "its answer to HELLO has {size} bytes, not {rsp_size} (not a ggml RPC server?)"
+        )));
+    }
+    let mut rsp = vec![0u8; rsp_size];
+    s.read_exact(&mut rsp)
+        .map_err(|e| refused(format!("reading its answer to HELLO: {e}")))?;
+    let (major, minor, patch) = (rsp[0], rsp[1], rsp[2]);
+    if major != PROTOCOL.0 || minor > PROTOCOL.1 {
+        return Err(refused(format!(
+            "it speaks RPC protocol {major}.{minor}.{patch}; this build's ggml speaks {}.{}",
+            PROTOCOL.0, PROTOCOL.1
+        )));
+    }
+    Ok(())
+}
+
 impl Device {
     /// The first device an RPC server at `endpoint` ("host:port") offers. Fails with
-    /// [`Error::RpcUnreachable`] instead of letting ggml abort when nothing listens there.
+    /// [`Error::RpcUnreachable`] instead of letting ggml abort when nothing listens there, and
+    /// with [`Error::RpcHandshake`] when the server does not complete ggml's HELLO (a busy
+    /// `da3 rpc-server`, another protocol version). A server that fails between this check and
+    /// ggml's own connection still makes ggml abort: see the module documentation.
     pub fn rpc(endpoint: &str) -> Result<Device> {
-        probe(endpoint, Duration::from_secs(3))?;
+        handshake(endpoint, Duration::from_secs(10))?;
         let c_endpoint = cstring("RPC endpoint", endpoint)?;
-        // SAFETY: the endpoint answered the probe; ggml caches one registry per endpoint and
+        // SAFETY: the endpoint answered HELLO; ggml caches one registry per endpoint and
         // returns NULL when the server reports no devices.
         let reg = unsafe { sys::ggml_backend_rpc_add_server(c_endpoint.as_ptr()) };
         let reg = NonNull::new(reg).ok_or_else(|| Error::BackendInit {

@@ -17,7 +17,7 @@
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,7 +96,14 @@ struct Clock {
     last: AtomicU64,
     /// An answer is due (an answered command was forwarded and no byte came back since).
     awaiting: AtomicBool,
+    /// Which direction stopped first ([`FIRST_NONE`], [`FIRST_CLIENT`], [`FIRST_SERVER`]):
+    /// each side shuts the other down when it stops, so the second end says nothing.
+    first_end: AtomicU8,
 }
+
+const FIRST_NONE: u8 = 0;
+const FIRST_CLIENT: u8 = 1;
+const FIRST_SERVER: u8 = 2;
 
 impl Clock {
     fn touch(&self) {
@@ -186,6 +193,7 @@ pub fn relay(
         start: Instant::now(),
         last: AtomicU64::new(0),
         awaiting: AtomicBool::new(false),
+        first_end: AtomicU8::new(FIRST_NONE),
     });
     let _ = client.set_nodelay(true);
     if let Err(e) = client.set_read_timeout(Some(TICK)) {
@@ -241,21 +249,33 @@ pub fn relay(
                 Err(e) => break RelayEnd::Io(e),
             }
         };
+        let _ = back_clock.first_end.compare_exchange(
+            FIRST_NONE,
+            FIRST_SERVER,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
         let _ = client_w.shutdown(Shutdown::Both);
         let _ = upstream_r.shutdown(Shutdown::Both);
         end
     });
     let forward = forward(&mut client, &mut upstream, header, &clock, &limits);
+    let _ = clock.first_end.compare_exchange(
+        FIRST_NONE,
+        FIRST_CLIENT,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
     let _ = client.shutdown(Shutdown::Both);
     let _ = upstream.shutdown(Shutdown::Both);
     let back = back.join().unwrap_or(RelayEnd::ServerClosed);
-    // A client that closed first is the ordinary end; else whichever side gave up first.
-    match (forward, back) {
-        (_, RelayEnd::ServerSilent) => RelayEnd::ServerSilent,
-        (RelayEnd::ClientClosed | RelayEnd::Io(_), RelayEnd::ServerClosed) => {
-            RelayEnd::ServerClosed
-        }
-        (forward, _) => forward,
+    // Whichever side stopped first says why: when the client leaves, the server sees the
+    // shutdown and closes too (the ordinary end, not a server failure); when the server closes
+    // (a worker refused a message or crashed), the client's read ends after it.
+    if clock.first_end.load(Ordering::SeqCst) == FIRST_SERVER {
+        back
+    } else {
+        forward
     }
 }
 
@@ -297,5 +317,85 @@ fn forward(
             Ok(h) => h,
             Err(end) => return end,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    fn hello() -> Vec<u8> {
+        let mut msg = vec![CMD_HELLO];
+        msg.extend(HELLO_SIZE.to_le_bytes());
+        msg.extend([0u8; HELLO_SIZE as usize]);
+        msg
+    }
+
+    /// Runs the relay between a client socket and a fake server that answers the HELLO with
+    /// four bytes and then either closes at once (`server_leaves`) or waits for EOF.
+    fn relay_with(server_leaves: bool, client: impl FnOnce(TcpStream) + Send + 'static) -> RelayEnd {
+        let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
+        let upstream_addr = upstream.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = upstream.accept().unwrap();
+            let mut req = [0u8; 9 + HELLO_SIZE as usize];
+            s.read_exact(&mut req).unwrap();
+            s.write_all(&4u64.to_le_bytes()).unwrap();
+            s.write_all(&[7, 0, 0, 0]).unwrap();
+            if !server_leaves {
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+            }
+        });
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let user = std::thread::spawn(move || client(TcpStream::connect(front_addr).unwrap()));
+        let (conn, _) = front.accept().unwrap();
+        let end = relay(conn, || TcpStream::connect(upstream_addr), Limits::default());
+        user.join().unwrap();
+        server.join().unwrap();
+        end
+    }
+
+    fn read_answer(s: &mut TcpStream) -> Vec<u8> {
+        let mut answer = [0u8; 12];
+        s.read_exact(&mut answer).unwrap();
+        answer.to_vec()
+    }
+
+    #[test]
+    fn a_client_that_leaves_ends_as_client_closed() {
+        // Reported as a server failure, this kept the supervisor waiting for a worker to die.
+        let end = relay_with(false, |mut s| {
+            s.write_all(&hello()).unwrap();
+            assert_eq!(read_answer(&mut s)[8], 7);
+        });
+        assert!(matches!(end, RelayEnd::ClientClosed), "{end}");
+    }
+
+    #[test]
+    fn a_server_that_leaves_ends_as_server_closed() {
+        let end = relay_with(true, |mut s| {
+            s.write_all(&hello()).unwrap();
+            read_answer(&mut s);
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest).unwrap();
+        });
+        assert!(matches!(end, RelayEnd::ServerClosed), "{end}");
+    }
+
+    #[test]
+    fn a_message_over_the_limit_is_refused() {
+        let end = relay_with(false, |mut s| {
+            s.write_all(&hello()).unwrap();
+            read_answer(&mut s);
+            let mut big = vec![6u8];
+            big.extend((2u64 << 30).to_le_bytes());
+            s.write_all(&big).unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+        });
+        assert!(matches!(end, RelayEnd::Refused(_)), "{end}");
     }
 }
