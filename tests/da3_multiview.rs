@@ -19,6 +19,7 @@ fn load_tiny() -> (Session, tempfile::TempDir) {
     let options = LoadOptions {
         device: Device::Cpu,
         threads: 2,
+        camera_encoder: true,
         ..Default::default()
     };
     let model = Model::load(&path, &options).unwrap();
@@ -452,6 +453,7 @@ fn known_poses_are_refused_where_they_cannot_apply() {
     let options = LoadOptions {
         device: Device::Cpu,
         threads: 2,
+        camera_encoder: true,
         ..Default::default()
     };
     let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
@@ -460,6 +462,66 @@ fn known_poses_are_refused_where_they_cannot_apply() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no camera encoder"), "{err}");
+}
+
+/// The camera encoder is loaded only when asked for: without it the weights are smaller by
+/// exactly its tensors, nothing is reported unused, and known poses are refused naming the
+/// option; unposed outputs are the same either way.
+#[test]
+fn the_camera_encoder_is_loaded_only_when_asked_for() {
+    let scene = posed_scene("3v_posed");
+    let (images, poses) = posed_inputs(&scene);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("da3-tiny.gguf");
+    write_synthetic(&path, &Config::preset("da3-tiny").unwrap(), WeightType::F32).unwrap();
+    let load = |camera_encoder| {
+        let options = LoadOptions {
+            device: Device::Cpu,
+            threads: 2,
+            camera_encoder,
+            ..Default::default()
+        };
+        Model::load(&path, &options).unwrap()
+    };
+    let (with, without) = (load(true), load(false));
+    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let encoder_bytes: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("cam_enc."))
+        .map(|t| t.n_elements() * 4)
+        .sum();
+    assert!(encoder_bytes > 0);
+    let saved = (with.device_weight_bytes() - without.device_weight_bytes()) as u64;
+    // ggml pads each tensor to the buffer's alignment.
+    assert!(
+        saved >= encoder_bytes && saved < encoder_bytes + 64 * 1024,
+        "{saved} vs {encoder_bytes}"
+    );
+    assert!(
+        without.unused_tensors().is_empty(),
+        "{:?}",
+        without.unused_tensors()
+    );
+    let err = without
+        .session()
+        .unwrap()
+        .predict_views_with_poses_at(&images, 112, &poses)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("camera_encoder: true"), "{err}");
+    let depth = |model: &Model| {
+        model
+            .session()
+            .unwrap()
+            .predict_views_at(&images, 112, RefViewStrategy::First)
+            .unwrap()
+            .views
+            .iter()
+            .map(|v| v.depth.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(depth(&with), depth(&without));
 }
 
 /// The DualDPT ray branch of every scene (with the reference view each strategy picks):

@@ -315,7 +315,11 @@ fn a_client_that_leaves_frees_its_slot_at_once() {
         }
     }
     assert!(!server.log().contains("turned away"), "{}", server.log());
-    assert!(!server.log().contains("server side closed"), "{}", server.log());
+    assert!(
+        !server.log().contains("server side closed"),
+        "{}",
+        server.log()
+    );
 }
 
 /// ggml's client aborts the process when the HELLO exchange fails; a server at its connection
@@ -329,7 +333,11 @@ fn a_client_turned_away_gets_an_error_not_an_abort() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_da3"))
         .current_dir(dir.path())
-        .args(["depth", "--device", &format!("rpc:127.0.0.1:{}", server.port)])
+        .args([
+            "depth",
+            "--device",
+            &format!("rpc:127.0.0.1:{}", server.port),
+        ])
         .args(["--pfm", "depth.pfm"])
         .output()
         .unwrap();

@@ -198,6 +198,7 @@ fn depth_with_known_cameras_from_json_or_colmap_matches_the_library() {
     let options = LoadOptions {
         device: Device::Cpu,
         threads: 2,
+        camera_encoder: true,
         ..Default::default()
     };
     let model = Model::from_gguf(&builtin_model_file().unwrap(), &options).unwrap();

@@ -46,6 +46,11 @@ pub struct LoadOptions {
     /// where the CPU kernels would be slower than ggml's ([`crate::ggml::KernelSet::beats_ggml`]):
     /// for comparing the two paths.
     pub ggml_ops_only: bool,
+    /// Load the camera encoder (`cam_enc.*`), which only computations with known camera
+    /// poses use ([`Session::predict_views_with_poses`]). Off by default: it is a small
+    /// transformer of its own (about 110 MiB of f32 weights for da3-base, a fifth of the
+    /// model) that every other request would carry.
+    pub camera_encoder: bool,
 }
 
 impl Default for LoadOptions {
@@ -59,6 +64,7 @@ impl Default for LoadOptions {
             probes: false,
             log_decisions: true,
             ggml_ops_only: false,
+            camera_encoder: false,
         }
     }
 }
@@ -86,6 +92,8 @@ struct ModelShared {
     log_decisions: bool,
     /// Whether graphs use the CPU kernels (on the CPU backend, where they beat ggml's ops).
     cpu_kernels: bool,
+    /// What was loaded of the camera encoder.
+    camera_encoder: EncoderLoad,
     /// `vit.pos_embed` on the host, [tokens, embed] (cls first), for the per-resolution resample.
     pos_embed: Vec<f32>,
     weights: LoadedWeights,
@@ -139,8 +147,16 @@ impl Model {
             && crate::ggml::kernel_set().beats_ggml()
             && !options.ggml_ops_only;
         let mut loader = Loader::new(file, &host_only)?.pack_linears(cpu_kernels);
+        let camera_encoder = match (
+            options.camera_encoder,
+            file.tensor(CAMERA_ENCODER_PROBE).is_some(),
+        ) {
+            (_, false) => EncoderLoad::NotInFile,
+            (true, true) => EncoderLoad::Loaded,
+            (false, true) => EncoderLoad::LeftOut,
+        };
         // Declaring the layers checks every tensor; the handles are bound again per session.
-        declare_layers(&mut loader, &config)?;
+        declare_layers(&mut loader, &config, camera_encoder)?;
         let pos_embed = loader.host_f32("vit.pos_embed")?;
         let weights = loader.finish(&device)?;
         Ok(Model {
@@ -153,6 +169,7 @@ impl Model {
                 probes: options.probes,
                 log_decisions: options.log_decisions,
                 cpu_kernels,
+                camera_encoder,
                 pos_embed,
                 weights,
             }),
@@ -202,7 +219,22 @@ struct DeclaredLayers {
     rays: Option<RayHead>,
 }
 
-fn declare_layers(l: &mut Loader<'_>, config: &Config) -> Result<DeclaredLayers, Error> {
+/// A tensor every camera encoder has.
+const CAMERA_ENCODER_PROBE: &str = "cam_enc.token_norm.weight";
+
+/// What a model holds of the camera encoder ([`LoadOptions::camera_encoder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EncoderLoad {
+    NotInFile,
+    LeftOut,
+    Loaded,
+}
+
+fn declare_layers(
+    l: &mut Loader<'_>,
+    config: &Config,
+    camera_encoder: EncoderLoad,
+) -> Result<DeclaredLayers, Error> {
     let backbone = Backbone::load(l, &config.vit)?;
     let head = Head::load(l, &config.head, config.vit.feature_dim())?;
     let rays = RayHead::load(l, &config.head)?;
@@ -221,8 +253,11 @@ fn declare_layers(l: &mut Loader<'_>, config: &Config) -> Result<DeclaredLayers,
         }
     }
     // The encoder feeds the camera token slot: only models with one (and a decoder) use it.
-    let encoder = match (&camera, config.vit.alt_start) {
-        (Some(_), Some(_)) => CameraEncoder::load(l, &config.vit)?,
+    if camera_encoder == EncoderLoad::LeftOut {
+        l.leave_out("cam_enc.");
+    }
+    let encoder = match (&camera, config.vit.alt_start, camera_encoder) {
+        (Some(_), Some(_), EncoderLoad::Loaded) => CameraEncoder::load(l, &config.vit)?,
         _ => None,
     };
     Ok(DeclaredLayers {
@@ -302,7 +337,7 @@ impl Session {
             camera,
             camera_encoder,
             rays,
-        } = declare_layers(&mut binder, &shared.config)?;
+        } = declare_layers(&mut binder, &shared.config, shared.camera_encoder)?;
         let host = binder.into_host_context();
         let mut executor = Executor::new(device, cpu, shared.policy)?;
         if !shared.log_decisions {

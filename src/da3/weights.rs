@@ -218,6 +218,16 @@ impl<'f> Loader<'f> {
         })
     }
 
+    /// Leaves the file's tensors whose names start with `prefix` out of the model on purpose:
+    /// nothing is loaded, and they are not reported as unused.
+    pub fn leave_out(&mut self, prefix: &str) {
+        if let Some(file) = self.file() {
+            for t in file.tensors().iter().filter(|t| t.name.starts_with(prefix)) {
+                self.used.insert(t.name.clone());
+            }
+        }
+    }
+
     /// The tensors declared so far, in order; empty for a loader reading a file.
     pub fn into_declared(self) -> Vec<(String, Vec<usize>)> {
         match self.source {

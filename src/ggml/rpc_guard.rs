@@ -334,7 +334,10 @@ mod tests {
 
     /// Runs the relay between a client socket and a fake server that answers the HELLO with
     /// four bytes and then either closes at once (`server_leaves`) or waits for EOF.
-    fn relay_with(server_leaves: bool, client: impl FnOnce(TcpStream) + Send + 'static) -> RelayEnd {
+    fn relay_with(
+        server_leaves: bool,
+        client: impl FnOnce(TcpStream) + Send + 'static,
+    ) -> RelayEnd {
         let upstream = TcpListener::bind("127.0.0.1:0").unwrap();
         let upstream_addr = upstream.local_addr().unwrap();
         let server = std::thread::spawn(move || {
@@ -352,7 +355,11 @@ mod tests {
         let front_addr = front.local_addr().unwrap();
         let user = std::thread::spawn(move || client(TcpStream::connect(front_addr).unwrap()));
         let (conn, _) = front.accept().unwrap();
-        let end = relay(conn, || TcpStream::connect(upstream_addr), Limits::default());
+        let end = relay(
+            conn,
+            || TcpStream::connect(upstream_addr),
+            Limits::default(),
+        );
         user.join().unwrap();
         server.join().unwrap();
         end

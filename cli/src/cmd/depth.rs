@@ -238,6 +238,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
+        camera_encoder: args.poses.is_some() || args.poses_colmap.is_some(),
         ..args.device.options()?
     };
     let model = args.model.load_for_results(&options)?;

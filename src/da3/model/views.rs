@@ -207,9 +207,14 @@ impl Session {
         }
         if self.layers.camera_encoder.is_none() {
             return Err(Error::Input(
-                "this model file has no camera encoder (`cam_enc.*` tensors), so it cannot \
-                 take known poses; convert the checkpoint again with `da3 convert`"
-                    .to_owned(),
+                if self.model.shared.camera_encoder == super::EncoderLoad::LeftOut {
+                    "the model was loaded without its camera encoder, which known poses \
+                     need: load it with `LoadOptions { camera_encoder: true, .. }`"
+                } else {
+                    "this model file has no camera encoder (`cam_enc.*` tensors), so it \
+                     cannot take known poses; convert the checkpoint again with `da3 convert`"
+                }
+                .to_owned(),
             ));
         }
         let flat: Vec<f32> = encodings.iter().flatten().copied().collect();
