@@ -335,6 +335,72 @@ fn depth_writes_pfm_bottom_to_top_png_and_pose() {
     }
 }
 
+/// `--ray-pose`: the camera comes from the ray branch (the library's solver on the same
+/// image, at the same processed size), the depth is the same bytes, and with known poses it
+/// is refused.
+#[test]
+fn ray_pose_changes_the_camera_and_not_the_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = ["depth", "--device", "cpu", "--process-res", "112"];
+    let plain = da3_in(
+        dir.path(),
+        &[&base[..], &["--pfm", "a.pfm", "--pose", "a.json"]].concat(),
+    );
+    assert_success(&plain);
+    let rays = da3_in(
+        dir.path(),
+        &[
+            &base[..],
+            &["--ray-pose", "--pfm", "b.pfm", "--pose", "b.json"],
+        ]
+        .concat(),
+    );
+    assert_success(&rays);
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    assert_eq!(read("a.pfm"), read("b.pfm"));
+    let json = |f: &str| -> serde_json::Value { serde_json::from_slice(&read(f)).unwrap() };
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    };
+    let model = Model::from_gguf(&builtin_model_file().unwrap(), &options).unwrap();
+    let mut session = model.session().unwrap();
+    session.set_ray_pose(true).unwrap();
+    let view = session
+        .predict_views_at(
+            &[synthetic::image(640, 427)],
+            112,
+            da3::RefViewStrategy::First,
+        )
+        .unwrap()
+        .views
+        .swap_remove(0);
+    let pose = view.pose.unwrap();
+    let b = json("b.json");
+    for r in 0..3 {
+        for c in 0..3 {
+            let k = b["intrinsics"][r][c].as_f64().unwrap();
+            assert!((k - f64::from(pose.intrinsics[r][c])).abs() <= 1e-4 * k.abs().max(1.0));
+        }
+        for c in 0..4 {
+            let e = b["extrinsics_world_to_camera"][r][c].as_f64().unwrap();
+            assert!((e - f64::from(pose.extrinsics[r][c])).abs() <= 1e-5, "{b}");
+        }
+    }
+    assert_ne!(json("a.json")["intrinsics"], b["intrinsics"]);
+    let both = da3_in(
+        dir.path(),
+        &[
+            &base[..],
+            &["--ray-pose", "--poses", "a.json", "--out-dir", "."],
+        ]
+        .concat(),
+    );
+    assert_eq!(both.code, Some(2), "{}", both.context());
+    assert!(both.stderr.contains("--ray-pose"), "{}", both.context());
+}
+
 #[test]
 fn depth_gray_png_is_gray_and_brightest_where_nearest() {
     let dir = tempfile::tempdir().unwrap();

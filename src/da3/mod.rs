@@ -16,6 +16,7 @@ pub mod multiview;
 pub mod outputs;
 pub mod poses;
 pub mod preprocess;
+pub mod ray_pose;
 pub mod synthetic;
 mod weights;
 

@@ -283,6 +283,8 @@ pub struct Session {
     view_graphs: views::ViewGraphs,
     /// Whether scene graphs compute the ray branch ([`Session::set_ray_outputs`]).
     ray_outputs: bool,
+    /// Whether scene poses come from the ray branch ([`Session::set_ray_pose`]).
+    ray_pose: bool,
     last_report: Option<Report>,
 }
 
@@ -358,6 +360,7 @@ impl Session {
             graphs: HashMap::new(),
             view_graphs: Default::default(),
             ray_outputs: false,
+            ray_pose: false,
             last_report: None,
         })
     }

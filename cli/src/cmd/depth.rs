@@ -39,6 +39,11 @@ pub struct Args {
     /// (`--colmap DIR` writes one.)
     #[arg(long, value_name = "DIR")]
     poses_colmap: Option<PathBuf>,
+    /// Cameras from the ray branch instead of the camera decoder (the official
+    /// `--use-ray-pose`): a RANSAC homography per view, fixed-seed samples (DualDPT models
+    /// whose file has the ray branch).
+    #[arg(long, conflicts_with_all = ["poses", "poses_colmap"])]
+    ray_pose: bool,
     /// Depth as PFM (float32, rows bottom to top) at the processed resolution.
     #[arg(long)]
     pfm: Option<PathBuf>,
@@ -146,7 +151,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     check_model(model.config(), &maps, &exports, &args.settings)?;
     let mut session = model.session()?;
     let processed = da3::preprocess::preprocess(&image, args.process_res)?;
-    let prediction = session.predict_processed(&processed).with_context(|| {
+    let prediction = if args.ray_pose {
+        // The ray branch is in the scene graph; one view through it is the single-image
+        // prediction exactly.
+        session.set_ray_pose(true)?;
+        session
+            .predict_views_processed(std::slice::from_ref(&processed), RefViewStrategy::First)
+            .map(|mut scene| scene.views.swap_remove(0))
+    } else {
+        session.predict_processed(&processed)
+    }
+    .with_context(|| {
         format!(
             "computing depth with {}; nothing written",
             args.model.describe()
@@ -305,6 +320,9 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     };
 
     let mut session = model.session()?;
+    if args.ray_pose {
+        session.set_ray_pose(true)?;
+    }
     // The processed images colour the 3D exports.
     let processed = images
         .iter()

@@ -81,6 +81,27 @@ impl Session {
         Ok(())
     }
 
+    /// Whether scene predictions take each view's camera from the DualDPT ray branch instead
+    /// of the camera decoder (the official `use_ray_pose`; see [`crate::ray_pose`]): a
+    /// RANSAC homography per view, with fixed-seed samples. Off by default. An error when the
+    /// model file has no ray branch; known poses are refused with it on (they are the output).
+    pub fn set_ray_pose(&mut self, on: bool) -> Result<(), Error> {
+        if on && self.layers.rays.is_none() {
+            return Err(Error::Input(
+                "ray pose needs the ray branch, which this model file does not have \
+                 (`head.scratch.*_aux` tensors; DualDPT models only, kept by `da3 convert`)"
+                    .to_owned(),
+            ));
+        }
+        self.ray_pose = on;
+        Ok(())
+    }
+
+    /// Whether scene graphs compute the ray branch (for its outputs or for ray pose).
+    fn computes_rays(&self) -> bool {
+        (self.ray_outputs || self.ray_pose) && self.layers.rays.is_some()
+    }
+
     /// Every image of one scene, preprocessed at the model's process resolution (all must
     /// reach the same processed size), predicted together and post-processed per view; the
     /// reference view by the official default strategy (`saddle_balanced`).
@@ -205,6 +226,13 @@ impl Session {
                 images.len()
             )));
         }
+        if self.ray_pose {
+            return Err(Error::Input(
+                "known poses and ray pose do not go together: with known poses the output \
+                 cameras are the given ones (turn ray pose off)"
+                    .to_owned(),
+            ));
+        }
         if self.layers.camera_encoder.is_none() {
             return Err(Error::Input(
                 if self.model.shared.camera_encoder == super::EncoderLoad::LeftOut {
@@ -229,7 +257,23 @@ impl Session {
         images: &[ProcessedImage],
         strategy: RefViewStrategy,
     ) -> Result<MultiPrediction, Error> {
-        self.forward_scene(images, strategy, None)
+        let mut prediction = self.forward_scene(images, strategy, None)?;
+        if self.ray_pose {
+            for (i, view) in prediction.views.iter_mut().enumerate() {
+                let rays = view
+                    .rays
+                    .as_ref()
+                    .expect("ray pose computes the ray branch");
+                let pose = crate::da3::ray_pose::pose_from_rays(rays, view.width, view.height)
+                    .map_err(|e| Error::Input(format!("view {i}: {e}")))?;
+                view.pose = Some(pose);
+                if !self.ray_outputs {
+                    // As the official forward, which drops them once the poses are solved.
+                    view.rays = None;
+                }
+            }
+        }
+        Ok(prediction)
     }
 
     fn forward_scene(
@@ -361,7 +405,7 @@ impl Session {
         part: Part,
         posed: bool,
     ) -> Result<ViewKey, Error> {
-        let key = (width, height, views, part, posed, self.ray_outputs);
+        let key = (width, height, views, part, posed, self.computes_rays());
         if !self.view_graphs.contains_key(&key) {
             let graph = self.build_views_graph(width, height, views, part, posed)?;
             self.view_graphs.insert(key, graph);
@@ -387,7 +431,7 @@ impl Session {
         // Constants of this resolution and scene size.
         let constants = self.declare_constants(width, height, views)?;
         // The ray branch's map: twice the finest stage (4x the patch grid), 8x the grid.
-        let with_rays = self.ray_outputs && self.layers.rays.is_some();
+        let with_rays = self.computes_rays();
         let (aw, ah) = (8 * gw, 8 * gh);
         let half = shared.config.head.features / 2;
         let ray_uv = if with_rays && shared.config.head.pos_embed {
