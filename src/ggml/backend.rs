@@ -412,7 +412,8 @@ pub fn cpu_features() -> String {
     let variant = match sys::cpu_variant() {
         Some(v) => format!("{v} of {}", sys::CPU_VARIANTS),
         None if sys::CPU_VARIANTS == "target" => "built for the target".to_owned(),
-        None => format!("of a {} build", sys::CPU_VARIANTS),
+        // CMake (the GPU features) or prebuilt libraries: ggml's own choice of flags.
+        None => "built by CMake or prebuilt".to_owned(),
     };
     format!("kernels {kernels}; ggml CPU {variant} ({flags})")
 }

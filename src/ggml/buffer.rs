@@ -161,8 +161,25 @@ impl Context {
         self.allocate_in(backend.default_buffer_type(), usage)
     }
 
-    /// Like [`Context::allocate_on`] for an explicit buffer type.
+    /// Like [`Context::allocate_on`] for an explicit buffer type. Tensors that do not fit in
+    /// one buffer of the type (its maximum size: 1 GiB or the device's allocation limit on
+    /// Vulkan, 4 GiB on Metal) go into several, each owned by the context.
     pub fn allocate_in(&self, buffer_type: BufferType, usage: BufferUsage) -> Result<usize> {
+        // SAFETY: registry buffer type; get_max_size has no preconditions.
+        let max_size = unsafe { sys::ggml_backend_buft_get_max_size(buffer_type.as_ptr()) };
+        self.allocate_chunked(buffer_type, usage, max_size)
+    }
+
+    /// [`Context::allocate_in`] with buffers of at most `max_size` bytes (unless one tensor
+    /// alone is larger). ggml's own `ggml_backend_alloc_ctx_tensors_from_buft` would wrap
+    /// several buffers in a "multi buffer" whose parts the tensors point at, parts no context
+    /// could name as its own; here each part is a buffer of the context.
+    pub(crate) fn allocate_chunked(
+        &self,
+        buffer_type: BufferType,
+        usage: BufferUsage,
+        max_size: usize,
+    ) -> Result<usize> {
         if !self.is_metadata_only() {
             return Err(Error::InvalidArgument {
                 op: "allocate_in",
@@ -178,20 +195,92 @@ impl Context {
         if pending == 0 {
             return Ok(0);
         }
-        // SAFETY: live metadata-only context and registry buffer type; ggml allocates every
-        // tensor without data and returns NULL on failure.
-        let raw = unsafe {
-            sys::ggml_backend_alloc_ctx_tensors_from_buft(self.raw(), buffer_type.as_ptr())
+        let tensors = self.tensors();
+        // SAFETY: registry buffer type; no preconditions.
+        let alignment = unsafe { sys::ggml_backend_buft_get_alignment(buffer_type.as_ptr()) };
+        let padded = |t: &Tensor| {
+            // SAFETY: registry buffer type and a live tensor of this context.
+            let size =
+                unsafe { sys::ggml_backend_buft_get_alloc_size(buffer_type.as_ptr(), t.as_ptr()) };
+            size.div_ceil(alignment) * alignment
         };
-        let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc {
-            buffer_type: buffer_type.name(),
-            bytes: pending,
-        })?;
-        // SAFETY: the buffer we just got.
-        unsafe { sys::ggml_backend_buffer_set_usage(raw.as_ptr(), usage.raw()) };
-        let size = BufferRef::new(raw).size();
-        self.inner().attach_buffer(Buffer { raw });
-        Ok(size)
+        // Consecutive runs of tensors that fit in `max_size`, as ggml plans them.
+        let mut chunks: Vec<(usize, Vec<&Tensor>)> = Vec::new();
+        for t in tensors
+            .iter()
+            .filter(|t| !t.has_data() && t.view_source().is_none())
+        {
+            let size = padded(t);
+            match chunks.last_mut() {
+                Some((used, members)) if *used + size <= max_size => {
+                    *used += size;
+                    members.push(t);
+                }
+                _ => chunks.push((size, vec![t])),
+            }
+        }
+        let mut total = 0;
+        for (bytes, members) in chunks {
+            // Slack for a base address the buffer does not align.
+            let bytes = bytes + alignment;
+            // SAFETY: registry buffer type; returns NULL when the memory is not there.
+            let raw = unsafe { sys::ggml_backend_buft_alloc_buffer(buffer_type.as_ptr(), bytes) };
+            let raw = NonNull::new(raw).ok_or_else(|| Error::BufferAlloc {
+                buffer_type: buffer_type.name(),
+                bytes,
+            })?;
+            // SAFETY: the buffer we just got.
+            unsafe { sys::ggml_backend_buffer_set_usage(raw.as_ptr(), usage.raw()) };
+            let size = BufferRef::new(raw).size();
+            // Owned by the context before any tensor points into it, so that an error below
+            // never leaves a tensor pointing at freed memory.
+            self.inner().attach_buffer(Buffer { raw });
+            // SAFETY: a live buffer; ggml_tallocr_new reads its base and alignment.
+            let mut tallocr = unsafe { sys::ggml_tallocr_new(raw.as_ptr()) };
+            for t in members {
+                // ggml_tallocr_alloc aborts when a tensor does not fit: check first, with its
+                // own arithmetic (the buffer's alloc size, padded to its alignment).
+                // SAFETY: live buffer and tensor.
+                let need =
+                    unsafe { sys::ggml_backend_buffer_get_alloc_size(raw.as_ptr(), t.as_ptr()) }
+                        .div_ceil(tallocr.alignment)
+                        * tallocr.alignment;
+                if tallocr.offset + need > size {
+                    return Err(Error::BufferAlloc {
+                        buffer_type: buffer_type.name(),
+                        bytes: need,
+                    });
+                }
+                // SAFETY: a tensor of this context without data, a buffer with room for it
+                // (checked above); ggml sets its data and buffer.
+                let status = unsafe { sys::ggml_tallocr_alloc(&mut tallocr, t.as_ptr()) };
+                if status != sys::GGML_STATUS_SUCCESS {
+                    return Err(Error::BufferAlloc {
+                        buffer_type: buffer_type.name(),
+                        bytes: need,
+                    });
+                }
+            }
+            total += size;
+        }
+        // Views of allocated tensors take their source's buffer.
+        for t in tensors
+            .iter()
+            .filter(|t| t.view_source().is_some() && t.buffer().is_none())
+        {
+            if !t.view_source().is_some_and(|s| s.buffer().is_some()) {
+                continue;
+            }
+            // SAFETY: a view whose source has a buffer; ggml points it into the source's data.
+            let status = unsafe { sys::ggml_backend_view_init(t.as_ptr()) };
+            if status != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::BufferAlloc {
+                    buffer_type: buffer_type.name(),
+                    bytes: t.nbytes(),
+                });
+            }
+        }
+        Ok(total)
     }
 
     /// Gives a host context's tensors a real CPU buffer wrapping the context's own pool, so
@@ -447,5 +536,46 @@ impl Context {
             ctx.write_bytes(tensor, &file.read_tensor_data(info)?)?;
         }
         Ok(ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ggml::DType;
+
+    /// Weights over a buffer type's maximum size go into several buffers, every one owned by
+    /// the context (ggml's multi buffer made every tensor "not allocated" to our checks: the
+    /// Vulkan backend's 1 GiB limit refused da3-large f32).
+    #[test]
+    fn tensors_over_the_maximum_size_go_into_several_owned_buffers() {
+        let ctx = Context::metadata(8).unwrap();
+        let n = 1 << 18; // 1 MiB of f32 each
+        let tensors: Vec<Tensor> = (0..4)
+            .map(|_| ctx.new_tensor(DType::F32, &[n]).unwrap())
+            .collect();
+        let view = ctx.view(&tensors[3], &[16], &[], 4 * 100).unwrap();
+        let bytes = ctx
+            .allocate_chunked(BufferType::cpu(), BufferUsage::Weights, (5 << 20) / 2)
+            .unwrap();
+        assert!(bytes >= 4 << 20, "{bytes}");
+        assert_eq!(ctx.inner().with_buffers(|b| b.len()), 2);
+        for (i, t) in tensors.iter().enumerate() {
+            let values: Vec<f32> = (0..n).map(|j| (i as i64 * n + j) as f32).collect();
+            ctx.write(t, &values).unwrap();
+        }
+        for (i, t) in tensors.iter().enumerate() {
+            let back: Vec<f32> = ctx.read(t).unwrap();
+            assert_eq!(back[0], (i as i64 * n) as f32);
+            assert_eq!(back[n as usize - 1], (i as i64 * n + n - 1) as f32);
+        }
+        let seen: Vec<f32> = ctx.read(&view).unwrap();
+        assert_eq!(seen[0], (3 * n + 100) as f32);
+        // One buffer when everything fits.
+        let one = Context::metadata(2).unwrap();
+        one.new_tensor(DType::F32, &[n]).unwrap();
+        one.allocate_in(BufferType::cpu(), BufferUsage::Weights)
+            .unwrap();
+        assert_eq!(one.inner().with_buffers(|b| b.len()), 1);
     }
 }

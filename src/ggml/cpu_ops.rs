@@ -240,11 +240,11 @@ fn check_linear_weight(op: &'static str, w: &[f32], k: usize, n: usize) -> Resul
 }
 
 /// Whether this process computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
-/// where the CPU kernels are the AVX-512 BF16 set ([`kernel_set`]; AMD Zen 4, Intel Sapphire
-/// Rapids), whose one instruction does twice the multiply-adds of an f32 FMA. Decided at run
-/// time, whatever the build's target features.
+/// where the CPU kernels are the AVX-512 BF16 set ([`kernel_set`]) and its bf16 products are
+/// faster than its f32 ones ([`cpu_kernels::bf16_products_pay`]). Decided at run time,
+/// whatever the build's target features.
 pub fn linear_bf16() -> bool {
-    kernel_set().has_bf16_products()
+    kernel_set().has_bf16_products() && cpu_kernels::bf16_products_pay()
 }
 
 /// The CPU kernel set of this process (see [`KernelSet`]).
