@@ -461,6 +461,41 @@ fn pool_2d_on_an_input_smaller_than_the_kernel_is_refused() {
     );
 }
 
+/// ggml's CPU pooling walks its input plane by plane, `nb[2]` apart, until the input's byte
+/// size: a permuted input gave more planes than the output holds, written past its end (a heap
+/// overflow the graph_ops fuzz target found under ASan). Padding is stored as int by ggml.
+#[test]
+fn pool_2d_of_a_non_contiguous_input_or_wild_padding_is_refused() {
+    let c = ctx();
+    let x = f32(&c, &[4, 6, 5], "x");
+    let permuted = c.permute(&x, [2, 0, 1, 3]).unwrap();
+    assert_err!(
+        c.pool_2d(&permuted, Pool::Max, (2, 2), (1, 1), (0.0, 0.0)),
+        Error::ShapeMismatch { op: "pool_2d", .. },
+        ["pool_2d", "contiguous", "cont"]
+    );
+    // A one-element view with a plane stride of 0 counts as contiguous to ggml; the kernel's
+    // plane loop never ended on it (the fuzz input).
+    let zero_stride = c.view(&x, &[1, 1, 1], &[4, 0], 0).unwrap();
+    assert!(zero_stride.is_contiguous());
+    assert_err!(
+        c.pool_2d(&zero_stride, Pool::Max, (1, 1), (1, 1), (0.0, 0.0)),
+        Error::ShapeMismatch { op: "pool_2d", .. },
+        ["pool_2d", "nb[2]"]
+    );
+    let made_contiguous = c.cont(&permuted).unwrap();
+    assert!(c
+        .pool_2d(&made_contiguous, Pool::Max, (2, 2), (1, 1), (0.0, 0.0))
+        .is_ok());
+    for padding in [(-1.0, 0.0), (0.0, f32::NAN), (3.0e9, 0.0), (0.0, 3.0)] {
+        assert_err!(
+            c.pool_2d(&x, Pool::Avg, (2, 2), (1, 1), padding),
+            Error::InvalidArgument { op: "pool_2d", .. },
+            ["padding"]
+        );
+    }
+}
+
 #[test]
 fn interpolate_of_a_non_f32_tensor_is_refused() {
     let c = ctx();

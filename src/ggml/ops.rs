@@ -1230,7 +1230,29 @@ impl Context {
                 reason: format!("kernel {kernel:?}, stride {stride:?}"),
             });
         }
+        // ggml stores the padding as int (a float out of int's range is undefined there).
+        let padding_ok = |p: f32, k: i32| p.is_finite() && p >= 0.0 && p <= k as f32;
+        if !padding_ok(padding.0, kernel.0) || !padding_ok(padding.1, kernel.1) {
+            return Err(Error::InvalidArgument {
+                op: "pool_2d",
+                reason: format!("padding {padding:?}: 0 to the kernel size {kernel:?}"),
+            });
+        }
+        // The CPU kernel reads rows as packed elements and walks the input plane by plane,
+        // `nb[2]` apart, until `ggml_nbytes` of it, writing one output plane each time: a view
+        // whose plane stride is 0 (size-1 dims keep any stride and still count as contiguous)
+        // never ends, and one whose planes are closer than that writes more planes than the
+        // output has (found by fuzzing: a heap overflow under ASan).
         let ne = a.ne();
+        let nb = a.nb();
+        let planes = (ne[2] * ne[3]) as usize;
+        if !a.is_contiguous() || nb[2] == 0 || a.nbytes().div_ceil(nb[2]) != planes {
+            return Err(mismatch(
+                "pool_2d",
+                "the input must be contiguous, its planes nb[2] apart (make it so with `cont`)",
+                &[a],
+            ));
+        }
         // ggml's formula: the `+ 1` is in float and the sum truncated (0.5 -> 0, not 1).
         let out = |i: i64, k: i32, s: i32, p: f32| {
             ((i as f32 + 2.0 * p - k as f32) / s as f32 + 1.0) as i64
