@@ -1354,3 +1354,41 @@ fn conv_transpose_2d_refuses_an_input_with_strided_rows() {
         ["`xT`"]
     );
 }
+
+/// A graph whose intermediate results need more than the memory available is refused before
+/// anything is allocated (on Linux a huge allocation succeeds and the process is killed when
+/// it touches the memory), naming both sizes; the allocator then serves graphs that fit.
+#[test]
+fn a_graph_over_the_memory_available_is_refused_before_allocating() {
+    let c = ctx();
+    let n = 1 << 20; // 4 MiB per f32 tensor
+    let x = f32(&c, &[n], "x");
+    x.mark_input();
+    let y = c.exp(&c.add(&x, &x).unwrap()).unwrap();
+    y.mark_output();
+    let graph = c.new_graph(8).unwrap();
+    graph.expand(&y).unwrap();
+    let backend = Backend::cpu(1).unwrap();
+    let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+    let need = gallocr.measure(&graph).unwrap();
+    assert!(need >= 8 << 20, "{need}");
+    gallocr.set_memory_limit(Some(need - 1));
+    assert_err!(
+        gallocr.alloc(&graph),
+        Error::ComputeMemory { .. },
+        ["needs", "MiB", "available"]
+    );
+    gallocr.set_memory_limit(Some(need));
+    let run = gallocr.alloc(&graph).unwrap();
+    let input = vec![0.5f32; n as usize];
+    run.write(&x, &input).unwrap();
+    run.compute(&backend).unwrap();
+    assert!(run
+        .read::<f32>(&y)
+        .unwrap()
+        .iter()
+        .all(|&v| (v - 1.0f32.exp()).abs() < 1e-6));
+    // Without a limit: the host's available memory, far above 12 MiB.
+    gallocr.set_memory_limit(None);
+    assert!(gallocr.alloc(&graph).is_ok());
+}

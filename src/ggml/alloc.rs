@@ -14,6 +14,10 @@ use std::ptr::NonNull;
 pub struct Gallocr {
     raw: NonNull<sys::ggml_gallocr>,
     buffer_type: BufferType,
+    /// Graphs measured against the available memory, by (address, nodes, leafs).
+    measured: std::collections::HashSet<(usize, usize, usize)>,
+    /// Bytes a graph may need at most (default: what the device has available).
+    memory_limit: Option<usize>,
 }
 
 impl Gallocr {
@@ -24,7 +28,80 @@ impl Gallocr {
         let raw = NonNull::new(raw).ok_or_else(|| Error::Creation {
             what: format!("a graph allocator for {}", buffer_type.name()),
         })?;
-        Ok(Gallocr { raw, buffer_type })
+        Ok(Gallocr {
+            raw,
+            buffer_type,
+            measured: Default::default(),
+            memory_limit: None,
+        })
+    }
+    /// Caps the memory one graph's intermediate results may take (instead of what the device
+    /// reports available); a graph over it is refused by [`Gallocr::alloc`].
+    pub fn set_memory_limit(&mut self, bytes: Option<usize>) {
+        self.memory_limit = bytes;
+        self.measured.clear();
+    }
+    /// Bytes `graph`'s intermediate results need, planned without allocating anything.
+    pub fn measure(&mut self, graph: &Graph) -> Result<usize> {
+        let mut size = 0usize;
+        // SAFETY: live allocator (one buffer type, so `sizes` has one entry) and graph; with
+        // NULL buffer ids every tensor goes to buffer 0. The planning asserts only when a
+        // buffer cannot be allocated, and it allocates none.
+        unsafe {
+            sys::ggml_gallocr_reserve_n_size(
+                self.raw.as_ptr(),
+                graph.as_ptr(),
+                std::ptr::null(),
+                std::ptr::null(),
+                &mut size,
+            )
+        };
+        Ok(size)
+    }
+    /// Refuses a graph that needs more memory than the limit or the device has available,
+    /// before allocating: on Linux a large allocation succeeds and the process is killed later,
+    /// when the memory is touched. Once per graph.
+    fn check_memory(&mut self, graph: &Graph) -> Result<()> {
+        let key = (graph.as_ptr() as usize, graph.n_nodes(), graph.n_leafs());
+        if self.measured.contains(&key) {
+            return Ok(());
+        }
+        let need = self.measure(graph)?;
+        // What the allocator holds already is reused, not allocated again.
+        let held = self.buffer_size();
+        let available = match self.memory_limit {
+            Some(limit) => limit,
+            None => held + self.buffer_type.available_memory(),
+        };
+        log::debug!(
+            "graph of {} nodes needs {} MiB on {}, {} MiB available",
+            graph.n_nodes(),
+            need >> 20,
+            self.buffer_type.name(),
+            available >> 20
+        );
+        if need > available {
+            // The measuring left the refused graph's plan in the allocator, which a later
+            // graph of the same node count could take as its own over a buffer too small for
+            // it: start from a fresh allocator.
+            // SAFETY: a registry buffer type; NULL on failure.
+            let fresh = unsafe { sys::ggml_gallocr_new(self.buffer_type.as_ptr()) };
+            if let Some(fresh) = NonNull::new(fresh) {
+                // SAFETY: owned, freed once; no allocation borrows it (`&mut self`).
+                unsafe { sys::ggml_gallocr_free(self.raw.as_ptr()) };
+                self.raw = fresh;
+            }
+            return Err(Error::ComputeMemory {
+                buffer_type: self.buffer_type.name(),
+                need_mib: need.div_ceil(1 << 20),
+                available_mib: available >> 20,
+            });
+        }
+        // The measured plan, with its buffer really allocated: `alloc` then finds the plan
+        // valid and places the tensors in a buffer that holds them.
+        self.reserve(graph)?;
+        self.measured.insert(key);
+        Ok(())
     }
     /// An allocator for `backend`'s own memory.
     pub fn for_backend(backend: &Backend) -> Result<Gallocr> {
@@ -63,6 +140,7 @@ impl Gallocr {
     /// # Ok(()) }
     /// ```
     pub fn alloc<'a>(&'a mut self, graph: &'a Graph) -> Result<Allocation<'a>> {
+        self.check_memory(graph)?;
         let placed = graph.unallocated_tensors();
         // SAFETY: live allocator and graph; returns false (no abort) when a buffer cannot be
         // allocated.

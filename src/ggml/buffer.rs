@@ -65,6 +65,22 @@ impl BufferType {
         // SAFETY: registry-owned buffer type.
         unsafe { sys::ggml_backend_buft_is_host(self.as_ptr()) }
     }
+    /// Bytes this memory has available: for host memory the kernel's `MemAvailable` (on
+    /// Linux; ggml reports all of RAM as free), for a device's what the device reports free;
+    /// `usize::MAX` where nothing says.
+    pub fn available_memory(&self) -> usize {
+        if self.is_host() {
+            if let Some(bytes) = host_memory_available() {
+                return bytes;
+            }
+        }
+        // SAFETY: registry-owned buffer type; the device may be NULL.
+        let dev = unsafe { sys::ggml_backend_buft_get_device(self.as_ptr()) };
+        match NonNull::new(dev) {
+            Some(dev) => super::backend::Device::from_raw(dev).memory().0,
+            None => usize::MAX,
+        }
+    }
     /// The CPU's own buffer type.
     pub fn cpu() -> Self {
         // SAFETY: returns a static buffer type.
@@ -73,6 +89,14 @@ impl BufferType {
             raw: NonNull::new(raw).expect("the CPU buffer type is static"),
         }
     }
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes.
+fn host_memory_available() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 impl std::fmt::Debug for BufferType {

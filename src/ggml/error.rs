@@ -155,6 +155,22 @@ pub enum Error {
         bytes: usize,
     },
 
+    /// A graph whose intermediate results need more memory than its device has available,
+    /// refused before anything is allocated.
+    #[error(
+        "this graph needs {need_mib} MiB for its intermediate results on {buffer_type}, which \
+         has {available_mib} MiB available (fewer views or a smaller processing resolution \
+         need less)"
+    )]
+    ComputeMemory {
+        /// The buffer type's name.
+        buffer_type: String,
+        /// MiB the graph needs.
+        need_mib: usize,
+        /// MiB available on the device.
+        available_mib: usize,
+    },
+
     // --- backends ----------------------------------------------------------------------------
     /// No device matched the request.
     #[error("no ggml device {wanted}; available: {available}")]

@@ -459,7 +459,9 @@ impl Session {
             output_uv,
         } = constants;
 
-        let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
+        // The per-view parts (head, camera decoder) add about 160 nodes a view.
+        let nodes = GRAPH_NODES + 256 * views;
+        let ctx = Context::metadata_with_graph(3 * nodes, nodes)?;
         ctx.use_cpu_kernels(shared.cpu_kernels);
         ctx.use_bf16_products(shared.weights.bf16_products);
         let input = match part {
@@ -547,7 +549,7 @@ impl Session {
         if !carried_in.is_empty() {
             features.features = carried_in.into_iter().chain(features.features).collect();
         }
-        let graph = ctx.new_graph(GRAPH_NODES)?;
+        let graph = ctx.new_graph(nodes)?;
         let mut built = ViewsGraph {
             graph,
             input,
