@@ -680,6 +680,7 @@ mod tests {
 
     #[test]
     fn png16_reads_back_with_its_range() {
+        let _turn = writing();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.png");
         super::write_png16(&path, &[1.0, 2.0, 3.0, f32::NAN], 2, 2).unwrap();
@@ -765,7 +766,8 @@ mod tests {
         assert!(err.is_err(), "the rename of a removed temporary file fails");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(names_in(dir.path()), ["out.pfm"]);
-        assert!(pending().is_empty());
+        // Only this write's entries: tests of other modules write files at the same time.
+        assert!(!pending().iter().any(|p| p.starts_with(dir.path())));
     }
 
     #[cfg(unix)]
