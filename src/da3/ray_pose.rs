@@ -134,7 +134,7 @@ pub fn pose_from_rays_with_samples(
         let keep = ((kept.len() as f64 * 0.95) as usize).max(MAX_REFIT_POINTS);
         kept.truncate(keep);
         for i in 0..MAX_REFIT_POINTS {
-            let j = i + (rng.next() % (kept.len() - i) as u64) as usize;
+            let j = i + (rng.next_u64() % (kept.len() - i) as u64) as usize;
             kept.swap(i, j);
         }
         kept.truncate(MAX_REFIT_POINTS);
@@ -213,6 +213,7 @@ fn ray_error(why: String) -> Error {
 /// The weighted least-squares homography (DLT: the right singular vector of the smallest
 /// singular value, here the eigenvector of AᵀA), scaled so that `H[2][2] = 1`. `None` when
 /// degenerate.
+#[allow(clippy::needless_range_loop)] // matrix code reads best by index
 fn fit_homography(
     points: impl Iterator<Item = ([f64; 2], [f64; 2], f64)>,
 ) -> Option<[[f64; 3]; 3]> {
@@ -261,6 +262,7 @@ fn reprojection_distance(hom: &[[f64; 3]; 3], src: [f64; 2], dst: [f64; 2]) -> f
 }
 
 /// Eigenvector of the smallest eigenvalue of a symmetric matrix (cyclic Jacobi rotations).
+#[allow(clippy::needless_range_loop)] // matrix code reads best by index
 fn smallest_eigenvector(mut a: [[f64; 9]; 9]) -> [f64; 9] {
     let mut v = [[0.0f64; 9]; 9];
     for (i, row) in v.iter_mut().enumerate() {
@@ -323,6 +325,7 @@ fn mul3(a: &Mat3, b: &Mat3) -> Mat3 {
 
 /// `A = Q L` with `Q` orthogonal and `L` lower triangular with a positive diagonal (the
 /// official `ql_decomposition`: QR of `A P`, `P` the exchange matrix, then signs fixed).
+#[allow(clippy::needless_range_loop)] // matrix code reads best by index
 fn ql_decomposition(a: &Mat3) -> Option<(Mat3, Mat3)> {
     let p: Mat3 = [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]];
     let (q_tilde, r_tilde) = qr(&mul3(a, &p))?;
@@ -342,6 +345,7 @@ fn ql_decomposition(a: &Mat3) -> Option<(Mat3, Mat3)> {
 
 /// Householder-free QR of a 3x3 matrix by modified Gram-Schmidt (the signs of `R`'s diagonal
 /// are fixed by the caller, so the convention does not matter). `None` when singular.
+#[allow(clippy::needless_range_loop)] // matrix code reads best by index
 fn qr(a: &Mat3) -> Option<(Mat3, Mat3)> {
     let mut q = [[0.0f64; 3]; 3];
     let mut r = [[0.0f64; 3]; 3];
@@ -356,7 +360,7 @@ fn qr(a: &Mat3) -> Option<(Mat3, Mat3)> {
             }
         }
         let norm = cols[c].iter().map(|v| v * v).sum::<f64>().sqrt();
-        if !(norm > 1e-12) {
+        if norm.is_nan() || norm <= 1e-12 {
             return None;
         }
         r[c][c] = norm;
@@ -373,7 +377,7 @@ pub struct SplitMix64(pub u64);
 
 impl SplitMix64 {
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -386,7 +390,7 @@ impl SplitMix64 {
         let mut out = [0usize; RANSAC_SAMPLE];
         let mut k = 0;
         while k < RANSAC_SAMPLE {
-            let candidate = (self.next() % n as u64) as usize;
+            let candidate = (self.next_u64() % n as u64) as usize;
             if !out[..k].contains(&candidate) {
                 out[k] = candidate;
                 k += 1;
@@ -397,6 +401,7 @@ impl SplitMix64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)]
 mod tests {
     use super::*;
 

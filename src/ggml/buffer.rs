@@ -292,7 +292,7 @@ impl Context {
             .iter()
             .filter(|t| t.view_source().is_some() && t.buffer().is_none())
         {
-            if !t.view_source().is_some_and(|s| s.buffer().is_some()) {
+            if t.view_source().is_none_or(|s| s.buffer().is_none()) {
                 continue;
             }
             // SAFETY: a view whose source has a buffer; ggml points it into the source's data.
