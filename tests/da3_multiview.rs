@@ -4,23 +4,19 @@
 
 mod common;
 
-use common::{agreement, fixture_dir, Agreement, Reference};
-use da3::convert::{write_synthetic, WeightType};
-use da3::multiview::select_reference_view;
-use da3::{
-    poses, synthetic, Config, Device, KnownPose, LoadOptions, Model, RefViewStrategy, Session,
+use common::{
+    agreement, cpu_options, fixture_dir, peer_model_file, synthetic_tiny_file, Agreement, Reference,
 };
+use da3::multiview::select_reference_view;
+use da3::{poses, synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Session};
 use serde_json::Value;
 
+/// The synthetic da3-tiny with its camera encoder (the known-pose tests use it).
 fn load_tiny() -> (Session, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("da3-tiny.gguf");
-    write_synthetic(&path, &Config::preset("da3-tiny").unwrap(), WeightType::F32).unwrap();
+    let (path, dir) = synthetic_tiny_file();
     let options = LoadOptions {
-        device: Device::Cpu,
-        threads: 2,
         camera_encoder: true,
-        ..Default::default()
+        ..cpu_options()
     };
     let model = Model::load(&path, &options).unwrap();
     (model.session().unwrap(), dir)
@@ -449,14 +445,14 @@ fn known_poses_are_refused_where_they_cannot_apply() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("2 camera pose(s) for 3 view(s)"), "{err}");
-    let peer = fixture_dir("peer").join("peer-tiny-seed0-f32.gguf");
     let options = LoadOptions {
-        device: Device::Cpu,
-        threads: 2,
         camera_encoder: true,
-        ..Default::default()
+        ..cpu_options()
     };
-    let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
+    let mut peer = Model::load(peer_model_file(), &options)
+        .unwrap()
+        .session()
+        .unwrap();
     let err = peer
         .predict_views_with_poses_at(&images, 112, &poses)
         .unwrap_err()
@@ -471,15 +467,11 @@ fn known_poses_are_refused_where_they_cannot_apply() {
 fn the_camera_encoder_is_loaded_only_when_asked_for() {
     let scene = posed_scene("3v_posed");
     let (images, poses) = posed_inputs(&scene);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("da3-tiny.gguf");
-    write_synthetic(&path, &Config::preset("da3-tiny").unwrap(), WeightType::F32).unwrap();
+    let (path, _dir) = synthetic_tiny_file();
     let load = |camera_encoder| {
         let options = LoadOptions {
-            device: Device::Cpu,
-            threads: 2,
             camera_encoder,
-            ..Default::default()
+            ..cpu_options()
         };
         Model::load(&path, &options).unwrap()
     };
@@ -592,13 +584,10 @@ fn ray_branch_matches_the_official_auxiliary_outputs() {
         .predict_views_at(&images, process_res, RefViewStrategy::First)
         .unwrap();
     assert!(plain.views[0].rays.is_none());
-    let options = LoadOptions {
-        device: Device::Cpu,
-        threads: 2,
-        ..Default::default()
-    };
-    let peer = fixture_dir("peer").join("peer-tiny-seed0-f32.gguf");
-    let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
+    let mut peer = Model::load(peer_model_file(), &cpu_options())
+        .unwrap()
+        .session()
+        .unwrap();
     let err = peer.set_ray_outputs(true).unwrap_err().to_string();
     assert!(err.contains("no ray branch"), "{err}");
 }

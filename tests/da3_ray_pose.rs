@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::fixture_dir;
-use da3::convert::{write_synthetic, WeightType};
+use common::{cpu_options, fixture_dir, peer_model_file, synthetic_tiny_file};
 use da3::ray_pose::{pose_from_rays, pose_from_rays_with_samples, SplitMix64, RANSAC_SAMPLE};
-use da3::{synthetic, Config, Device, LoadOptions, Model, Pose, RayMap, RefViewStrategy, Session};
+use da3::{synthetic, Model, Pose, RayMap, RefViewStrategy, Session};
 use serde_json::Value;
 
 fn manifest() -> Value {
@@ -69,16 +68,12 @@ fn assert_pose(at: &str, pose: &Pose, extrinsics: &[f64], intrinsics: &[f64]) {
 }
 
 fn load_tiny() -> (Session, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("da3-tiny.gguf");
-    write_synthetic(&path, &Config::preset("da3-tiny").unwrap(), WeightType::F32).unwrap();
-    let options = LoadOptions {
-        device: Device::Cpu,
-        threads: 2,
-        ..Default::default()
-    };
+    let (path, dir) = synthetic_tiny_file();
     (
-        Model::load(&path, &options).unwrap().session().unwrap(),
+        Model::load(&path, &cpu_options())
+            .unwrap()
+            .session()
+            .unwrap(),
         dir,
     )
 }
@@ -222,13 +217,10 @@ fn ray_pose_replaces_the_decoder_cameras_and_nothing_else() {
         .to_string();
     assert!(err.contains("ray pose"), "{err}");
     // A file without the ray branch (depth-anything.cpp's converter) refuses ray pose.
-    let peer = fixture_dir("peer").join("peer-tiny-seed0-f32.gguf");
-    let options = LoadOptions {
-        device: Device::Cpu,
-        threads: 2,
-        ..Default::default()
-    };
-    let mut peer = Model::load(&peer, &options).unwrap().session().unwrap();
+    let mut peer = Model::load(peer_model_file(), &cpu_options())
+        .unwrap()
+        .session()
+        .unwrap();
     let err = peer.set_ray_pose(true).unwrap_err().to_string();
     assert!(err.contains("ray branch"), "{err}");
 }

@@ -578,7 +578,7 @@ impl Session {
         } = constants;
 
         // The graph.
-        let ctx = Context::metadata_with_graph(GRAPH_TENSORS, GRAPH_NODES)?;
+        let ctx = graph_context(GRAPH_NODES)?;
         // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
         // attention); a graph for another device keeps to ops every backend has.
         ctx.use_cpu_kernels(shared.cpu_kernels);
@@ -687,9 +687,13 @@ pub(crate) fn postprocess(prediction: &mut Prediction) {
     }
 }
 
-/// Graph capacity: the giant variant builds about 2,700 nodes.
+/// Graph capacity of one view: the giant variant builds about 2,700 nodes.
 const GRAPH_NODES: usize = 8192;
-const GRAPH_TENSORS: usize = 3 * GRAPH_NODES;
+
+/// A metadata context for a graph of up to `nodes` nodes (and the tensors they make).
+fn graph_context(nodes: usize) -> Result<Context, Error> {
+    Ok(Context::metadata_with_graph(3 * nodes, nodes)?)
+}
 
 fn scaled_uv(w: usize, h: usize, channels: usize, aspect: f64) -> Result<Vec<f32>, Error> {
     Ok(

@@ -242,3 +242,73 @@ pub fn wait_until_listening(endpoint: &str, timeout: Duration) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// `handshake` against a fake server that reads the HELLO and answers `reply` (then
+    /// closes); the error text.
+    fn handshake_against(reply: Vec<u8>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut hello = [0u8; 9 + HELLO.1];
+            s.read_exact(&mut hello).unwrap();
+            assert_eq!(hello[0], HELLO.0);
+            assert_eq!(u64::from_le_bytes(hello[1..9].try_into().unwrap()), 24);
+            s.write_all(&reply).unwrap();
+        });
+        let err = handshake(&endpoint, Duration::from_secs(5)).unwrap_err();
+        server.join().unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, Error::RpcHandshake { .. }), "{text}");
+        assert!(text.contains(&endpoint), "{text}");
+        text
+    }
+
+    fn answer(major: u8, minor: u8) -> Vec<u8> {
+        let mut reply = (HELLO.2 as u64).to_le_bytes().to_vec();
+        reply.extend([major, minor, 0, 0]);
+        reply.resize(8 + HELLO.2, 0);
+        reply
+    }
+
+    #[test]
+    fn servers_that_fail_the_hello_are_errors_naming_why() {
+        let closed = handshake_against(Vec::new());
+        assert!(closed.contains("without answering HELLO"), "{closed}");
+        assert!(closed.contains("--max-connections"), "{closed}");
+        let mut short = 4u64.to_le_bytes().to_vec();
+        short.extend([7, 0, 0, 0]);
+        let wrong_size = handshake_against(short);
+        assert!(wrong_size.contains("4 bytes, not 28"), "{wrong_size}");
+        let old = handshake_against(answer(6, 0));
+        assert!(old.contains("protocol 6.0.0"), "{old}");
+        let newer_minor = handshake_against(answer(7, 1));
+        assert!(newer_minor.contains("protocol 7.1.0"), "{newer_minor}");
+    }
+
+    #[test]
+    fn a_server_of_this_protocol_passes_and_nothing_listening_is_unreachable() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut hello = [0u8; 9 + HELLO.1];
+            s.read_exact(&mut hello).unwrap();
+            s.write_all(&answer(PROTOCOL.0, PROTOCOL.1)).unwrap();
+        });
+        handshake(&endpoint, Duration::from_secs(5)).unwrap();
+        server.join().unwrap();
+        // The port of a listener just closed: nothing accepts there.
+        let gone = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let err = handshake(&gone.to_string(), Duration::from_secs(2)).unwrap_err();
+        assert!(matches!(err, Error::RpcUnreachable { .. }), "{err}");
+    }
+}

@@ -15,6 +15,31 @@ pub fn fixture_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The options the integration tests load models with: the CPU, 2 threads.
+pub fn cpu_options() -> da3::LoadOptions {
+    da3::LoadOptions {
+        device: da3::Device::Cpu,
+        threads: 2,
+        ..Default::default()
+    }
+}
+
+/// A da3-tiny file with the synthetic weights the reference scripts use, in a temporary folder
+/// that lives as long as the returned guard.
+pub fn synthetic_tiny_file() -> (PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("da3-tiny.gguf");
+    let config = da3::Config::preset("da3-tiny").unwrap();
+    da3::convert::write_synthetic(&path, &config, da3::convert::WeightType::F32).unwrap();
+    (path, dir)
+}
+
+/// The tiny model written by depth-anything.cpp's own converter (no camera encoder, no ray
+/// branch).
+pub fn peer_model_file() -> PathBuf {
+    fixture_dir("peer").join("peer-tiny-seed0-f32.gguf")
+}
+
 fn read_f32(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     bytes

@@ -461,7 +461,7 @@ impl Session {
 
         // The per-view parts (head, camera decoder) add about 160 nodes a view.
         let nodes = GRAPH_NODES + 256 * views;
-        let ctx = Context::metadata_with_graph(3 * nodes, nodes)?;
+        let ctx = graph_context(nodes)?;
         ctx.use_cpu_kernels(shared.cpu_kernels);
         ctx.use_bf16_products(shared.weights.bf16_products);
         let input = match part {
