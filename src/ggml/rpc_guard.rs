@@ -246,7 +246,8 @@ pub fn relay(
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => break RelayEnd::Io(e),
+                // A reset: the server side died (a crashed worker), as an end of stream.
+                Err(_) => break RelayEnd::ServerClosed,
             }
         };
         let _ = back_clock.first_end.compare_exchange(
@@ -296,8 +297,10 @@ fn forward(
         if answered(cmd) {
             clock.awaiting.store(true, Ordering::Relaxed);
         }
-        if let Err(e) = upstream.write_all(&header) {
-            return RelayEnd::Io(e);
+        // The server side going away shows here first when a message is in flight (a reset
+        // on write, before the other direction reads the end): the server's end, not ours.
+        if upstream.write_all(&header).is_err() {
+            return RelayEnd::ServerClosed;
         }
         while left > 0 {
             let n = left.min(buf.len() as u64) as usize;
@@ -308,8 +311,8 @@ fn forward(
                     ReadEnd::Io(e) => RelayEnd::Io(e),
                 };
             }
-            if let Err(e) = upstream.write_all(&buf[..n]) {
-                return RelayEnd::Io(e);
+            if upstream.write_all(&buf[..n]).is_err() {
+                return RelayEnd::ServerClosed;
             }
             left -= n as u64;
         }
