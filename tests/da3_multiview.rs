@@ -5,7 +5,8 @@
 mod common;
 
 use common::{
-    agreement, cpu_options, fixture_dir, peer_model_file, synthetic_tiny_file, Agreement, Reference,
+    agreement, cpu_options, fixture_dir, full_reference, peer_model_file, synthetic_tiny_file,
+    Agreement, Reference,
 };
 use da3::multiview::select_reference_view;
 use da3::{poses, synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Session};
@@ -30,24 +31,7 @@ fn manifest() -> Value {
 
 /// A fixture array stored in full.
 fn reference(entry: &Value) -> Reference {
-    let file = fixture_dir("da3-tiny-multiview").join(entry["file"].as_str().unwrap());
-    let bytes = std::fs::read(&file).unwrap();
-    let values = bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
-    Reference {
-        shape: entry["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d.as_u64().unwrap() as usize)
-            .collect(),
-        full: Some(values),
-        samples: None,
-        mean: entry["stats"]["mean"].as_f64().unwrap(),
-        std: entry["stats"]["std"].as_f64().unwrap(),
-    }
+    full_reference("da3-tiny-multiview", entry)
 }
 
 /// One view through the scene path is the single-image graph, bit for bit.

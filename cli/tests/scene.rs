@@ -287,3 +287,141 @@ fn depth_with_known_cameras_from_json_or_colmap_matches_the_library() {
         assert!(run.stderr.contains(needle), "{}", run.context());
     }
 }
+
+/// `--metric-model`: the nested pair (da3-tiny any-view + depth-anything.cpp's nested metric
+/// file) for one image and for a scene: the library's scale and outputs, sky maps from the
+/// metric branch, and the pair's mistakes refused before any computing.
+#[test]
+fn a_nested_pair_gives_metric_depth_for_an_image_and_a_scene() {
+    let dir = tempfile::tempdir().unwrap();
+    let anyview = dir.path().join("any.gguf");
+    let config = da3::Config::preset("da3-tiny").unwrap();
+    da3::convert::write_synthetic(&anyview, &config, da3::convert::WeightType::F32).unwrap();
+    let metric = common::fixture_dir("da3-tiny-nested").join("peer-metric-tiny-f32.gguf");
+    let metric = metric.to_str().unwrap();
+    let base = [
+        "depth",
+        "--model",
+        "any.gguf",
+        "--metric-model",
+        metric,
+        "--process-res",
+        "112",
+        "--device",
+        "cpu",
+    ];
+    let (w, h) = VIEWS[0];
+    let im = synthetic::image(w, h);
+    image::RgbImage::from_raw(w as u32, h as u32, im.data.clone())
+        .unwrap()
+        .save(dir.path().join("in0.png"))
+        .unwrap();
+    let one = da3_in(
+        dir.path(),
+        &[
+            &base[..],
+            &[
+                "--input", "in0.png", "--pfm", "d.pfm", "--sky", "s.pfm", "--pose", "p.json",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(one.code, Some(0), "{}", one.context());
+    let options = LoadOptions {
+        device: Device::Cpu,
+        threads: 2,
+        process_res: 112,
+        ..Default::default()
+    };
+    let nested = da3::NestedModel::load(&anyview, metric, &options).unwrap();
+    let processed = da3::preprocess::preprocess(&im, 112).unwrap();
+    let expected = nested
+        .session()
+        .unwrap()
+        .predict_views_processed(std::slice::from_ref(&processed), RefViewStrategy::First)
+        .unwrap();
+    let scale = expected.metric_scale.unwrap();
+    assert!(
+        one.stdout
+            .contains(&format!("times {scale:.6} to the metric")),
+        "{}",
+        one.context()
+    );
+    let pose: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("p.json")).unwrap()).unwrap();
+    let t = pose["extrinsics_world_to_camera"][2][3].as_f64().unwrap();
+    let ours = f64::from(expected.views[0].pose.as_ref().unwrap().extrinsics[2][3]);
+    assert!(
+        (t - ours).abs() <= 1e-5 * ours.abs().max(1.0),
+        "{t} vs {ours}"
+    );
+    for f in ["d.pfm", "s.pfm"] {
+        assert!(dir.path().join(f).is_file(), "{f}");
+    }
+
+    // A scene: per-view sky maps by default (the metric branch has the sky head).
+    let (w1, h1) = VIEWS[1];
+    let im1 = synthetic::image(w1, h1);
+    image::RgbImage::from_raw(w1 as u32, h1 as u32, im1.data.clone())
+        .unwrap()
+        .save(dir.path().join("in1.png"))
+        .unwrap();
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    let scene = da3_in(
+        dir.path(),
+        &[
+            &base[..],
+            &[
+                "--input",
+                "in0.png",
+                "--input",
+                "in1.png",
+                "--out-dir",
+                "out",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(scene.code, Some(0), "{}", scene.context());
+    assert!(scene.stdout.contains("nested model: any-view depth times"));
+    assert_eq!(
+        common::entries(&dir.path().join("out")),
+        [
+            "poses.json",
+            "view0.pfm",
+            "view0.png",
+            "view0.sky.pfm",
+            "view1.pfm",
+            "view1.png",
+            "view1.sky.pfm"
+        ]
+    );
+
+    // The branches swapped, and known poses with a nested pair.
+    let swapped = da3_in(
+        dir.path(),
+        &[
+            "depth",
+            "--model",
+            metric,
+            "--metric-model",
+            "any.gguf",
+            "--device",
+            "cpu",
+            "--pfm",
+            "x.pfm",
+        ],
+    );
+    common::assert_clean_failure(&swapped, &["--metric-model any.gguf", "any-view branch"]);
+    assert!(!dir.path().join("x.pfm").exists());
+    let posed = da3_in(
+        dir.path(),
+        &[&base[..], &["--poses", "p.json", "--out-dir", "out"]].concat(),
+    );
+    assert_eq!(posed.code, Some(2), "{}", posed.context());
+    assert!(
+        posed.stderr.contains("--metric-model"),
+        "{}",
+        posed.context()
+    );
+}

@@ -2,6 +2,45 @@
 
 use super::Error;
 use crate::ggml::gguf::GgufFile;
+use std::borrow::Cow;
+
+/// How a file names its metadata keys and tensors. depth-anything.cpp writes the metric branch
+/// of the nested model (DA3NESTED-GIANT-LARGE, `convert_nested_to_gguf.py`) as a file of its
+/// own whose keys and tensors sit under `m_vit.` / `m_head.` instead of `vit.` / `head.`;
+/// everything else about it is a metric-large file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileLayout {
+    /// `vit.*` / `head.*`: every standalone model.
+    Standard,
+    /// `m_vit.*` / `m_head.*`: the nested model's metric branch.
+    NestedMetric,
+}
+
+impl FileLayout {
+    /// The layout of `file`: nested-metric when its backbone keys or tensors are under `m_vit.`.
+    pub fn of(file: &GgufFile) -> FileLayout {
+        let nested = file.get("depthanything3.m_vit.embed_dim").is_some()
+            || file.tensors().iter().any(|t| t.name.starts_with("m_vit."));
+        if nested {
+            FileLayout::NestedMetric
+        } else {
+            FileLayout::Standard
+        }
+    }
+
+    /// The file's name for the architecture's key or tensor `name` (`vit.blocks.0.norm1.weight`,
+    /// `head.features`, ...).
+    pub fn file_name(self, name: &str) -> Cow<'_, str> {
+        if self == FileLayout::NestedMetric {
+            for (ours, theirs) in [("vit.", "m_vit."), ("head.", "m_head.")] {
+                if let Some(rest) = name.strip_prefix(ours) {
+                    return Cow::Owned(format!("{theirs}{rest}"));
+                }
+            }
+        }
+        Cow::Borrowed(name)
+    }
+}
 
 /// The feed-forward block of the backbone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,15 +318,18 @@ impl Config {
                 "not a Depth Anything 3 model: {found} (expected `depthanything3`; Depth Anything 2 files are not supported)"
             )));
         }
-        let key = |k: &str| format!("depthanything3.{k}");
+        let layout = FileLayout::of(file);
+        let key = |k: &str| format!("depthanything3.{}", layout.file_name(k));
         let checkpoint = file
             .opt_str(&key("checkpoint_name"))?
             .unwrap_or("")
             .to_owned();
-        let mut config = match Self::preset_for_checkpoint(&checkpoint) {
-            Some(preset) => Self::preset(preset)?,
-            None => Self::preset("da3-base")?,
+        let preset = match layout {
+            // Its checkpoint name is the nested model's ("...-GIANT-LARGE-metric").
+            FileLayout::NestedMetric => Some("da3metric-large"),
+            FileLayout::Standard => Self::preset_for_checkpoint(&checkpoint),
         };
+        let mut config = Self::preset(preset.unwrap_or("da3-base"))?;
         config.name = if checkpoint.is_empty() {
             config.name
         } else {
@@ -363,11 +405,11 @@ impl Config {
     pub fn preset_for_checkpoint(name: &str) -> Option<&'static str> {
         let lower = name.to_ascii_lowercase().replace(['_', ' '], "-");
         let lower = lower.rsplit('/').next().unwrap_or(&lower).to_owned();
+        // The family decides the architecture (the sizes come from the file's keys), so
+        // "mono" and "metric" go before the sizes: "da3metric-tiny" is a metric model.
         let table = [
-            ("mono-large", "da3mono-large"),
-            ("monolarge", "da3mono-large"),
-            ("metric-large", "da3metric-large"),
-            ("metriclarge", "da3metric-large"),
+            ("mono", "da3mono-large"),
+            ("metric", "da3metric-large"),
             ("giant", "da3-giant"),
             ("large", "da3-large"),
             ("base", "da3-base"),

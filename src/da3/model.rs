@@ -176,6 +176,11 @@ impl Model {
         })
     }
 
+    /// The longest side images are processed at ([`LoadOptions::process_res`]).
+    pub fn process_res(&self) -> usize {
+        self.shared.process_res
+    }
+
     /// The model's hyperparameters.
     pub fn config(&self) -> &Config {
         &self.shared.config

@@ -219,6 +219,9 @@ pub struct MultiPrediction {
     /// With known poses: the scale the predicted depth was divided by to reach the units of
     /// the given cameras (the official Umeyama alignment, see [`crate::poses`]).
     pub pose_scale: Option<f64>,
+    /// From a nested model: the scale that brought the any-view depth and camera
+    /// translations to the metric branch's metres (see [`crate::nested`]).
+    pub metric_scale: Option<f64>,
 }
 
 impl MultiPrediction {

@@ -1,7 +1,7 @@
 //! Loading weights from a GGUF file: every tensor is declared with the shape the architecture
 //! expects before any memory is touched; a missing or misshapen tensor is an error naming it.
 
-use super::config::{Config, HeadKind};
+use super::config::{Config, FileLayout, HeadKind};
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
@@ -61,6 +61,8 @@ pub struct Loader<'f> {
     pack_linears: bool,
     file_shapes: HashMap<String, Vec<usize>>,
     host_values: HashMap<String, Vec<f32>>,
+    /// How the file names the tensors the architecture declares.
+    layout: FileLayout,
 }
 
 /// A weight deliberately kept in plain host memory (only for reproducing the crash): each
@@ -128,6 +130,7 @@ impl<'f> Loader<'f> {
     /// engine that crashed on Metal; empty for normal use.
     pub fn new(file: &'f GgufFile, host_only: &[&str]) -> Result<Self, Error> {
         let device_ctx = Context::metadata_with_graph(file.tensors().len() + 1, 1)?;
+        let layout = FileLayout::of(file);
         let host_names: HashSet<String> = host_only.iter().map(|s| s.to_string()).collect();
         let host_ctx = if host_names.is_empty() {
             None
@@ -135,7 +138,7 @@ impl<'f> Loader<'f> {
             let bytes: u64 = file
                 .tensors()
                 .iter()
-                .filter(|t| host_names.contains(&t.name))
+                .filter(|t| host_names.iter().any(|h| layout.file_name(h) == t.name))
                 .map(|t| t.n_elements() * 4 + 1024)
                 .sum();
             Some(Context::host(bytes as usize + 4096)?)
@@ -150,6 +153,7 @@ impl<'f> Loader<'f> {
             pack_linears: false,
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
+            layout,
         })
     }
 
@@ -179,6 +183,7 @@ impl<'f> Loader<'f> {
             pack_linears: false,
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
+            layout: FileLayout::Standard,
         })
     }
 
@@ -215,6 +220,7 @@ impl<'f> Loader<'f> {
             pack_linears: false,
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
+            layout: FileLayout::Standard,
         })
     }
 
@@ -222,7 +228,12 @@ impl<'f> Loader<'f> {
     /// nothing is loaded, and they are not reported as unused.
     pub fn leave_out(&mut self, prefix: &str) {
         if let Some(file) = self.file() {
-            for t in file.tensors().iter().filter(|t| t.name.starts_with(prefix)) {
+            let prefix = self.layout.file_name(prefix);
+            for t in file
+                .tensors()
+                .iter()
+                .filter(|t| t.name.starts_with(&*prefix))
+            {
                 self.used.insert(t.name.clone());
             }
         }
@@ -247,8 +258,9 @@ impl<'f> Loader<'f> {
         let file = self.file().ok_or_else(|| {
             Error::Weights(format!("tensor `{name}`: a recording loader has no file"))
         })?;
-        file.tensor(name)
-            .ok_or_else(|| Error::Weights(format!("tensor `{name}` is missing from the file")))
+        let in_file = self.layout.file_name(name);
+        file.tensor(&in_file)
+            .ok_or_else(|| Error::Weights(format!("tensor `{in_file}` is missing from the file")))
     }
 
     /// Declares tensor `name` with PyTorch shape `shape` (outermost first, as the official code
@@ -314,7 +326,8 @@ impl<'f> Loader<'f> {
                 "tensor `{name}` has shape {got:?}, the architecture expects {shape:?}"
             )));
         }
-        if !self.used.insert(name.to_owned()) {
+        // `used` holds the file's names: the ones left over are reported unused.
+        if !self.used.insert(self.layout.file_name(name).into_owned()) {
             return Err(Error::Weights(format!("tensor `{name}` declared twice")));
         }
         self.file_shapes.insert(name.to_owned(), shape.to_vec());
@@ -420,7 +433,7 @@ impl<'f> Loader<'f> {
             });
         }
         let info = self.info(name)?;
-        self.used.insert(name.to_owned());
+        self.used.insert(self.layout.file_name(name).into_owned());
         let file = self.file().expect("info found a file");
         let bytes = file.read_tensor_data(info)?;
         check_finite(name, info.dtype, &bytes)?;
@@ -442,7 +455,9 @@ impl<'f> Loader<'f> {
             .device_ctx
             .allocate_in(device.buffer_type()?, BufferUsage::Weights)?;
         for p in &self.pending {
-            let info = file.tensor(&p.name).expect("checked when declared");
+            let info = file
+                .tensor(&self.layout.file_name(&p.name))
+                .expect("checked when declared");
             // Copied with positioned reads, not through the file's memory map: a file
             // truncated meanwhile is an error, not SIGBUS.
             let data = file.read_tensor_data(info)?;

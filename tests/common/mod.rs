@@ -15,6 +15,29 @@ pub fn fixture_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// An array of a fixture's manifest stored in full (`{"file", "shape", "stats"}`), the
+/// entry of a multi-view, ray-pose or nested fixture `fixture`.
+pub fn full_reference(fixture: &str, entry: &Value) -> Reference {
+    let file = fixture_dir(fixture).join(entry["file"].as_str().unwrap());
+    let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let values = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    Reference {
+        shape: entry["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect(),
+        full: Some(values),
+        samples: None,
+        mean: entry["stats"]["mean"].as_f64().unwrap(),
+        std: entry["stats"]["std"].as_f64().unwrap(),
+    }
+}
+
 /// The options the integration tests load models with: the CPU, 2 threads.
 pub fn cpu_options() -> da3::LoadOptions {
     da3::LoadOptions {

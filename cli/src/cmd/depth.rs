@@ -7,7 +7,10 @@ use super::outputs::{
     Maps, Output, Settings,
 };
 use anyhow::{bail, Context as _};
-use da3::{LoadOptions, Policy, RefViewStrategy};
+use da3::{
+    Config, LoadOptions, Model, MultiPrediction, NestedModel, NestedSession, Policy, Prediction,
+    RefViewStrategy, Session,
+};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -44,6 +47,12 @@ pub struct Args {
     /// whose file has the ray branch).
     #[arg(long, conflicts_with_all = ["poses", "poses_colmap"])]
     ray_pose: bool,
+    /// The metric branch of a nested model (depth-anything.cpp's `...-nested-metric.gguf`,
+    /// or a metric-large file): --model is then the any-view branch, and depth, poses and 3D
+    /// exports come out in metres (the official DA3NESTED alignment); sky maps come from
+    /// this branch.
+    #[arg(long, value_name = "FILE.gguf", conflicts_with_all = ["poses", "poses_colmap"])]
+    metric_model: Option<PathBuf>,
     /// Depth as PFM (float32, rows bottom to top) at the processed resolution.
     #[arg(long)]
     pfm: Option<PathBuf>,
@@ -134,7 +143,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let export_files = exports.files();
     let mut outputs: Vec<(&str, &Path)> = maps.files();
     outputs.extend(export_files.iter().map(|(f, p)| (*f, p.as_path())));
-    check_outputs(&outputs, &input_files(&args.model, args.input.first()))?;
+    let mut inputs = input_files(&args.model, args.input.first());
+    if let Some(p) = &args.metric_model {
+        inputs.push(("the --metric-model file", p.as_path()));
+    }
+    check_outputs(&outputs, &inputs)?;
     if let Some(dir) = &exports.colmap {
         check_colmap_folder(dir)?;
     }
@@ -147,21 +160,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         process_res: args.process_res,
         ..args.device.options()?
     };
-    let model = args.model.load_for_results(&options)?;
-    check_model(model.config(), &maps, &exports, &args.settings)?;
-    let mut session = model.session()?;
+    let model = Loaded::load(&args, &options)?;
+    check_model(&model.config(), &maps, &exports, &args.settings)?;
+    let mut session = model.session(args.ray_pose)?;
     let processed = da3::preprocess::preprocess(&image, args.process_res)?;
-    let prediction = if args.ray_pose {
-        // The ray branch is in the scene graph; one view through it is the single-image
-        // prediction exactly.
-        session.set_ray_pose(true)?;
-        session
-            .predict_views_processed(std::slice::from_ref(&processed), RefViewStrategy::First)
-            .map(|mut scene| scene.views.swap_remove(0))
-    } else {
-        session.predict_processed(&processed)
-    }
-    .with_context(|| {
+    let prediction = session.predict_one(&processed).with_context(|| {
         format!(
             "computing depth with {}; nothing written",
             args.model.describe()
@@ -174,8 +177,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         image.height,
         prediction.width,
         prediction.height,
-        session.device().name()
+        session.device_name()
     );
+    if let Some(scale) = session.metric_scale {
+        outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
+    }
     let item = Item {
         name: input_name(args.input.first()),
         original: (image.width, image.height),
@@ -256,7 +262,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         camera_encoder: args.poses.is_some() || args.poses_colmap.is_some(),
         ..args.device.options()?
     };
-    let model = args.model.load_for_results(&options)?;
+    let model = Loaded::load(&args, &options)?;
     let config = model.config();
     let (has_sky, has_pose) = (config.head.sky, config.cam_dim.is_some());
     let view_maps = match &args.view_maps {
@@ -268,7 +274,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     let per_view: Vec<Maps> = (0..images.len())
         .map(|i| named_outputs(dir, &format!("view{i}"), &view_maps).0)
         .collect();
-    check_model(config, &per_view[0], &exports, &args.settings)?;
+    check_model(&config, &per_view[0], &exports, &args.settings)?;
     // Before any computing: every output can be written and none is an input.
     let mut planned: Vec<(String, PathBuf)> = Vec::new();
     for (i, maps) in per_view.iter().enumerate() {
@@ -287,6 +293,9 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         .map(|(what, path)| (what.as_str(), path.as_path()))
         .collect();
     let mut inputs = input_files(&args.model, None);
+    if let Some(p) = &args.metric_model {
+        inputs.push(("the --metric-model file", p.as_path()));
+    }
     inputs.extend(args.input.iter().map(|p| ("an input image", p.as_path())));
     if let Some(p) = &args.poses {
         inputs.push(("the --poses file", p.as_path()));
@@ -319,18 +328,18 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
-    let mut session = model.session()?;
-    if args.ray_pose {
-        session.set_ray_pose(true)?;
-    }
+    let mut session = model.session(args.ray_pose)?;
     // The processed images colour the 3D exports.
     let processed = images
         .iter()
         .map(|im| da3::preprocess::preprocess(im, args.process_res))
         .collect::<Result<Vec<_>, _>>()?;
-    let scene = match &known {
-        Some(poses) => session.predict_views_with_poses_at(&images, args.process_res, poses),
-        None => session.predict_views_processed(&processed, args.ref_view),
+    let scene = match (&known, &mut session.engine) {
+        (Some(poses), Engine::Single(s)) => {
+            s.predict_views_with_poses_at(&images, args.process_res, poses)
+        }
+        (Some(_), Engine::Nested(_)) => unreachable!("clap keeps --poses from --metric-model"),
+        (None, _) => session.predict_views(&processed, args.ref_view),
     }
     .context("computing the scene")?;
     outln!(
@@ -338,12 +347,15 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         images.len(),
         scene.views[0].width,
         scene.views[0].height,
-        session.device().name(),
+        session.device_name(),
         scene.reference,
         scene.strategy
     );
     if let Some(scale) = scene.pose_scale {
         outln!("known cameras: predicted depth divided by {scale:.6} to their units");
+    }
+    if let Some(scale) = scene.metric_scale {
+        outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
     }
     let items: Vec<Item> = scene
         .views
@@ -374,4 +386,106 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model `--model` names, or the nested pair `--model` + `--metric-model`.
+enum Loaded {
+    Single(Model),
+    Nested(NestedModel),
+}
+
+impl Loaded {
+    fn load(args: &Args, options: &LoadOptions) -> anyhow::Result<Loaded> {
+        let model = args.model.load_for_results(options)?;
+        let Some(path) = &args.metric_model else {
+            return Ok(Loaded::Single(model));
+        };
+        let metric = Model::load(path, options)
+            .with_context(|| format!("loading --metric-model {}", path.display()))?;
+        let nested = NestedModel::new(model, metric)
+            .with_context(|| format!("--metric-model {}", path.display()))?;
+        Ok(Loaded::Nested(nested))
+    }
+
+    /// What the outputs are checked against: a nested pair has the any-view branch's
+    /// outputs and the metric branch's sky.
+    fn config(&self) -> Config {
+        match self {
+            Loaded::Single(m) => m.config().clone(),
+            Loaded::Nested(n) => {
+                let mut config = n.anyview().config().clone();
+                config.head.sky = true;
+                config
+            }
+        }
+    }
+
+    fn session(&self, ray_pose: bool) -> anyhow::Result<Runner> {
+        let engine = match self {
+            Loaded::Single(m) => Engine::Single(m.session()?),
+            Loaded::Nested(n) => Engine::Nested(Box::new(n.session()?)),
+        };
+        let mut runner = Runner {
+            engine,
+            ray_pose,
+            metric_scale: None,
+        };
+        if ray_pose {
+            runner.anyview().set_ray_pose(true)?;
+        }
+        Ok(runner)
+    }
+}
+
+enum Engine {
+    Single(Session),
+    Nested(Box<NestedSession>),
+}
+
+/// The per-request state of a [`Loaded`] model.
+struct Runner {
+    engine: Engine,
+    ray_pose: bool,
+    /// The nested alignment's scale of the last prediction.
+    metric_scale: Option<f64>,
+}
+
+impl Runner {
+    fn anyview(&mut self) -> &mut Session {
+        match &mut self.engine {
+            Engine::Single(s) => s,
+            Engine::Nested(n) => n.anyview_mut(),
+        }
+    }
+
+    fn device_name(&mut self) -> String {
+        self.anyview().device().name()
+    }
+
+    fn predict_views(
+        &mut self,
+        processed: &[da3::preprocess::ProcessedImage],
+        strategy: RefViewStrategy,
+    ) -> Result<MultiPrediction, da3::Error> {
+        let scene = match &mut self.engine {
+            Engine::Single(s) => s.predict_views_processed(processed, strategy),
+            Engine::Nested(n) => n.predict_views_processed(processed, strategy),
+        }?;
+        self.metric_scale = scene.metric_scale;
+        Ok(scene)
+    }
+
+    /// One image. Ray pose and nested models run the scene graph (one view through it is
+    /// the single-image prediction exactly); otherwise the single-image graph.
+    fn predict_one(
+        &mut self,
+        processed: &da3::preprocess::ProcessedImage,
+    ) -> Result<Prediction, da3::Error> {
+        let scene_path = matches!(self.engine, Engine::Nested(_)) || self.ray_pose;
+        if !scene_path {
+            return self.anyview().predict_processed(processed);
+        }
+        self.predict_views(std::slice::from_ref(processed), RefViewStrategy::First)
+            .map(|mut scene| scene.views.swap_remove(0))
+    }
 }

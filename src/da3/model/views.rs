@@ -393,6 +393,7 @@ impl Session {
             reference,
             strategy,
             pose_scale: None,
+            metric_scale: None,
         })
     }
 
