@@ -422,7 +422,7 @@ impl Loaded {
 
     fn session(&self, ray_pose: bool) -> anyhow::Result<Runner> {
         let engine = match self {
-            Loaded::Single(m) => Engine::Single(m.session()?),
+            Loaded::Single(m) => Engine::Single(Box::new(m.session()?)),
             Loaded::Nested(n) => Engine::Nested(Box::new(n.session()?)),
         };
         let mut runner = Runner {
@@ -437,8 +437,9 @@ impl Loaded {
     }
 }
 
+/// Both boxed: a session holds its graphs' bookkeeping inline (about 2 KiB).
 enum Engine {
-    Single(Session),
+    Single(Box<Session>),
     Nested(Box<NestedSession>),
 }
 
