@@ -575,3 +575,54 @@ fn ray_branch_matches_the_official_auxiliary_outputs() {
     let err = peer.set_ray_outputs(true).unwrap_err().to_string();
     assert!(err.contains("no ray branch"), "{err}");
 }
+
+/// The ray branch is stored as depth-anything.cpp's `--with-aux` files store it (listed from
+/// such a file of da3-tiny in `peer/with-aux-tiny-tensors.json`): every tensor of theirs
+/// with its name, shape and type, no ray-branch tensor they lack, and their `head.*aux*`
+/// keys. (A file of theirs with the synthetic weights loaded here with nothing unused and
+/// gave the official ray outputs; at 7 MB it is not committed.)
+#[test]
+fn the_ray_branch_has_the_layout_of_depth_anything_cpp_with_aux_files() {
+    let listing: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture_dir("peer").join("with-aux-tiny-tensors.json")).unwrap(),
+    )
+    .unwrap();
+    let (path, _dir) = synthetic_tiny_file();
+    let ours = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let mut theirs_aux = Vec::new();
+    for t in listing["tensors"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        let ne: Vec<u64> = t["ne"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let mine = ours
+            .tensor(name)
+            .unwrap_or_else(|| panic!("{name}: in their file, not in ours"));
+        assert_eq!(mine.shape(), &ne[..], "{name}");
+        assert_eq!(t["type"], "F32", "{name}");
+        assert_eq!(mine.dtype, da3::ggml::DType::F32, "{name}");
+        if name.contains("_aux") {
+            theirs_aux.push(name.to_owned());
+        }
+    }
+    let mut ours_aux: Vec<String> = ours
+        .tensors()
+        .iter()
+        .filter(|t| t.name.contains("_aux"))
+        .map(|t| t.name.clone())
+        .collect();
+    ours_aux.sort();
+    theirs_aux.sort();
+    assert_eq!(ours_aux, theirs_aux);
+    for (key, value) in listing["aux_keys"].as_object().unwrap() {
+        let mine = match value {
+            Value::Bool(b) => ours.opt_bool(key).unwrap() == Some(*b),
+            Value::Number(n) => ours.opt_u32(key).unwrap().map(u64::from) == n.as_u64(),
+            other => panic!("{key}: {other}"),
+        };
+        assert!(mine, "{key}: theirs {value}");
+    }
+}

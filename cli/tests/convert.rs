@@ -247,15 +247,15 @@ fn dropped_tensors_are_reported_by_name() {
     expected.sort();
     assert_eq!(skipped, expected);
     let file = GgufFile::open(ws.out("model.gguf")).unwrap();
-    assert!(file.tensors().iter().all(|t| !t.name.contains("aux.0.")
+    assert!(file.tensors().iter().all(|t| !t.name.contains("aux_unused")
         && !t.name.contains("gs_")
         && t.name != "cam_enc.something"));
     // The camera encoder (known poses in) and the ray branch's last level are kept.
     for name in [
         "head.scratch.rn1_aux.rc1.c1.weight",
-        "head.scratch.out1_aux.3.4.bias",
-        "head.scratch.out2_aux.norm.weight",
-        "head.scratch.out2_aux.3.5.weight",
+        "head.scratch.out1_aux.4.bias",
+        "head.scratch.out2_aux_ln.weight",
+        "head.scratch.out2b_aux.weight",
         "cam_enc.pose.fc1.weight",
         "cam_enc.token_norm.bias",
         "cam_enc.blk.3.attn_qkv.weight",

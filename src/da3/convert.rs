@@ -16,10 +16,13 @@ pub use quantize::{quantize, QuantizeSummary, TypeCount};
 /// The camera encoder (`cam_enc.*`, which depth-anything.cpp does not convert) is kept under
 /// `cam_enc.`: `pose.fc1` / `pose.fc2` (the official `pose_branch`), `token_norm`,
 /// `blk.{i}.*` (the official `trunk.{i}`, fields named as in the backbone blocks) and
-/// `trunk_norm`. The DualDPT ray branch (`*_aux`) is kept as `head.scratch.rn{k}_aux.*`,
-/// `head.scratch.out1_aux.{level}.{i}.*` and `head.scratch.out2_aux.{level}.{i}.*` (the
-/// official module indices), the LayerNorm all levels share as `head.scratch.out2_aux.norm`;
-/// the graph reads the last level only.
+/// `trunk_norm`. The DualDPT ray branch (`*_aux`) is named as depth-anything.cpp's
+/// `--with-aux` files name it, so that their files and ours load alike: the fusion chain
+/// `head.scratch.rn{k}_aux.*`, and of the per-level output convolutions only the last
+/// (finest) level, the one the official forward returns: `head.scratch.out1_aux.{i}`
+/// (`output_conv1_aux.3.{i}`), `out2a_aux` / `out2b_aux` (`output_conv2_aux.3.0` / `.3.5`)
+/// and `out2_aux_ln` (the LayerNorm every level shares). The other levels get names no graph
+/// declares, so a conversion leaves them out.
 pub fn gguf_name(key: &str) -> Option<String> {
     if key.starts_with("gs_") {
         return None;
@@ -57,12 +60,19 @@ pub fn gguf_name(key: &str) -> Option<String> {
             .replace("scratch.output_conv2.2.", "scratch.out2b.")
             .replace("scratch.sky_output_conv2.0.", "scratch.sky_out2a.")
             .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.")
-            .replace("scratch.output_conv1_aux.", "scratch.out1_aux.")
-            .replace("scratch.output_conv2_aux.", "scratch.out2_aux.");
+            .replace("scratch.output_conv1_aux.3.", "scratch.out1_aux.")
+            .replace("scratch.output_conv2_aux.3.0.", "scratch.out2a_aux.")
+            .replace("scratch.output_conv2_aux.3.5.", "scratch.out2b_aux.");
         // One LayerNorm module serves every level (`ln_seq` is built once): one tensor.
         for level in 0..4 {
-            name = name.replace(&format!("out2_aux.{level}.2."), "out2_aux.norm.");
+            name = name.replace(
+                &format!("scratch.output_conv2_aux.{level}.2."),
+                "scratch.out2_aux_ln.",
+            );
         }
+        // The coarser levels, which the official forward computes and drops.
+        name = name.replace("scratch.output_conv1_aux.", "scratch.out1_aux_unused.");
+        name = name.replace("scratch.output_conv2_aux.", "scratch.out2_aux_unused.");
         for k in 1..=4 {
             name = name.replace(&format!("refinenet{k}."), &format!("rn{k}."));
             name = name.replace(&format!("refinenet{k}_aux."), &format!("rn{k}_aux."));
@@ -142,9 +152,10 @@ pub fn official_name(gguf: &str) -> String {
             .replace("scratch.out2b.", "scratch.output_conv2.2.")
             .replace("scratch.sky_out2a.", "scratch.sky_output_conv2.0.")
             .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.")
-            .replace("scratch.out1_aux.", "scratch.output_conv1_aux.")
-            .replace("scratch.out2_aux.norm.", "scratch.output_conv2_aux.0.2.")
-            .replace("scratch.out2_aux.", "scratch.output_conv2_aux.");
+            .replace("scratch.out1_aux.", "scratch.output_conv1_aux.3.")
+            .replace("scratch.out2a_aux.", "scratch.output_conv2_aux.3.0.")
+            .replace("scratch.out2b_aux.", "scratch.output_conv2_aux.3.5.")
+            .replace("scratch.out2_aux_ln.", "scratch.output_conv2_aux.0.2.");
         for k in 1..=4 {
             name = name.replace(&format!("rn{k}."), &format!("refinenet{k}."));
             name = name.replace(&format!("rn{k}_aux."), &format!("refinenet{k}_aux."));
@@ -258,6 +269,15 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     if let Some(d) = config.cam_dim {
         w.set(k("cam.dim_in"), d as u32);
     }
+}
+
+/// The keys depth-anything.cpp's `--with-aux` files carry with the ray branch: present, 6 ray
+/// channels (plus confidence), 4 pyramid levels (of which the file holds the finest).
+pub fn write_aux_metadata(w: &mut GgufWriter<'_>) {
+    let k = |s: &str| format!("depthanything3.{s}");
+    w.set(k("head.has_aux"), true);
+    w.set(k("head.aux_ray_dim"), super::head::RAY_CHANNELS as u32);
+    w.set(k("head.aux_levels"), 4u32);
 }
 
 /// Tensor storage types a converted, synthetic or quantised file may use. Except for `F32`,
@@ -377,7 +397,11 @@ pub fn build_gguf(
 ) -> Result<GgufWriter<'static>, Error> {
     let mut w = GgufWriter::new();
     write_metadata(&mut w, config);
-    for (name, shape) in expected_tensors(config)? {
+    let tensors = expected_tensors(config)?;
+    if tensors.iter().any(|(name, _)| name.contains("_aux.")) {
+        write_aux_metadata(&mut w);
+    }
+    for (name, shape) in tensors {
         let data = values(&official_name(&name), &shape)?;
         let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let dtype = if is_matmul_weight(&name) {

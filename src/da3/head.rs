@@ -332,21 +332,41 @@ impl RayHead {
         let fusion = (1..=4)
             .map(|k| Fusion::load_at(l, &format!("head.scratch.rn{k}_aux"), k, f))
             .collect::<Result<Vec<_>, _>>()?;
-        let level = "head.scratch.out1_aux.3";
+        // The last level only, named as depth-anything.cpp's `--with-aux` files name it.
         let widths = [(f, f / 2), (f / 2, f), (f, f / 2), (f / 2, f), (f, f / 2)];
         let out1 = widths
             .iter()
             .enumerate()
-            .map(|(j, &(i, o))| Conv::load(l, &format!("{level}.{j}"), i, o, 3, 1, 1, true))
+            .map(|(j, &(i, o))| {
+                Conv::load(
+                    l,
+                    &format!("head.scratch.out1_aux.{j}"),
+                    i,
+                    o,
+                    3,
+                    1,
+                    1,
+                    true,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let p = "head.scratch.out2_aux.3";
+        let p = "head.scratch";
         Ok(Some(RayHead {
             pos_embed: cfg.pos_embed,
             fusion,
             out1,
-            out2a: Conv::load(l, &format!("{p}.0"), f / 2, 32, 3, 1, 1, true)?,
-            out2_norm: Norm::load(l, "head.scratch.out2_aux.norm", 32, 1e-5)?,
-            out2b: Conv::load(l, &format!("{p}.5"), 32, RAY_CHANNELS + 1, 1, 1, 0, true)?,
+            out2a: Conv::load(l, &format!("{p}.out2a_aux"), f / 2, 32, 3, 1, 1, true)?,
+            out2_norm: Norm::load(l, &format!("{p}.out2_aux_ln"), 32, 1e-5)?,
+            out2b: Conv::load(
+                l,
+                &format!("{p}.out2b_aux"),
+                32,
+                RAY_CHANNELS + 1,
+                1,
+                1,
+                0,
+                true,
+            )?,
         }))
     }
 
