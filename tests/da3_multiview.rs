@@ -5,16 +5,36 @@
 mod common;
 
 use common::{
-    agreement, cpu_options, fixture_dir, full_reference, peer_model_file, synthetic_tiny_file,
+    agreement, cpu_options, fixture_dir, full_reference_in, peer_model_file, synthetic_tiny_file,
     Agreement, Reference,
 };
 use da3::multiview::select_reference_view;
 use da3::{poses, synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Session};
 use serde_json::Value;
+use std::path::PathBuf;
 
-/// The synthetic da3-tiny with its camera encoder (the known-pose tests use it).
+/// The fixture the scene tests compare against: the committed da3-tiny one, or the folder
+/// `DA3_MULTIVIEW_FIXTURE` names (the reference script's output for a larger preset, as
+/// `tests/reference/multiview_parity.sh` makes and runs it).
+fn fixture_path() -> PathBuf {
+    std::env::var_os("DA3_MULTIVIEW_FIXTURE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| fixture_dir("da3-tiny-multiview"))
+}
+
+/// The fixture's model (synthetic weights of its preset) with its camera encoder (the
+/// known-pose tests use it).
 fn load_tiny() -> (Session, tempfile::TempDir) {
-    let (path, dir) = synthetic_tiny_file();
+    let preset = manifest()["preset"].as_str().unwrap().to_owned();
+    let (path, dir) = if preset == "da3-tiny" {
+        synthetic_tiny_file()
+    } else {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(format!("{preset}.gguf"));
+        let config = da3::Config::preset(&preset).unwrap();
+        da3::convert::write_synthetic(&path, &config, da3::convert::WeightType::F32).unwrap();
+        (path, dir)
+    };
     let options = LoadOptions {
         camera_encoder: true,
         ..cpu_options()
@@ -24,14 +44,14 @@ fn load_tiny() -> (Session, tempfile::TempDir) {
 }
 
 fn manifest() -> Value {
-    let text = std::fs::read_to_string(fixture_dir("da3-tiny-multiview").join("manifest.json"))
+    let text = std::fs::read_to_string(fixture_path().join("manifest.json"))
         .expect("the multi-view fixture");
     serde_json::from_str(&text).unwrap()
 }
 
 /// A fixture array stored in full.
 fn reference(entry: &Value) -> Reference {
-    full_reference("da3-tiny-multiview", entry)
+    full_reference_in(&fixture_path(), entry)
 }
 
 /// One view through the scene path is the single-image graph, bit for bit.

@@ -20,6 +20,7 @@ use std::sync::Mutex;
 
 /// An operand as a kernel sees it: f32 data from its first value to its last, ggml's shape
 /// and its strides in values (contiguous rows: `nb[0]` is 1).
+#[derive(Clone, Copy)]
 pub(super) struct Src<'a> {
     pub data: &'a [f32],
     pub ne: [usize; 4],
@@ -58,6 +59,11 @@ struct Kernel {
     layout: Layout,
     /// Whether the first operand may be a weight packed as bf16 pairs (i32 words).
     packed_weights: bool,
+    /// For kernels that compute one item of a batch: the operands that are batches along
+    /// `ne[3]` (the others, weights and biases, serve every item). The result's `ne[3]` is
+    /// the batch; [`run_kernel`] hands the kernel one item at a time, so its units (rows or
+    /// planes of one item) never span two items.
+    per_item: &'static [usize],
     param: f32,
 }
 
@@ -66,6 +72,7 @@ static GELU_ERF: Kernel = Kernel {
     run: cpu_kernels::gelu_erf_rows,
     layout: Layout::Contiguous,
     packed_weights: false,
+    per_item: &[],
     param: 0.0,
 };
 static CONV_SAME: Kernel = Kernel {
@@ -73,6 +80,7 @@ static CONV_SAME: Kernel = Kernel {
     run: cpu_kernels::conv_same_planes,
     layout: Layout::Contiguous,
     packed_weights: false,
+    per_item: &[1],
     param: 0.0,
 };
 static CONV_SAME_BF16: Kernel = Kernel {
@@ -80,6 +88,7 @@ static CONV_SAME_BF16: Kernel = Kernel {
     run: cpu_kernels::conv_same_planes_bf16,
     layout: Layout::Contiguous,
     packed_weights: false,
+    per_item: &[1],
     param: 0.0,
 };
 static CONCAT_ROWS: Kernel = Kernel {
@@ -87,6 +96,7 @@ static CONCAT_ROWS: Kernel = Kernel {
     run: cpu_kernels::concat_rows,
     layout: Layout::RowsContiguous,
     packed_weights: false,
+    per_item: &[],
     param: 0.0,
 };
 static TRANSPOSE: Kernel = Kernel {
@@ -94,6 +104,7 @@ static TRANSPOSE: Kernel = Kernel {
     run: cpu_kernels::transpose_rows,
     layout: Layout::Any,
     packed_weights: false,
+    per_item: &[],
     param: 0.0,
 };
 static BILINEAR_ALIGNED: Kernel = Kernel {
@@ -101,6 +112,7 @@ static BILINEAR_ALIGNED: Kernel = Kernel {
     run: cpu_kernels::bilinear_align_corners_planes,
     layout: Layout::Contiguous,
     packed_weights: true,
+    per_item: &[],
     param: 0.0,
 };
 static LINEAR: Kernel = Kernel {
@@ -108,6 +120,7 @@ static LINEAR: Kernel = Kernel {
     run: cpu_kernels::linear_bias_rows,
     layout: Layout::RowsContiguous,
     packed_weights: true,
+    per_item: &[],
     param: 0.0,
 };
 static LINEAR_GELU: Kernel = Kernel {
@@ -115,6 +128,7 @@ static LINEAR_GELU: Kernel = Kernel {
     run: cpu_kernels::linear_bias_gelu_rows,
     layout: Layout::RowsContiguous,
     packed_weights: true,
+    per_item: &[],
     param: 0.0,
 };
 static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
@@ -122,6 +136,7 @@ static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
     run: cpu_kernels::linear_scaled_residual_rows,
     layout: Layout::RowsContiguous,
     packed_weights: true,
+    per_item: &[],
     param: 0.0,
 };
 static ATTENTION_BF16: Kernel = Kernel {
@@ -129,6 +144,7 @@ static ATTENTION_BF16: Kernel = Kernel {
     run: cpu_kernels::attention_tokens_bf16,
     layout: Layout::RowsContiguous,
     packed_weights: false,
+    per_item: &[0, 1, 2],
     param: 0.0,
 };
 static ATTENTION: Kernel = Kernel {
@@ -136,6 +152,7 @@ static ATTENTION: Kernel = Kernel {
     run: cpu_kernels::attention_tokens,
     layout: Layout::RowsContiguous,
     packed_weights: false,
+    per_item: &[0, 1, 2],
     param: 0.0,
 };
 
@@ -154,6 +171,7 @@ fn layer_norm_kernel(eps: f32) -> &'static Kernel {
         run: cpu_kernels::layer_norm_rows,
         layout: Layout::RowsContiguous,
         packed_weights: false,
+        per_item: &[],
         param: eps,
     }));
     kernels.push(kernel);
@@ -205,7 +223,45 @@ unsafe extern "C" fn run_kernel(
         );
         (srcs, out)
     };
-    (kernel.run)(&srcs, out, ne, units, kernel.param);
+    let batch = if kernel.per_item.is_empty() { 1 } else { ne[3] };
+    if batch <= 1 {
+        (kernel.run)(&srcs, out, ne, units, kernel.param);
+        return;
+    }
+    // One item at a time: the batched operands from that item's first value (their data
+    // spans every item, `Context::cpu_op` checked the batch sizes), the result's units of it.
+    let item_units = n_units / batch;
+    let item_ne = [ne[0], ne[1], ne[2], 1];
+    let (mut unit, mut written) = (units.start, 0);
+    while unit < units.end {
+        let item = unit / item_units;
+        let end = ((item + 1) * item_units).min(units.end);
+        let item_srcs: Vec<Src<'_>> = srcs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                if kernel.per_item.contains(&i) {
+                    Src {
+                        data: &s.data[item * s.nb[3]..],
+                        ne: [s.ne[0], s.ne[1], s.ne[2], 1],
+                        ..*s
+                    }
+                } else {
+                    *s
+                }
+            })
+            .collect();
+        let len = (end - unit) * unit_len;
+        (kernel.run)(
+            &item_srcs,
+            &mut out[written..written + len],
+            item_ne,
+            unit - item * item_units..end - item * item_units,
+            kernel.param,
+        );
+        written += len;
+        unit = end;
+    }
 }
 
 /// Columns per panel of a weight packed by [`pack_linear_panels`] (the same for every CPU).
@@ -412,6 +468,21 @@ impl Context {
                 });
             }
         }
+        for &i in kernel.per_item {
+            if let Some(src) = srcs.get(i) {
+                if src.ne()[3] != ne[3] {
+                    return Err(Error::ShapeMismatch {
+                        op,
+                        reason: format!(
+                            "a batch of {} items for a result of {}",
+                            src.ne()[3],
+                            ne[3]
+                        ),
+                        operands: vec![src.describe()],
+                    });
+                }
+            }
+        }
         if srcs.len() >= sys::GGML_MAX_SRC as usize {
             return Err(Error::InvalidArgument {
                 op,
@@ -492,15 +563,16 @@ impl Context {
         } else {
             &ATTENTION
         };
-        self.cpu_op("attention", kernel, &[q, k, v], [vn[0], qn[2], qn[1], 1])
+        self.cpu_op("attention", kernel, &[q, k, v], [vn[0], qn[2], qn[1], qn[3]])
     }
 
-    /// Whether [`Context::cpu_attention`] computes this attention: one batch of f32 heads of
-    /// matching sizes, value rows a whole number of vectors, the usual scale.
+    /// Whether [`Context::cpu_attention`] computes this attention: f32 heads of matching
+    /// sizes (a batch of attentions along `ne[3]`, the same for Q, K and V), value rows a
+    /// whole number of vectors, the usual scale.
     pub(super) fn cpu_attention_applies(q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> bool {
         let (qn, kn, vn) = (q.ne(), k.ne(), v.ne());
         let shapes_agree = kn[0] == qn[0] && vn[1] == kn[1] && qn[2] == kn[2] && vn[2] == kn[2];
-        let one_batch = qn[3] == 1 && kn[3] == 1 && vn[3] == 1;
+        let one_batch = kn[3] == qn[3] && vn[3] == qn[3];
         let f32_rows = [q, k, v]
             .iter()
             .all(|t| t.dtype() == DType::F32 && t.nb()[0] == 4);
@@ -534,7 +606,6 @@ impl Context {
             && stride == (1, 1)
             && dilation == (1, 1)
             && kn[2] == inp[2]
-            && inp[3] == 1
             && f32_contiguous(kernel)
             && f32_contiguous(input)
     }
@@ -557,7 +628,7 @@ impl Context {
         } else {
             &CONV_SAME
         };
-        self.cpu_op("conv_2d", kernel, &srcs, [inp[0], inp[1], kn[3], 1])
+        self.cpu_op("conv_2d", kernel, &srcs, [inp[0], inp[1], kn[3], inp[3]])
     }
 }
 
@@ -852,6 +923,33 @@ mod tests {
             });
             assert!(diff < 1e-4, "{w}x{h}x{ic} -> {oc}, {kw}x{kh}: {diff}");
         }
+    }
+
+    /// A batch along `ne[3]` is one node whose kernel takes the items in turn: images of a
+    /// batch (with and without a bias), and the backbone's per-view attention of a scene
+    /// (`[D, H, T, S]` permuted to `[D, T, H, S]`: strided rows, items `nb[3]` apart).
+    #[test]
+    fn batched_convolutions_and_attention_match_ggml() {
+        for (w, h, ic, oc, k) in [(50, 7, 3, 5, 3), (9, 4, 2, 3, 1)] {
+            let padding = (k as i32 / 2, k as i32 / 2);
+            let shapes: [&[i64]; 3] = [&[k, k, ic, oc], &[w, h, ic, 3], &[oc]];
+            let diff = max_difference(&shapes, |g, t| {
+                g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), padding, (1, 1))
+            });
+            assert!(diff < 1e-4, "{w}x{h}x{ic}x3 -> {oc}, bias: {diff}");
+            let diff = max_difference(&shapes[..2], |g, t| {
+                g.conv_2d(&t[0], &t[1], (1, 1), padding, (1, 1))
+            });
+            assert!(diff < 1e-4, "{w}x{h}x{ic}x3 -> {oc}: {diff}");
+        }
+        let (d, heads, t, views) = (64, 2, 37, 3);
+        let shape = [d, heads, t, views];
+        let shapes: [&[i64]; 3] = [&shape; 3];
+        let diff = max_difference(&shapes, |g, x| {
+            let per_head = |a: &Tensor| g.permute(a, [0, 2, 1, 3]);
+            g.attention(&per_head(&x[0])?, &per_head(&x[1])?, &per_head(&x[2])?, 0.125)
+        });
+        assert!(diff < 1e-5, "{diff}");
     }
 
     #[test]

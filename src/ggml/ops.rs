@@ -555,26 +555,9 @@ impl Context {
     /// explicit products.
     pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
         if self.cpu_kernels() {
+            // A batch (ne[3]) of attentions is one node: the kernel takes its items in turn.
             if Self::cpu_attention_applies(q, k, v, scale) {
                 return self.cpu_attention(q, k, v);
-            }
-            // A batch (ne[3]) of attentions the fused kernel takes one at a time.
-            let batch = q.ne()[3];
-            if batch > 1 && k.ne()[3] == batch && v.ne()[3] == batch {
-                let (q0, k0, v0) = (
-                    self.batch_item(q, 0)?,
-                    self.batch_item(k, 0)?,
-                    self.batch_item(v, 0)?,
-                );
-                if Self::cpu_attention_applies(&q0, &k0, &v0, scale) {
-                    return self.per_batch(batch, |b| {
-                        self.cpu_attention(
-                            &self.batch_item(q, b)?,
-                            &self.batch_item(k, b)?,
-                            &self.batch_item(v, b)?,
-                        )
-                    });
-                }
             }
             return self.flash_attn_ext(q, k, v, None, scale);
         }
@@ -958,8 +941,9 @@ impl Context {
         )
     }
 
-    /// `f(b)` for every item of a batch of `n`, joined along dim 3: for ops whose CPU kernels
-    /// take one image (or one attention) at a time.
+    /// `f(b)` for every item of a batch of `n`, joined along dim 3: for the transposed
+    /// convolution, whose CPU path takes one image at a time (a chain of concatenations,
+    /// fine at the low resolutions it runs at; the kernels of `cpu_ops` take batches).
     fn per_batch(&self, n: i64, f: impl Fn(i64) -> Result<Tensor>) -> Result<Tensor> {
         let mut out = f(0)?;
         for b in 1..n {
@@ -972,7 +956,7 @@ impl Context {
 
     /// 2D convolution in f32: `kernel [KW, KH, IC, OC]` over `input [W, H, IC, N]` ->
     /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this). In
-    /// CPU-kernel contexts, stride-1 "same" convolutions of one image run a direct kernel.
+    /// CPU-kernel contexts, stride-1 "same" convolutions run a direct kernel.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d(
         &self,
@@ -982,17 +966,10 @@ impl Context {
         padding: (i32, i32),
         dilation: (i32, i32),
     ) -> Result<Tensor> {
+        // A batch (ne[3]) of images is one node: the kernel takes its items in turn.
         if self.cpu_kernels() && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
         {
             return self.cpu_conv_2d_same(kernel, input, None);
-        }
-        if self.cpu_kernels() && input.ne()[3] > 1 && input.is_contiguous() {
-            let first = self.batch_item(input, 0)?;
-            if Self::cpu_conv_2d_applies(kernel, &first, stride, padding, dilation) {
-                return self.per_batch(input.ne()[3], |b| {
-                    self.cpu_conv_2d_same(kernel, &self.batch_item(input, b)?, None)
-                });
-            }
         }
         let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
         let (kn, cn) = (kernel.ne(), columns.ne());
@@ -1039,14 +1016,6 @@ impl Context {
             && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
         {
             return self.cpu_conv_2d_same(kernel, input, Some(bias));
-        }
-        if fused && self.cpu_kernels() && input.ne()[3] > 1 && input.is_contiguous() {
-            let first = self.batch_item(input, 0)?;
-            if Self::cpu_conv_2d_applies(kernel, &first, stride, padding, dilation) {
-                return self.per_batch(input.ne()[3], |b| {
-                    self.cpu_conv_2d_same(kernel, &self.batch_item(input, b)?, Some(bias))
-                });
-            }
         }
         let y = self.conv_2d(kernel, input, stride, padding, dilation)?;
         self.add(&y, &self.reshape(bias, &[1, 1, oc])?)

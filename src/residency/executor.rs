@@ -186,8 +186,6 @@ impl Executor {
     /// graph computed and outputs read.
     pub fn run<'a>(&'a mut self, graph: &'a Graph) -> Result<Run<'a>, Error> {
         let mut report = self.plan(graph)?;
-        // After planning: the fingerprint of the prepared graph, the same on every run.
-        let key = fingerprint(graph, &self.device);
         let inner = match report.decision {
             Decision::Gallocr | Decision::Mirror { .. } | Decision::Unchecked => {
                 let allocation = self.gallocr.alloc(graph)?;
@@ -220,8 +218,17 @@ impl Executor {
             }
             Decision::Refused => unreachable!("plan returns refusals as errors"),
         };
+        // Once per graph and decision: a fingerprint of the graph would change after the
+        // scheduler's first run (it places the intermediate results), logging every run.
+        let summary = report.summary();
+        let key = {
+            let mut h = DefaultHasher::new();
+            (graph.as_ptr() as usize).hash(&mut h);
+            summary.hash(&mut h);
+            h.finish()
+        };
         if self.log && self.logged.insert(key) {
-            log::info!("{}", report.summary());
+            log::info!("{summary}");
         }
         Ok(Run { inner, report })
     }
@@ -243,8 +250,17 @@ fn fingerprint(graph: &Graph, device: &Backend) -> u64 {
         for src in node.sources() {
             src.id().hash(&mut h);
             let owner = src.view_source().unwrap_or(src);
-            owner.buffer().map(|b| b.id()).hash(&mut h);
-            owner.has_data().hash(&mut h);
+            // Memory an allocator placed (intermediate results, inputs) is the allocator's
+            // doing, not a situation to plan for: hashing it would miss the cache on the run
+            // after the first, and on every run of the scheduler, which places them anew.
+            let placed = match owner.buffer() {
+                Some(b) => b.usage() == BufferUsage::Compute,
+                None => !owner.has_data(),
+            };
+            if !placed {
+                owner.buffer().map(|b| b.id()).hash(&mut h);
+                owner.has_data().hash(&mut h);
+            }
         }
     }
     h.finish()

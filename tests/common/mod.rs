@@ -18,7 +18,12 @@ pub fn fixture_dir(name: &str) -> PathBuf {
 /// An array of a fixture's manifest stored in full (`{"file", "shape", "stats"}`), the
 /// entry of a multi-view, ray-pose or nested fixture `fixture`.
 pub fn full_reference(fixture: &str, entry: &Value) -> Reference {
-    let file = fixture_dir(fixture).join(entry["file"].as_str().unwrap());
+    full_reference_in(&fixture_dir(fixture), entry)
+}
+
+/// [`full_reference`] of a fixture in folder `dir`.
+pub fn full_reference_in(dir: &Path, entry: &Value) -> Reference {
+    let file = dir.join(entry["file"].as_str().unwrap());
     let bytes = std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let values = bytes
         .chunks_exact(4)

@@ -4,6 +4,7 @@ same weights, image, resolution and thread count, in one run.
 
     python bench_official.py da3-small --device cpu --threads 2 --runs 10 --json out.json
     python bench_official.py da3-large --device cuda --runs 20
+    python bench_official.py da3-base --views 4    # one scene of 4 views (copies of the image)
 
 Float32 eager, autocast off, TF32 off (`--tf32` turns it on). Reports the whole forward and
 the depth path alone: the same forward with the DualDPT ray branch (`*_aux` modules, which
@@ -81,6 +82,7 @@ def depth_path_peak_rss_mib(args) -> float:
         cmd = [sys.executable, str(Path(__file__).resolve()), args.preset, "--device", args.device,
                "--threads", str(args.threads), "--image", args.image,
                "--process-res", str(args.process_res), "--warmup", str(args.warmup),
+               "--views", str(args.views),
                "--runs", str(args.runs), "--depth-only", "--json", str(out)]
         if args.tf32:
             cmd.append("--tf32")
@@ -107,6 +109,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--image", default="640x427")
     p.add_argument("--process-res", type=int, default=504)
+    p.add_argument("--views", type=int, default=1,
+                   help="one scene of this many views (copies of the image), B = 1, S = views")
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--json")
     p.add_argument("--depth-only", action="store_true",
@@ -120,6 +124,7 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = args.tf32
     w, h = (int(v) for v in args.image.split("x"))
     _, x = preprocess(make_image(w, h), args.process_res, "upper_bound_resize")
+    x = torch.cat([x] * args.views, dim=1)  # [1, views, 3, H, W]
     net = build_net(args.preset)
     fill_weights(net)
     net = net.to(args.device).eval()
@@ -139,6 +144,7 @@ def main() -> None:
         "torch": torch.__version__,
         "tf32": args.tf32,
         "processed": [int(x.shape[-1]), int(x.shape[-2])],
+        "views": args.views,
         "forward": full,
         "depth_path": depth,
         "peak_rss_mib": rss,

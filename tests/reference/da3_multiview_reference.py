@@ -37,13 +37,17 @@ from depth_anything_3.model import reference_view_selector  # noqa: E402
 from depth_anything_3.model.dinov2 import vision_transformer  # noqa: E402
 
 # (name, view sizes (width, height), strategy). The sizes share the aspect 8:3, so at 112 every
-# view is processed to 112 x 42 (8 x 3 patches). Two views never select (the reference is view
-# 0); with three, "first" keeps view 0 and "saddle_balanced" (the official default) picks by
-# the tokens.
+# view is processed to 112 x 42 (8 x 3 patches), at 504 to 504 x 196. Two views never select
+# (the reference is view 0); with three, "first" keeps view 0 and "saddle_balanced" (the
+# official default) picks by the tokens; five views run every other strategy.
+FIVE_VIEWS = [(600, 225), (680, 255), (640, 240), (560, 210), (720, 270)]
 SCENES = [
     ("2v", [(640, 240), (600, 225)], "saddle_balanced"),
     ("3v_first", [(640, 240), (600, 225), (680, 255)], "first"),
     ("3v_saddle_balanced", [(600, 225), (680, 255), (640, 240)], "saddle_balanced"),
+    ("5v_middle", FIVE_VIEWS, "middle"),
+    ("5v_saddle_balanced", FIVE_VIEWS, "saddle_balanced"),
+    ("5v_saddle_sim_range", FIVE_VIEWS, "saddle_sim_range"),
 ]
 STRATEGIES = ["first", "middle", "saddle_balanced", "saddle_sim_range"]
 

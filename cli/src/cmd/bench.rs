@@ -2,7 +2,7 @@
 
 use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use da3::outputs::write_atomically;
-use da3::{LoadOptions, Policy};
+use da3::{LoadOptions, Policy, Prediction, RefViewStrategy, Session};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -17,6 +17,13 @@ pub struct Args {
     /// Timed runs after the first.
     #[arg(long, default_value_t = 10)]
     runs: usize,
+    /// Time a scene of this many views (copies of the image) through one graph, as
+    /// `da3 depth` with several inputs computes it; the medians are per scene.
+    #[arg(long, default_value_t = 1)]
+    views: usize,
+    /// The reference-view strategy of a scene (--views 3 and more select).
+    #[arg(long, value_name = "STRATEGY", default_value = "saddle_balanced")]
+    ref_view: RefViewStrategy,
     #[arg(long, default_value_t = 504)]
     process_res: usize,
     #[arg(long, default_value = "auto")]
@@ -48,6 +55,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.runs == 0 {
         anyhow::bail!("--runs must be at least 1");
+    }
+    if args.views == 0 {
+        anyhow::bail!("--views must be at least 1");
     }
     if let Some(path) = &args.json {
         check_outputs(
@@ -82,14 +92,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let load_s = started.elapsed().as_secs_f64();
     let processed = da3::preprocess::preprocess(&image, args.process_res)?;
 
+    // One image: the single-image graph; a scene: every view through the scene graph.
+    let scene = vec![processed.clone(); args.views];
+    let predict = |session: &mut Session| -> Result<Prediction, da3::Error> {
+        if args.views == 1 {
+            return session.predict_processed(&processed);
+        }
+        let mut scene = session.predict_views_processed(&scene, args.ref_view)?;
+        Ok(scene.views.swap_remove(0))
+    };
     let started = Instant::now();
-    let first = model.predict_rgb(&image)?;
+    let first = predict(&mut model)?;
     let first_s = started.elapsed().as_secs_f64();
     let mut times = Vec::with_capacity(args.runs);
     let mut last = None;
     for _ in 0..args.runs {
         let started = Instant::now();
-        last = Some(model.predict_rgb(&image)?);
+        last = Some(predict(&mut model)?);
         times.push(started.elapsed().as_secs_f64());
     }
     // Reused graphs, allocations and device-side replays must not change the result.
@@ -126,13 +145,26 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "first      {:.1} ms (graph build, allocation, compute)",
         first_s * 1e3
     );
-    outln!(
-        "per image  median {:.1} ms, p90 {:.1} ms, min {:.1} ms over {} runs",
-        median * 1e3,
-        p90 * 1e3,
-        min * 1e3,
-        args.runs
-    );
+    if args.views == 1 {
+        outln!(
+            "per image  median {:.1} ms, p90 {:.1} ms, min {:.1} ms over {} runs",
+            median * 1e3,
+            p90 * 1e3,
+            min * 1e3,
+            args.runs
+        );
+    } else {
+        outln!(
+            "per scene  {} views: median {:.1} ms ({:.1} ms per view, {:.1} views/s), p90 {:.1} ms, min {:.1} ms over {} runs",
+            args.views,
+            median * 1e3,
+            median * 1e3 / args.views as f64,
+            args.views as f64 / median,
+            p90 * 1e3,
+            min * 1e3,
+            args.runs
+        );
+    }
     outln!("depth      mean {depth_mean:.6}, last run vs first: max abs difference {drift:.3e}");
     if let Some(rss) = rss {
         outln!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
@@ -154,6 +186,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "threads": args.device.threads,
             "cpu": da3::ggml::cpu_features(),
             "input": [image.width, image.height],
+            "views": args.views,
             "processed": [processed.width, processed.height],
             "load_ms": load_s * 1e3,
             "first_ms": first_s * 1e3,
