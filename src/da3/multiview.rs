@@ -96,8 +96,9 @@ pub fn positional_reference(views: usize, strategy: RefViewStrategy) -> Option<u
 
 /// The official `select_reference_view` for one scene. `tokens`: token 0 of every view,
 /// `views` rows of `dim` values. Below [`SELECTION_MIN_VIEWS`] views the official backbone
-/// does not select, and this returns 0 too. Computed in f64 (the official code in f32), so
-/// only views whose scores tie to within f32 rounding can come out differently.
+/// does not select, and this returns 0 too. Computed in f64 (the official code in f32);
+/// scores within [`SCORE_TIE`] are ties, which go to the first view (see [`first_extreme`]):
+/// only there can the official pick differ, by its rounding.
 pub fn select_reference_view(tokens: &[f32], dim: usize, strategy: RefViewStrategy) -> usize {
     let s = tokens.len().checked_div(dim).unwrap_or(0);
     if let Some(r) = positional_reference(s, strategy) {
@@ -169,11 +170,19 @@ pub fn select_reference_view(tokens: &[f32], dim: usize, strategy: RefViewStrate
     }
 }
 
-/// Index of the first value that no later value beats (torch's argmin / argmax on ties).
+/// Scores closer than this are a tie (the first view wins).
+const SCORE_TIE: f64 = 1e-6;
+
+/// Index of the first value that no later value beats by more than [`SCORE_TIE`]: torch's
+/// argmin / argmax, which take the first of equal values. Ties are common: with views of one
+/// scene every similarity is positive, so each row's minimum is its diagonal (`1 - 1`, about
+/// 0) and `saddle_sim_range` scores the two views of the most similar pair the same; the
+/// official f32 code then breaks the tie by the rounding of `|f|^2 - 1` (seen: 6e-8 apart),
+/// here it goes to the first view, as it would without that rounding.
 fn first_extreme(values: &[f64], beats: impl Fn(f64, f64) -> bool) -> usize {
     let mut best = 0;
     for (i, &v) in values.iter().enumerate() {
-        if beats(v, values[best]) {
+        if beats(v, values[best]) && (v - values[best]).abs() > SCORE_TIE {
             best = i;
         }
     }
@@ -328,4 +337,26 @@ mod tests {
     }
     const OFFICIAL_BALANCED: usize = 2;
     const OFFICIAL_SIM_RANGE: usize = 0;
+
+    /// Views of one scene: every similarity positive, so `saddle_sim_range` scores both views
+    /// of the most similar pair alike (their shared similarity minus the diagonal's 0). The
+    /// first of them is picked, whichever way round the pair comes.
+    #[test]
+    fn a_tied_pair_goes_to_its_first_view() {
+        let near = [1.0, 0.25, 0.05];
+        let a = [1.0, 0.2, 0.0];
+        let far = [0.2, 1.0, 0.0];
+        for (rows, expected) in [
+            ([a, far, near], 0),
+            ([far, near, a], 1),
+            ([far, a, near], 1),
+        ] {
+            let tokens: Vec<f32> = rows.iter().flatten().copied().collect();
+            assert_eq!(
+                select_reference_view(&tokens, 3, RefViewStrategy::SaddleSimRange),
+                expected,
+                "{rows:?}"
+            );
+        }
+    }
 }

@@ -563,7 +563,12 @@ impl Context {
         } else {
             &ATTENTION
         };
-        self.cpu_op("attention", kernel, &[q, k, v], [vn[0], qn[2], qn[1], qn[3]])
+        self.cpu_op(
+            "attention",
+            kernel,
+            &[q, k, v],
+            [vn[0], qn[2], qn[1], qn[3]],
+        )
     }
 
     /// Whether [`Context::cpu_attention`] computes this attention: f32 heads of matching
@@ -947,7 +952,12 @@ mod tests {
         let shapes: [&[i64]; 3] = [&shape; 3];
         let diff = max_difference(&shapes, |g, x| {
             let per_head = |a: &Tensor| g.permute(a, [0, 2, 1, 3]);
-            g.attention(&per_head(&x[0])?, &per_head(&x[1])?, &per_head(&x[2])?, 0.125)
+            g.attention(
+                &per_head(&x[0])?,
+                &per_head(&x[1])?,
+                &per_head(&x[2])?,
+                0.125,
+            )
         });
         assert!(diff < 1e-5, "{diff}");
     }
