@@ -32,6 +32,9 @@ pub enum RefViewStrategy {
     SaddleBalanced,
     /// The view with the widest range of similarities to the views.
     SaddleSimRange,
+    /// A given view (an index into the scene): not an official strategy; it pins the world
+    /// frame to that view's camera, for any number of views.
+    View(usize),
 }
 
 impl RefViewStrategy {
@@ -45,6 +48,7 @@ impl RefViewStrategy {
             RefViewStrategy::Middle => "middle",
             RefViewStrategy::SaddleBalanced => "saddle_balanced",
             RefViewStrategy::SaddleSimRange => "saddle_sim_range",
+            RefViewStrategy::View(_) => "view",
         }
     }
 
@@ -65,31 +69,41 @@ impl std::str::FromStr for RefViewStrategy {
             "middle" => RefViewStrategy::Middle,
             "saddle_balanced" => RefViewStrategy::SaddleBalanced,
             "saddle_sim_range" => RefViewStrategy::SaddleSimRange,
-            _ => {
-                return Err(Error::Input(format!(
-                    "unknown reference-view strategy `{s}` (one of {})",
-                    Self::NAMES.join(", ")
-                )))
-            }
+            _ => match s.parse::<usize>() {
+                Ok(view) => RefViewStrategy::View(view),
+                Err(_) => {
+                    return Err(Error::Input(format!(
+                        "unknown reference-view strategy `{s}` (one of {}, or a view index)",
+                        Self::NAMES.join(", ")
+                    )))
+                }
+            },
         })
     }
 }
 
 impl std::fmt::Display for RefViewStrategy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+        match self {
+            RefViewStrategy::View(v) => write!(f, "view {v}"),
+            other => f.write_str(other.name()),
+        }
     }
 }
 
 /// The reference view for `views` views by a strategy that reads no tokens, or `None` when
 /// `strategy` needs them ([`select_reference_view`]).
 pub fn positional_reference(views: usize, strategy: RefViewStrategy) -> Option<usize> {
+    if let RefViewStrategy::View(view) = strategy {
+        return Some(view);
+    }
     if views < SELECTION_MIN_VIEWS {
         return Some(0);
     }
     match strategy {
         RefViewStrategy::First => Some(0),
         RefViewStrategy::Middle => Some(views / 2),
+        RefViewStrategy::View(view) => Some(view),
         RefViewStrategy::SaddleBalanced | RefViewStrategy::SaddleSimRange => None,
     }
 }
@@ -104,6 +118,20 @@ pub fn select_reference_view(tokens: &[f32], dim: usize, strategy: RefViewStrate
     if let Some(r) = positional_reference(s, strategy) {
         return r;
     }
+    let scores = reference_scores(tokens, dim, strategy).expect("a selecting strategy");
+    match strategy {
+        RefViewStrategy::SaddleBalanced => first_extreme(&scores, |x, best| x < best),
+        _ => first_extreme(&scores, |x, best| x > best),
+    }
+}
+
+/// The scores a selecting strategy ranks the views by (`saddle_balanced`: the lowest wins;
+/// `saddle_sim_range`: the highest), in f64; `None` for the other strategies.
+pub fn reference_scores(tokens: &[f32], dim: usize, strategy: RefViewStrategy) -> Option<Vec<f64>> {
+    if !strategy.reads_tokens() || dim == 0 {
+        return None;
+    }
+    let s = tokens.len() / dim;
     let rows: Vec<&[f32]> = tokens.chunks_exact(dim).collect();
     let norms: Vec<f64> = rows
         .iter()
@@ -153,7 +181,7 @@ pub fn select_reference_view(tokens: &[f32], dim: usize, strategy: RefViewStrate
             let balance: Vec<f64> = (0..s)
                 .map(|i| (a[i] - 0.5).abs() + (b[i] - 0.5).abs() + (c[i] - 0.5).abs())
                 .collect();
-            first_extreme(&balance, |x, best| x < best)
+            Some(balance)
         }
         RefViewStrategy::SaddleSimRange => {
             let range: Vec<f64> = sim
@@ -164,9 +192,9 @@ pub fn select_reference_view(tokens: &[f32], dim: usize, strategy: RefViewStrate
                     hi - lo
                 })
                 .collect();
-            first_extreme(&range, |x, best| x > best)
+            Some(range)
         }
-        RefViewStrategy::First | RefViewStrategy::Middle => unreachable!("positional"),
+        _ => None,
     }
 }
 

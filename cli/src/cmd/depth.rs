@@ -27,7 +27,8 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
     /// How a scene of three or more views picks its reference view (whose camera is the
-    /// world frame): first, middle, saddle_balanced (the official default), saddle_sim_range.
+    /// world frame): first, middle, saddle_balanced (the official default), saddle_sim_range,
+    /// or a view's index (0 the first input) for any number of views.
     #[arg(long, value_name = "STRATEGY", default_value = "saddle_balanced")]
     ref_view: RefViewStrategy,
     /// Known cameras of the scene's views, as JSON: {"views": [...]} (or a bare array), each

@@ -293,6 +293,13 @@ impl Session {
             )));
         }
         let views = images.len();
+        if let RefViewStrategy::View(v) = strategy {
+            if v >= views {
+                return Err(Error::Input(format!(
+                    "reference view {v} of a scene of {views} view(s) (the first is 0)"
+                )));
+            }
+        }
         let mut chw = Vec::with_capacity(first.chw.len() * views);
         for im in images {
             chw.extend_from_slice(&im.chw);
