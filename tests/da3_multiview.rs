@@ -5,8 +5,8 @@
 mod common;
 
 use common::{
-    agreement, cpu_options, fixture_dir, full_reference_in, peer_model_file, synthetic_tiny_file,
-    Agreement, Reference,
+    agreement, assert_close, cpu_options, fixture_dir, full_reference_in, peer_model_file,
+    synthetic_tiny_file, Reference,
 };
 use da3::multiview::select_reference_view;
 use da3::{poses, synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Session};
@@ -112,15 +112,6 @@ fn reference_view_selection_matches_the_official_picks() {
                 assert!(ours < official, "a tie goes to the first view");
             }
         }
-    }
-}
-
-fn assert_close(at: &str, what: &str, a: Agreement, positive: bool) {
-    eprintln!("{at} {what}: {a:?}");
-    if positive {
-        assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{at} {what}: {a:?}");
-    } else {
-        assert!(a.max_scaled <= 1e-3, "{at} {what}: {a:?}");
     }
 }
 
@@ -669,4 +660,35 @@ fn the_ray_branch_has_the_layout_of_depth_anything_cpp_with_aux_files() {
         };
         assert!(mine, "{key}: theirs {value}");
     }
+}
+
+/// `RefViewStrategy::View(i)` pins the reference view (for any number of views, two
+/// included); an index outside the scene is an error naming it, not a panic.
+#[test]
+fn a_given_reference_view_is_used_and_one_outside_the_scene_refused() {
+    let (mut model, _dir) = load_tiny();
+    let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
+    let scene = model
+        .predict_views_at(&images, 112, RefViewStrategy::View(1))
+        .unwrap();
+    assert_eq!(scene.reference, 1);
+    let default = model
+        .predict_views_at(&images, 112, RefViewStrategy::First)
+        .unwrap();
+    assert_ne!(
+        scene.views[0].pose, default.views[0].pose,
+        "the world frame moved"
+    );
+    let err = model
+        .predict_views_at(&images, 112, RefViewStrategy::View(2))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("reference view 2 of a scene of 2"),
+        "{err}"
+    );
+    assert_eq!(
+        "3".parse::<RefViewStrategy>().unwrap(),
+        RefViewStrategy::View(3)
+    );
+    assert!("-1".parse::<RefViewStrategy>().is_err());
 }

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{agreement, cpu_options, fixture_dir, full_reference, synthetic_tiny_file, Agreement};
+use common::{
+    agreement, assert_close, cpu_options, fixture_dir, full_reference, synthetic_tiny_file,
+};
 use da3::convert::{write_synthetic, WeightType};
 use da3::{synthetic, Config, Model, NestedModel, RefViewStrategy};
 use serde_json::Value;
@@ -73,15 +75,6 @@ fn processed_views(scene: &Value, process_res: usize) -> Vec<da3::preprocess::Pr
             da3::preprocess::preprocess(&image, process_res).unwrap()
         })
         .collect()
-}
-
-fn assert_close(at: &str, what: &str, a: Agreement, positive: bool) {
-    eprintln!("{at} {what}: {a:?}");
-    if positive {
-        assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{at} {what}: {a:?}");
-    } else {
-        assert!(a.max_scaled <= 1e-3, "{at} {what}: {a:?}");
-    }
 }
 
 /// Every scene (1, 2 and 3 views): the scale factor, the metric depth (sky filled), the

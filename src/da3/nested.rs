@@ -23,7 +23,7 @@
 use super::model::{Model, Session};
 use super::multiview::{MultiPrediction, RefViewStrategy};
 use super::outputs::{quantile, Prediction};
-use super::preprocess::{self, ProcessedImage, RgbImage8};
+use super::preprocess::{self, ProcessedImage};
 use super::{Error, HeadKind, LoadOptions};
 use std::path::Path;
 
@@ -145,15 +145,8 @@ impl NestedSession {
         &mut self,
         images: &[image::DynamicImage],
     ) -> Result<MultiPrediction, Error> {
-        let images = images
-            .iter()
-            .map(RgbImage8::from_dynamic)
-            .collect::<Result<Vec<_>, _>>()?;
         let res = self.anyview.model().process_res();
-        let processed = images
-            .iter()
-            .map(|im| preprocess::preprocess(im, res))
-            .collect::<Result<Vec<_>, _>>()?;
+        let processed = preprocess::preprocess_images(images, res)?;
         self.predict_views_processed(&processed, RefViewStrategy::default())
     }
 

@@ -1044,6 +1044,17 @@ fn apply_step(img: &RgbImage8, step: &ResizeStep) -> Result<RgbImage8, Preproces
     }
 }
 
+/// [`preprocess`] of decoded images (any colour type), one scene's or a batch's, in order.
+pub fn preprocess_images(
+    images: &[image::DynamicImage],
+    process_res: usize,
+) -> Result<Vec<ProcessedImage>, PreprocessError> {
+    images
+        .iter()
+        .map(|im| preprocess(&RgbImage8::from_dynamic(im)?, process_res))
+        .collect()
+}
+
 /// The official `InputProcessor` default path (`upper_bound_resize`) for one image; see
 /// [`plan_resize`] for the sizes. Normalisation is computed in `f32` in the official order
 /// (`v / 255`, minus mean, divided by std), so values match PyTorch exactly.

@@ -258,3 +258,15 @@ pub fn correlation(a: &[f32], b: &[f32]) -> f64 {
     }
     cov / (va * vb).sqrt()
 }
+
+/// Parity bounds of the scene, nested and ray fixtures: positive maps (depth, confidence)
+/// within 1e-3 relative with correlation >= 0.99999; signed values (cameras, rays) within
+/// 1e-3 of their largest magnitude.
+pub fn assert_close(at: &str, what: &str, a: Agreement, positive: bool) {
+    eprintln!("{at} {what}: {a:?}");
+    if positive {
+        assert!(a.max_rel <= 1e-3 && a.corr >= 0.99999, "{at} {what}: {a:?}");
+    } else {
+        assert!(a.max_scaled <= 1e-3, "{at} {what}: {a:?}");
+    }
+}

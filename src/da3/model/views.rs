@@ -109,12 +109,8 @@ impl Session {
         &mut self,
         images: &[image::DynamicImage],
     ) -> Result<MultiPrediction, Error> {
-        let images = images
-            .iter()
-            .map(RgbImage8::from_dynamic)
-            .collect::<Result<Vec<_>, _>>()?;
-        let res = self.model.shared.process_res;
-        self.predict_views_at(&images, res, RefViewStrategy::default())
+        let processed = preprocess::preprocess_images(images, self.model.shared.process_res)?;
+        self.predict_views_processed(&processed, RefViewStrategy::default())
     }
 
     /// [`Session::predict_views`] for 8-bit RGB images at an explicit process resolution
