@@ -1,7 +1,9 @@
 //! The CPU kernels on DA3-small's shapes: the f32 matrix products of a block, ggml's
 //! `mul_mat` against the packed-panel kernel (`Context::linear_panels`), and the head's 3x3
-//! convolutions (the direct kernel of `Context::conv_2d_bias`):
-//! `cargo run --release --example kernel_speed [threads]`. Medians of 20 computes.
+//! convolutions (the direct kernel of `Context::conv_2d_bias`), and attention of one view's
+//! queries against the keys of 1 to 8 views (DA3-base's heads, the global blocks of a scene):
+//! `cargo run --release --example kernel_speed [threads] [products|convolutions|norms|attention]`.
+//! Medians of 20 computes (5 for attention).
 use da3::ggml::{
     pack_linear_panels, Allocation, Backend, BufferUsage, Context, DType, Gallocr, TensorView,
 };
@@ -9,9 +11,17 @@ use std::error::Error;
 use std::time::Instant;
 
 fn median_ms(run: &Allocation<'_>, backend: &Backend) -> Result<f64, Box<dyn Error>> {
+    median_ms_of(run, backend, 20)
+}
+
+fn median_ms_of(
+    run: &Allocation<'_>,
+    backend: &Backend,
+    computes: usize,
+) -> Result<f64, Box<dyn Error>> {
     run.compute(backend)?;
     let mut times = Vec::new();
-    for _ in 0..20 {
+    for _ in 0..computes {
         let t = Instant::now();
         run.compute(backend)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
@@ -22,10 +32,77 @@ fn median_ms(run: &Allocation<'_>, backend: &Backend) -> Result<f64, Box<dyn Err
 
 fn main() -> Result<(), Box<dyn Error>> {
     let threads: usize = std::env::args().nth(1).map_or(Ok(2), |t| t.parse())?;
+    let section = std::env::args().nth(2);
     let cpu = Backend::cpu(threads)?;
-    products(&cpu)?;
-    convolutions(&cpu)?;
-    layer_norms(&cpu)
+    let wanted = |name: &str| section.as_deref().is_none_or(|s| s == name);
+    if wanted("products") {
+        products(&cpu)?;
+    }
+    if wanted("convolutions") {
+        convolutions(&cpu)?;
+    }
+    if wanted("norms") {
+        layer_norms(&cpu)?;
+    }
+    if wanted("attention") {
+        attention(&cpu)?;
+    }
+    Ok(())
+}
+
+/// One view of DA3-base (865 tokens, 12 heads of 64) attending over the keys of `views`
+/// views: the fused kernel against ggml's `flash_attn_ext`.
+fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
+    const D: i64 = 64;
+    const HEADS: i64 = 12;
+    const TQ: i64 = 865;
+    for views in [1i64, 2, 4, 8] {
+        let tk = TQ * views;
+        let mut results = Vec::new();
+        for fused in [true, false] {
+            let ctx = Context::metadata(8)?;
+            ctx.use_cpu_kernels(true);
+            let q = ctx.new_tensor(DType::F32, &[D, TQ, HEADS])?;
+            let k = ctx.new_tensor(DType::F32, &[D, tk, HEADS])?;
+            let v = ctx.new_tensor(DType::F32, &[D, tk, HEADS])?;
+            for t in [&q, &k, &v] {
+                t.mark_input();
+            }
+            let scale = 1.0 / (D as f32).sqrt();
+            let y = if fused {
+                ctx.attention(&q, &k, &v, scale)?
+            } else {
+                ctx.flash_attn_ext(&q, &k, &v, None, scale)?
+            };
+            y.mark_output();
+            let g = ctx.new_graph(8)?;
+            g.expand(&y)?;
+            let mut ga = Gallocr::for_backend(cpu)?;
+            let run = ga.alloc(&g)?;
+            for (salt, t) in [&q, &k, &v].into_iter().enumerate() {
+                let n = t.nelements() as usize;
+                let values: Vec<f32> = (0..n)
+                    .map(|i| ((i * 7 + salt * 3) % 61) as f32 * 0.05 - 1.5)
+                    .collect();
+                run.write(t, &values)?;
+            }
+            let ms = median_ms_of(&run, cpu, 5)?;
+            results.push(run.read::<f32>(&y)?);
+            let flop = 4.0 * (TQ * tk * D * HEADS) as f64;
+            println!(
+                "attention [64 x 865 x 12] over {tk:5} keys ({views} views): {:<15} {ms:8.2} ms {:6.1} GFLOP/s",
+                if fused { "fused kernel" } else { "flash_attn_ext" },
+                flop / ms / 1e6
+            );
+        }
+        let diff = results[0]
+            .iter()
+            .zip(&results[1])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!("  max difference {diff:.2e}");
+    }
+    Ok(())
 }
 
 /// A block's LayerNorm, [384, 865], and the per-head norms of its QKV output (strided rows),

@@ -445,6 +445,7 @@ pub(super) fn pack_panels_bf16(w: &[f32], k: usize, n: usize) -> Vec<i32> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
     #[test]
     fn bf16_products_only_where_they_pay_unless_asked() {
         use super::bf16_decision as d;
@@ -478,6 +479,227 @@ mod tests {
                 "exp({x}) = {ours} is subnormal"
             );
             x -= 0.0137;
+        }
+    }
+
+    /// A kernel entry point (every instance's have this type).
+    type Entry = fn(&[Src<'_>], &mut [f32], [usize; 4], Range<usize>, f32);
+
+    /// The f32 and bf16 entry points of each instance this CPU runs: the portable one always
+    /// (its bf16 products multiply lane by lane), so the bf16 kernels' packing is checked on
+    /// every machine, not only on those with AVX512_BF16.
+    fn instances() -> Vec<(&'static str, [Entry; 6])> {
+        let mut sets: Vec<(&'static str, [Entry; 6])> = vec![(
+            "portable",
+            [
+                super::portable::run::attention_tokens,
+                super::portable::run::attention_tokens_bf16,
+                super::portable::run::conv_same_planes,
+                super::portable::run::conv_same_planes_bf16,
+                super::portable::run::linear_bias_rows,
+                super::portable::run::linear_bias_rows,
+            ],
+        )];
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() != KernelSet::Portable {
+            sets.push((
+                "avx2",
+                [
+                    avx2_attention,
+                    avx2_attention_bf16,
+                    avx2_conv,
+                    avx2_conv_bf16,
+                    avx2_linear,
+                    avx2_linear,
+                ],
+            ));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() == KernelSet::Avx512Bf16 {
+            sets.push((
+                "avx512bf16",
+                [
+                    avx512_attention,
+                    avx512_attention_bf16,
+                    avx512_conv,
+                    avx512_conv_bf16,
+                    avx512_linear,
+                    avx512_linear,
+                ],
+            ));
+        }
+        sets
+    }
+
+    /// Safe entry points to the x86 instances, for [`instances`], which offers each only
+    /// where the CPU has its features.
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! x86_entries {
+        ($($name:ident = $module:ident::$kernel:ident;)*) => {
+            $(
+                fn $name(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>, param: f32) {
+                    // SAFETY: `instances` lists this entry only where KernelSet::detect()
+                    // found the CPU features its instance is compiled for.
+                    unsafe { super::$module::run::$kernel(srcs, out, ne, units, param) }
+                }
+            )*
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    x86_entries! {
+        avx2_attention = avx2::attention_tokens;
+        avx2_attention_bf16 = avx2::attention_tokens_bf16;
+        avx2_conv = avx2::conv_same_planes;
+        avx2_conv_bf16 = avx2::conv_same_planes_bf16;
+        avx2_linear = avx2::linear_bias_rows;
+        avx512_attention = avx512::attention_tokens;
+        avx512_attention_bf16 = avx512::attention_tokens_bf16;
+        avx512_conv = avx512::conv_same_planes;
+        avx512_conv_bf16 = avx512::conv_same_planes_bf16;
+        avx512_linear = avx512::linear_bias_rows;
+    }
+
+    /// Values in [-1, 1) from a seed, reproducible.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345);
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// A contiguous f32 operand of shape `ne` over `data`.
+    fn src(data: &[f32], ne: [usize; 4]) -> Src<'_> {
+        let nb = [1, ne[0], ne[0] * ne[1], ne[0] * ne[1] * ne[2]];
+        Src {
+            data,
+            ne,
+            nb,
+            dtype: DType::F32,
+        }
+    }
+
+    fn max_abs_difference(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// One kernel's operands (for its f32 and its bf16 entry), output shape, units and the
+    /// bound of its bf16 difference.
+    struct Case<'a> {
+        what: &'static str,
+        srcs: &'a [Src<'a>],
+        srcs_bf16: &'a [Src<'a>],
+        ne: [usize; 4],
+        units: usize,
+        bound: f32,
+    }
+
+    /// Every instance's f32 kernels agree with the portable ones, and its bf16 kernels stay
+    /// within bf16 rounding of its f32 ones: attention over several key blocks and query
+    /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
+    /// groups.
+    #[test]
+    fn every_instance_agrees_and_its_bf16_kernels_stay_close() {
+        // Attention: q [64, 100, 2], k and v [64, 500, 2] -> [64, 2, 100].
+        let (d, tq, tk, heads) = (64, 100, 500, 2);
+        let (q, k, v) = (
+            values(d * tq * heads, 1),
+            values(d * tk * heads, 2),
+            values(d * tk * heads, 3),
+        );
+        let attention = [
+            src(&q, [d, tq, heads, 1]),
+            src(&k, [d, tk, heads, 1]),
+            src(&v, [d, tk, heads, 1]),
+        ];
+        // Convolution: kernel [3, 3, 5, 7], input [20, 9, 5, 1], bias [7] -> [20, 9, 7].
+        let (w, h, ic, oc) = (20, 9, 5, 7);
+        let (kernel, input, bias) = (values(9 * ic * oc, 4), values(w * h * ic, 5), values(oc, 6));
+        let conv = [
+            src(&kernel, [3, 3, ic, oc]),
+            src(&input, [w, h, ic, 1]),
+            src(&bias, [oc, 1, 1, 1]),
+        ];
+        // Product: x [96, 13] times W^T for W [64, 96], bias [64].
+        let (kd, n, t) = (96, 64, 13);
+        let weight = values(kd * n, 7);
+        let panels = pack_panels(&weight, kd, n);
+        let panels_bf16: Vec<f32> = pack_panels_bf16(&weight, kd, n)
+            .into_iter()
+            .map(|w| f32::from_bits(w as u32))
+            .collect();
+        let (x, b) = (values(kd * t, 8), values(n, 9));
+        let panel_ne = [PANEL, kd, n / PANEL, 1];
+        let linear = [
+            src(&panels, panel_ne),
+            src(&x, [kd, t, 1, 1]),
+            src(&b, [n, 1, 1, 1]),
+        ];
+        let mut linear_bf16 = [
+            src(&panels_bf16, [PANEL, kd / 2, n / PANEL, 1]),
+            src(&x, [kd, t, 1, 1]),
+            src(&b, [n, 1, 1, 1]),
+        ];
+        linear_bf16[0].dtype = DType::I32;
+        let cases = [
+            Case {
+                what: "attention",
+                srcs: &attention,
+                srcs_bf16: &attention,
+                ne: [d, heads, tq, 1],
+                units: tq,
+                bound: 2e-3,
+            },
+            Case {
+                what: "convolution",
+                srcs: &conv,
+                srcs_bf16: &conv,
+                ne: [w, h, oc, 1],
+                units: oc,
+                bound: 3e-2,
+            },
+            Case {
+                what: "product",
+                srcs: &linear,
+                srcs_bf16: &linear_bf16,
+                ne: [n, t, 1, 1],
+                units: t,
+                bound: 5e-2,
+            },
+        ];
+        let run = |entry: Entry, srcs: &[Src<'_>], ne: [usize; 4], units: usize| {
+            let mut out = vec![f32::NAN; ne.iter().product()];
+            entry(srcs, &mut out, ne, 0..units, 0.0);
+            out
+        };
+        let sets = instances();
+        for (c, case) in cases.iter().enumerate() {
+            let (what, ne, units) = (case.what, case.ne, case.units);
+            let (srcs, srcs_bf16, bound) = (case.srcs, case.srcs_bf16, case.bound);
+            let reference = run(sets[0].1[2 * c], srcs, ne, units);
+            assert!(reference.iter().all(|x| x.is_finite()), "{what}");
+            for (set, entries) in &sets {
+                let f32_out = run(entries[2 * c], srcs, ne, units);
+                let diff = max_abs_difference(&reference, &f32_out);
+                assert!(
+                    diff < 1e-5,
+                    "{set} {what}: f32 differs from portable by {diff}"
+                );
+                let bf16_out = run(entries[2 * c + 1], srcs_bf16, ne, units);
+                let diff = max_abs_difference(&f32_out, &bf16_out);
+                assert!(
+                    diff > 0.0 && diff < bound,
+                    "{set} {what}: bf16 differs from f32 by {diff}"
+                );
+            }
         }
     }
 }

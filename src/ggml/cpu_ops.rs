@@ -964,8 +964,17 @@ mod tests {
 
     #[test]
     fn attention_matches_explicit_products() {
-        // Key counts below, at and past a block of 48; query counts that leave partial tiles.
-        for (d, tq, tk, heads) in [(64, 5, 7, 2), (64, 30, 48, 3), (32, 61, 100, 1)] {
+        // Key counts below, at and past a span of 48 and the f32 kernel's block of 240 keys
+        // (one key past a block; three blocks, the last partial, which rescales the running
+        // softmax); query counts that leave partial tiles (of 24 and 96) and partial groups;
+        // value rows of one vector.
+        for (d, tq, tk, heads) in [
+            (64, 5, 7, 2),
+            (64, 30, 48, 3),
+            (32, 61, 100, 1),
+            (16, 97, 241, 1),
+            (64, 100, 500, 2),
+        ] {
             let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
             let scale = 1.0 / (d as f32).sqrt();
             let diff = max_difference(&shapes, |g, t| g.attention(&t[0], &t[1], &t[2], scale));

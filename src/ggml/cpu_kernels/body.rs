@@ -160,6 +160,32 @@ fn conv_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>, bf16: 
             *word = bf16_pair(w[2 * p * conv.kw + kx], hi.unwrap_or(0.0));
         }
     }
+    // The channels in groups of CONV_CHANNELS, then of 4, 2 and 1 for what is left, each
+    // group's weights packed for the tile.
+    let mut groups = Vec::new();
+    let mut o = channels.start;
+    while o < channels.end {
+        let left = channels.end - o;
+        let r = [CONV_CHANNELS, 4, 2, 1]
+            .into_iter()
+            .find(|&r| left >= r)
+            .unwrap_or(1);
+        groups.push((o - channels.start, r));
+        o += r;
+    }
+    let mut packed = vec![0.0f32; if bf16 { 0 } else { channels.len() * conv.k_len }];
+    let mut packed_pairs = vec![0u32; pair_weights.len()];
+    for &(i, r) in &groups {
+        if bf16 {
+            let rows: Vec<&[u32]> = (i..i + r).map(|c| &pair_weights[c * pair_len..]).collect();
+            pack_rows(&rows, pair_len, &mut packed_pairs[i * pair_len..]);
+        } else {
+            let rows: Vec<&[f32]> = (i..i + r)
+                .map(|c| &kernel.data[(channels.start + c) * conv.k_len..])
+                .collect();
+            pack_rows(&rows, conv.k_len, &mut packed[i * conv.k_len..]);
+        }
+    }
     let band_rows = if bf16 { pair_rows } else { taps };
     let mut band = vec![0.0; conv.padded_w * band_rows];
     for oy in 0..conv.h {
@@ -168,31 +194,29 @@ fn conv_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>, bf16: 
         } else {
             conv.fill_band(&mut band, input.data, oy);
         }
-        let mut o = channels.start;
-        while o < channels.end {
-            let i = o - channels.start;
+        for &(i, r) in &groups {
+            let o = channels.start + i;
             let planes = &mut out[i * plane_len..];
             let weights = if bf16 {
-                Taps::Bf16(&pair_weights[i * pair_len..])
+                Taps::Bf16(&packed_pairs[i * pair_len..])
             } else {
-                Taps::F32(&kernel.data[o * conv.k_len..])
+                Taps::F32(&packed[i * conv.k_len..])
             };
-            let left = channels.end - o;
-            o += if left >= CONV_CHANNELS {
-                conv_row::<CONV_CHANNELS>(&conv, planes, weights, o, &bias, &band, oy)
-            } else if left >= 4 {
-                conv_row::<4>(&conv, planes, weights, o, &bias, &band, oy)
-            } else if left >= 2 {
-                conv_row::<2>(&conv, planes, weights, o, &bias, &band, oy)
+            if r == CONV_CHANNELS {
+                conv_row::<CONV_CHANNELS>(&conv, planes, weights, o, &bias, &band, oy);
+            } else if r == 4 {
+                conv_row::<4>(&conv, planes, weights, o, &bias, &band, oy);
+            } else if r == 2 {
+                conv_row::<2>(&conv, planes, weights, o, &bias, &band, oy);
             } else {
-                conv_row::<1>(&conv, planes, weights, o, &bias, &band, oy)
-            };
+                conv_row::<1>(&conv, planes, weights, o, &bias, &band, oy);
+            }
         }
     }
 }
 
 /// Row `oy` of `R` output channels from `o` (the first planes of `planes`, their weights
-/// first in `weights`); returns `R`.
+/// packed for the tile first in `weights`).
 #[inline(always)]
 fn conv_row<const R: usize>(
     conv: &Conv,
@@ -202,7 +226,7 @@ fn conv_row<const R: usize>(
     bias: &impl Fn(usize) -> f32,
     band: &[f32],
     oy: usize,
-) -> usize {
+) {
     let plane_len = conv.w * conv.h;
     let rows = band.len() / conv.padded_w;
     for x0 in (0..conv.w).step_by(CONV_SPAN) {
@@ -211,12 +235,10 @@ fn conv_row<const R: usize>(
         let steps = ((rows, conv.padded_w), (conv.kw, 1));
         match weights {
             Taps::F32(w) => {
-                let a: [&[f32]; R] = std::array::from_fn(|r| &w[r * conv.k_len..][..conv.k_len]);
-                tile(F32, &mut acc, a, &band[x0..], steps.0, steps.1);
+                tile(F32, &mut acc, &w[..R * conv.k_len], &band[x0..], steps.0, steps.1);
             }
             Taps::Bf16(w) => {
-                let len = rows * conv.kw;
-                let a: [&[u32]; R] = std::array::from_fn(|r| &w[r * len..][..len]);
+                let a = &w[..R * rows * conv.kw];
                 tile(Bf16Pairs, &mut acc, a, &band[x0..], steps.0, steps.1);
             }
         }
@@ -226,7 +248,6 @@ fn conv_row<const R: usize>(
                 .copy_from_slice(&acc.as_flattened()[..n]);
         }
     }
-    R
 }
 
 /// GELU, `0.5 x (1 + erf(x / sqrt 2))`, on rows `rows` of the operand.
@@ -362,19 +383,34 @@ fn transpose_rows(
 /// Value rows are whole vectors (the dispatcher promises multiples of 16).
 const _: () = assert!(super::ATTENTION_DV_MULTIPLE.is_multiple_of(LANES));
 
-/// Queries per tile: their scores against every key stay in the L2 cache.
+/// Queries per tile of the bf16 kernel: their scores against every key stay in the L2 cache.
 const QT: usize = 24;
+/// Queries per tile of the f32 kernel, which passes over all the keys and values of a head
+/// once per tile: more queries per tile, fewer passes.
+const FLASH_QT: usize = 96;
 /// Register tiles of the two products: scores of `SCORE_ROWS` queries by `SCORE_VECTORS`
 /// vectors of keys, weighted values of `VALUE_ROWS` queries by `VALUE_VECTORS` vectors of
 /// columns (24 accumulators each with AVX-512, 12 with AVX2).
 const SCORE_ROWS: usize = if simd::REGISTERS >= 32 { 8 } else { 4 };
 const SCORE_VECTORS: usize = 3;
 const SCORE_SPAN: usize = SCORE_VECTORS * LANES;
-const VALUE_ROWS: usize = if simd::REGISTERS >= 32 { 6 } else { 3 };
-const VALUE_VECTORS: usize = 4;
+/// With 16 registers, 3 x 4 would need 12 accumulators, 4 value vectors and a broadcast: one
+/// more than there are, and the compiler's spills and register shuffles ran the product at
+/// a third of its speed; 6 x 2 needs 15.
+const VALUE_ROWS: usize = 6;
+const VALUE_VECTORS: usize = if simd::REGISTERS >= 32 { 4 } else { 2 };
+/// Keys per block of the f32 kernel's running softmax, whole spans of every set: a block's
+/// transposed keys and its values (60 KB each for heads of 64) stay in L2 while every query
+/// of a tile passes over them, however long the sequence. Without blocks, a scene of 8 views
+/// (6,920 keys) streamed 1.8 MB of keys and of values from L3 for every few queries.
+const KEY_BLOCK: usize = 240;
+const _: () = assert!(KEY_BLOCK.is_multiple_of(SCORE_SPAN));
 
 /// Tokens `tokens` (planes of `out`, each [Dv, H]) of attention over `srcs` q [D, Tq, H],
-/// k [D, Tk, H] and v [Dv, Tk, H] (strided views with contiguous rows).
+/// k [D, Tk, H] and v [Dv, Tk, H] (strided views with contiguous rows): per head and tile of
+/// queries, the keys block by block with a running (online) softmax, as flash attention does:
+/// each block's scores are exponentiated against the largest score so far, and when a later
+/// block raises it, the sums and weighted values so far are rescaled.
 #[inline(always)]
 fn attention_tokens(
     srcs: &[Src<'_>],
@@ -387,35 +423,79 @@ fn attention_tokens(
     let [d, _, heads, _] = q.ne;
     let [dv, tk, _, _] = v.ne;
     let scale = 1.0 / (d as f32).sqrt();
-    let tk_pad = tk.div_ceil(SCORE_SPAN) * SCORE_SPAN;
-    let mut kt = vec![0.0f32; d * tk_pad];
-    let mut scores = vec![0.0f32; QT * tk_pad];
-    let mut acc = vec![0.0f32; QT * dv];
+    let blocks = tk.div_ceil(KEY_BLOCK);
+    let block_len = d * KEY_BLOCK;
+    let mut kt = vec![0.0f32; blocks * block_len];
+    let mut scores = vec![0.0f32; FLASH_QT * KEY_BLOCK];
+    let mut acc = vec![0.0f32; FLASH_QT * dv];
+    // The tile's queries and a block's probabilities packed for the products, in groups of
+    // SCORE_ROWS and VALUE_ROWS rows.
+    let mut q_packed = vec![0.0f32; FLASH_QT.div_ceil(SCORE_ROWS) * SCORE_ROWS * d];
+    let p_group = VALUE_ROWS * KEY_BLOCK;
+    let mut p_packed = vec![0.0f32; FLASH_QT.div_ceil(VALUE_ROWS) * p_group];
     for h in 0..heads {
-        // K of this head transposed: kt[i][j] = k[j][i], rows padded with zeros.
+        // K of this head transposed block by block: block b holds keys from b * KEY_BLOCK
+        // as d rows of KEY_BLOCK, kt[b][i][j] = k[b * KEY_BLOCK + j][i].
         for j in 0..tk {
             let row = &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
+            let dst = &mut kt[j / KEY_BLOCK * block_len + j % KEY_BLOCK..];
             for (i, &x) in row.iter().enumerate() {
-                kt[i * tk_pad + j] = x;
+                dst[i * KEY_BLOCK] = x;
             }
         }
         // The values of this head from their first row: row j at j * nb[1].
         let v_head = &v.data[h * v.nb[2]..];
         let mut t0 = tokens.start;
         while t0 < tokens.end {
-            let n = QT.min(tokens.end - t0);
-            let q_row = |r: usize| &q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d];
-            attention_scores(&mut scores, &kt, tk_pad, d, n, &q_row);
-            // A `for` loop, not `map(..).collect()`: the closure of an iterator adapter is
-            // compiled inside the adapter's own (generic, featureless) function when that is
-            // not inlined, so in a baseline build the softmax ran without AVX2 or FMA, 4x
-            // slower (what any heavy closure given to a std adapter risks here).
-            let mut sums = [0.0f32; QT];
-            for (sum, s) in sums.iter_mut().zip(scores.chunks_exact_mut(tk_pad)).take(n) {
-                *sum = softmax_in_place(&mut s[..tk], scale);
+            let n = FLASH_QT.min(tokens.end - t0);
+            // Rows past `n` repeat the last one; their results are dropped.
+            let q_row = |r: usize| &q.data[(t0 + r.min(n - 1)) * q.nb[1] + h * q.nb[2]..][..d];
+            for (g, dst) in q_packed
+                .chunks_exact_mut(SCORE_ROWS * d)
+                .take(n.div_ceil(SCORE_ROWS))
+                .enumerate()
+            {
+                let rows: [&[f32]; SCORE_ROWS] = std::array::from_fn(|r| q_row(g * SCORE_ROWS + r));
+                pack_rows(&rows, d, dst);
             }
-            attention_values(&mut acc, &scores, tk_pad, tk, (v_head, v.nb[1]), dv, n);
-            for (r, sum) in sums.iter().take(n).enumerate() {
+            let mut maxima = [f32::NEG_INFINITY; FLASH_QT];
+            let mut sums = [0.0f64; FLASH_QT];
+            for (b, keys) in kt.chunks_exact(block_len).enumerate() {
+                let j0 = b * KEY_BLOCK;
+                let len = KEY_BLOCK.min(tk - j0);
+                attention_scores(&mut scores, keys, KEY_BLOCK, len, d, n, &q_packed);
+                // A `for` loop, not `map(..).collect()`: the closure of an iterator adapter
+                // is compiled inside the adapter's own (generic, featureless) function when
+                // that is not inlined, so in a baseline build the softmax ran without AVX2 or
+                // FMA, 4x slower (what any heavy closure given to a std adapter risks here).
+                for r in 0..n {
+                    let s = &mut scores[r * KEY_BLOCK..][..len];
+                    let (max, sum) = softmax_block(s, scale, maxima[r]);
+                    if b > 0 && max > maxima[r] {
+                        let rescale = exp((maxima[r] - max) * scale);
+                        sums[r] *= rescale as f64;
+                        for a in &mut acc[r * dv..(r + 1) * dv] {
+                            *a *= rescale;
+                        }
+                    }
+                    maxima[r] = max;
+                    sums[r] += sum;
+                }
+                for (g, dst) in p_packed
+                    .chunks_exact_mut(p_group)
+                    .take(n.div_ceil(VALUE_ROWS))
+                    .enumerate()
+                {
+                    let rows: [&[f32]; VALUE_ROWS] = std::array::from_fn(|r| {
+                        &scores[(g * VALUE_ROWS + r).min(n - 1) * KEY_BLOCK..][..len]
+                    });
+                    pack_rows(&rows, len, dst);
+                }
+                let values = (&v_head[j0 * v.nb[1]..], v.nb[1]);
+                attention_values(&mut acc, &p_packed, p_group, len, values, dv, n, b > 0);
+            }
+            for (r, &sum) in sums.iter().take(n).enumerate() {
+                let sum = sum as f32;
                 let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
                 for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
                     *o = a / sum;
@@ -449,6 +529,9 @@ fn attention_tokens_bf16(
     let mut kt = vec![0.0f32; d2 * tk_pad];
     let mut vp = vec![0.0f32; tk2 * dv];
     let (mut qp, mut pp) = (vec![0u32; QT * d2], vec![0u32; QT * tk2]);
+    // One group of rows of each, packed for the tile.
+    let mut group_q = vec![0u32; SCORE_ROWS * d2];
+    let mut group_p = vec![0u32; VALUE_ROWS * tk2];
     let mut scores = vec![0.0f32; QT * tk_pad];
     let mut acc = vec![0.0f32; QT * dv];
     for h in 0..heads {
@@ -475,12 +558,13 @@ fn attention_tokens_bf16(
             for r0 in (0..n).step_by(SCORE_ROWS) {
                 let rows: [&[u32]; SCORE_ROWS] =
                     std::array::from_fn(|r| &qp[(r0 + r).min(n - 1) * d2..][..d2]);
+                pack_rows(&rows, d2, &mut group_q);
                 for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
                     let mut tile_acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
                     tile(
                         Bf16Pairs,
                         &mut tile_acc,
-                        rows,
+                        &group_q,
                         &kt[j0..],
                         (d2, tk_pad),
                         (1, 0),
@@ -504,12 +588,13 @@ fn attention_tokens_bf16(
             for r0 in (0..n).step_by(VALUE_ROWS) {
                 let rows: [&[u32]; VALUE_ROWS] =
                     std::array::from_fn(|r| &pp[(r0 + r).min(n - 1) * tk2..][..tk2]);
+                pack_rows(&rows, tk2, &mut group_p);
                 let mut c0 = 0;
                 while c0 < dv {
                     c0 += if dv - c0 >= VALUE_VECTORS * LANES {
                         values_block_bf16::<VALUE_VECTORS>(
                             &mut acc,
-                            rows,
+                            &group_p,
                             &vp,
                             (tk2, dv),
                             n,
@@ -517,7 +602,7 @@ fn attention_tokens_bf16(
                             c0,
                         )
                     } else {
-                        values_block_bf16::<1>(&mut acc, rows, &vp, (tk2, dv), n, r0, c0)
+                        values_block_bf16::<1>(&mut acc, &group_p, &vp, (tk2, dv), n, r0, c0)
                     };
                 }
             }
@@ -532,12 +617,12 @@ fn attention_tokens_bf16(
     }
 }
 
-/// Rows `r0..r0 + VALUE_ROWS` (probabilities as bf16 pairs) and columns `c0..c0 + C * LANES`
+/// Rows `r0..r0 + VALUE_ROWS` (probabilities as bf16 pairs, packed) and columns `c0..c0 + C * LANES`
 /// of the weighted values in bf16; returns the columns done.
 #[inline(always)]
 fn values_block_bf16<const C: usize>(
     acc: &mut [f32],
-    rows: [&[u32]; VALUE_ROWS],
+    rows: &[u32],
     vp: &[f32],
     (steps, dv): (usize, usize),
     n: usize,
@@ -552,84 +637,97 @@ fn values_block_bf16<const C: usize>(
     C * LANES
 }
 
-/// `scores[r][j] = q_r · k_j` for the first `n` rows, keys from `kt` [d][tk_pad].
+/// `scores[r][j] = q_r · k_j` for the first `n` rows and the first `keys` keys (in whole
+/// spans), keys from `kt` [d][stride], scores rows `stride` apart, the queries packed for the
+/// tile in groups of SCORE_ROWS.
 #[inline(always)]
-fn attention_scores<'a>(
+fn attention_scores(
     scores: &mut [f32],
     kt: &[f32],
-    tk_pad: usize,
+    stride: usize,
+    keys: usize,
     d: usize,
     n: usize,
-    q_row: &impl Fn(usize) -> &'a [f32],
+    q_packed: &[f32],
 ) {
-    for r0 in (0..n).step_by(SCORE_ROWS) {
-        // Rows past `n` repeat the last one; their results are dropped.
-        let rows: [&[f32]; SCORE_ROWS] = std::array::from_fn(|r| q_row((r0 + r).min(n - 1)));
-        for j0 in (0..tk_pad).step_by(SCORE_SPAN) {
+    for (g, r0) in (0..n).step_by(SCORE_ROWS).enumerate() {
+        let rows = &q_packed[g * SCORE_ROWS * d..][..SCORE_ROWS * d];
+        for j0 in (0..keys).step_by(SCORE_SPAN) {
             let mut acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-            tile(F32, &mut acc, rows, &kt[j0..], (d, tk_pad), (1, 0));
+            tile(F32, &mut acc, rows, &kt[j0..], (d, stride), (1, 0));
             for (r, acc) in acc.iter().enumerate().take(n - r0) {
-                scores[(r0 + r) * tk_pad + j0..][..SCORE_SPAN].copy_from_slice(acc.as_flattened());
+                scores[(r0 + r) * stride + j0..][..SCORE_SPAN].copy_from_slice(acc.as_flattened());
             }
         }
     }
 }
 
-/// `acc[r] = Σ_j p[r][j] v_j` for the first `n` rows of probabilities `p` (stride `tk_pad`),
-/// value row `j` of `dv` values at `j * v_stride` of `v`.
+/// `acc[r] (+)= Σ_j p[r][j] v_j` for the first `n` rows of probabilities `p` (`keys` of
+/// them a row, packed for the tile in groups of VALUE_ROWS rows, `group` values apart),
+/// value row `j` of `dv` values at `j * v_stride` of `v`; added to what `acc` holds when
+/// `accumulate`, else replacing it.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attention_values(
     acc: &mut [f32],
     p: &[f32],
-    tk_pad: usize,
-    tk: usize,
+    group: usize,
+    keys: usize,
     (v, v_stride): (&[f32], usize),
     dv: usize,
     n: usize,
+    accumulate: bool,
 ) {
-    for r0 in (0..n).step_by(VALUE_ROWS) {
+    for (g, r0) in (0..n).step_by(VALUE_ROWS).enumerate() {
+        let rows = &p[g * group..][..VALUE_ROWS * keys];
         let mut c0 = 0;
         while c0 < dv {
+            let v = (v, v_stride);
             c0 += if dv - c0 >= VALUE_VECTORS * LANES {
-                values_block::<VALUE_VECTORS>(acc, p, tk_pad, tk, (v, v_stride), dv, n, r0, c0)
+                values_block::<VALUE_VECTORS>(acc, rows, keys, v, dv, n, r0, c0, accumulate)
             } else {
-                values_block::<1>(acc, p, tk_pad, tk, (v, v_stride), dv, n, r0, c0)
+                values_block::<1>(acc, rows, keys, v, dv, n, r0, c0, accumulate)
             };
         }
     }
 }
 
-/// Rows `r0..r0 + VALUE_ROWS` and columns `c0..c0 + C * LANES` of [`attention_values`];
-/// returns the columns done.
+/// Rows `r0..r0 + VALUE_ROWS` (probabilities `rows`, packed) and columns `c0..c0 + C * LANES`
+/// of [`attention_values`]; returns the columns done.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn values_block<const C: usize>(
     acc: &mut [f32],
-    p: &[f32],
-    tk_pad: usize,
-    tk: usize,
+    rows: &[f32],
+    keys: usize,
     (v, v_stride): (&[f32], usize),
     dv: usize,
     n: usize,
     r0: usize,
     c0: usize,
+    accumulate: bool,
 ) -> usize {
-    let rows: [&[f32]; VALUE_ROWS] =
-        std::array::from_fn(|r| &p[(r0 + r).min(n - 1) * tk_pad..][..tk]);
     let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
-    tile(F32, &mut sums, rows, &v[c0..], (tk, v_stride), (1, 0));
+    if accumulate {
+        for (r, s) in sums.iter_mut().enumerate().take(n - r0) {
+            s.as_flattened_mut()
+                .copy_from_slice(&acc[(r0 + r) * dv + c0..][..C * LANES]);
+        }
+    }
+    tile(F32, &mut sums, rows, &v[c0..], (keys, v_stride), (1, 0));
     for (r, s) in sums.iter().enumerate().take(n - r0) {
         acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
     }
     C * LANES
 }
 
-/// `s = exp(scale (s - max s))` in place; returns the sum. Reductions run in `V` lanes: a
-/// serial one would not vectorise.
+/// One block of the running softmax: with `max` the largest score of the blocks before
+/// (negative infinity for the first), `s = exp(scale (s - m))` in place for `m` the larger of
+/// `max` and this block's largest; returns `m` and the sum of the new values (in f64).
 #[inline(always)]
-fn softmax_in_place(s: &mut [f32], scale: f32) -> f32 {
+fn softmax_block(s: &mut [f32], scale: f32, max: f32) -> (f32, f64) {
     let whole = s.len() / V * V;
-    let mut lanes = [f32::NEG_INFINITY; V];
+    let mut lanes = [max; V];
     for chunk in s[..whole].chunks_exact(V) {
         for (lane, &x) in lanes.iter_mut().zip(chunk) {
             *lane = lane.max(x);
@@ -639,7 +737,21 @@ fn softmax_in_place(s: &mut [f32], scale: f32) -> f32 {
         .iter()
         .chain(&lanes)
         .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
+        .fold(max, f32::max);
+    (max, exp_and_sum(s, scale, max))
+}
+
+/// `s = exp(scale (s - max s))` in place; returns the sum.
+#[inline(always)]
+fn softmax_in_place(s: &mut [f32], scale: f32) -> f32 {
+    softmax_block(s, scale, f32::NEG_INFINITY).1 as f32
+}
+
+/// `s = exp(scale (s - max))` in place; returns the sum in f64. Reductions run in `V` lanes
+/// (here and in [`softmax_block`]): a serial one would not vectorise.
+#[inline(always)]
+fn exp_and_sum(s: &mut [f32], scale: f32, max: f32) -> f64 {
+    let whole = s.len() / V * V;
     let mut lanes = [0.0f32; V];
     for chunk in s[..whole].chunks_exact_mut(V) {
         for (lane, x) in lanes.iter_mut().zip(chunk) {
@@ -651,11 +763,7 @@ fn softmax_in_place(s: &mut [f32], scale: f32) -> f32 {
         *x = exp((*x - max) * scale);
     }
     // The lanes and the tail summed in f64.
-    s[whole..]
-        .iter()
-        .chain(&lanes)
-        .map(|&x| x as f64)
-        .sum::<f64>() as f32
+    s[whole..].iter().chain(&lanes).map(|&x| x as f64).sum()
 }
 
 /// Below this, [`exp`] is 0: a softmax probability under e^-60 (1e-26 of the row's largest)
@@ -730,12 +838,31 @@ fn linear_rows(
         return;
     }
     let x_row = |r: usize| &x.data[(rows.start + r) * x.nb[1]..][..k];
-    // A bf16 weight: this thread's input rows as bf16 pairs too, once for every panel.
+    // This thread's input rows packed for the tile once, for every panel, in groups of
+    // GEMM_ROWS (rows past the end repeat the last one; their results are dropped); with a
+    // bf16 weight, as bf16 pairs.
     let bf16 = panels.dtype == DType::I32;
     let depth = if bf16 { k / 2 } else { k };
-    let mut x_pairs: Vec<u32> = vec![0; if bf16 { count * depth } else { 0 }];
-    for (r, dst) in x_pairs.chunks_exact_mut(depth.max(1)).enumerate() {
-        to_bf16_pairs(x_row(r), dst);
+    let groups = count.div_ceil(GEMM_ROWS);
+    let group_len = GEMM_ROWS * depth;
+    let last = |r: usize| r.min(count - 1);
+    let mut x_packed: Vec<f32> = vec![0.0; if bf16 { 0 } else { groups * group_len }];
+    let mut x_pairs: Vec<u32> = vec![0; if bf16 { groups * group_len } else { 0 }];
+    if bf16 {
+        let mut pairs = vec![0u32; GEMM_ROWS * depth];
+        for (g, dst) in x_pairs.chunks_exact_mut(group_len.max(1)).enumerate() {
+            for (r, row) in pairs.chunks_exact_mut(depth.max(1)).enumerate() {
+                to_bf16_pairs(x_row(last(g * GEMM_ROWS + r)), row);
+            }
+            let rows: [&[u32]; GEMM_ROWS] = std::array::from_fn(|r| &pairs[r * depth..]);
+            pack_rows(&rows, depth, dst);
+        }
+    } else {
+        for (g, dst) in x_packed.chunks_exact_mut(group_len.max(1)).enumerate() {
+            let rows: [&[f32]; GEMM_ROWS] =
+                std::array::from_fn(|r| x_row(last(g * GEMM_ROWS + r)));
+            pack_rows(&rows, depth, dst);
+        }
     }
     // Each panel (at most a few hundred KB) stays in L2 while the thread's rows sweep past
     // it, a span of two vectors of its columns at a time (all of it with AVX-512).
@@ -743,9 +870,7 @@ fn linear_rows(
         for span in (0..PANEL).step_by(SPAN) {
             let col = p * PANEL + span;
             let b = &panel[span..];
-            for r0 in (0..count).step_by(GEMM_ROWS) {
-                // Rows past the end repeat the last one; their results are dropped.
-                let last = |r: usize| (r0 + r).min(count - 1);
+            for (g, r0) in (0..count).step_by(GEMM_ROWS).enumerate() {
                 let bias: [[f32; LANES]; 2] = std::array::from_fn(|v| {
                     bias[col + v * LANES..][..LANES]
                         .try_into()
@@ -753,11 +878,10 @@ fn linear_rows(
                 });
                 let mut acc = [bias; GEMM_ROWS];
                 if bf16 {
-                    let xs: [&[u32]; GEMM_ROWS] =
-                        std::array::from_fn(|r| &x_pairs[last(r) * depth..][..depth]);
+                    let xs = &x_pairs[g * group_len..][..group_len];
                     tile(Bf16Pairs, &mut acc, xs, b, (depth, PANEL), (1, 0));
                 } else {
-                    let xs: [&[f32]; GEMM_ROWS] = std::array::from_fn(|r| x_row(last(r)));
+                    let xs = &x_packed[g * group_len..][..group_len];
                     tile(F32, &mut acc, xs, b, (k, PANEL), (1, 0));
                 }
                 for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
@@ -831,9 +955,11 @@ impl Products for Bf16Pairs {
     }
 }
 
-/// A register tile: `acc[r][c..c + LANES] (+)= Σ_i a[r][i] b_i[c..c + LANES]` for `R` rows
+/// A register tile: `acc[r][c..c + LANES] (+)= Σ_i a[i][r] b_i[c..c + LANES]` for `R` rows
 /// and `C` vectors of columns, over `outer * inner` steps `i`; step `i = o * inner + n` reads
-/// `b` at `o * outer_stride + n * inner_stride`. The row values `a[r]` are consecutive.
+/// `b` at `o * outer_stride + n * inner_stride`. `a` is packed ([`pack_rows`]): the `R` row
+/// values of step `i` at `a[i * R..]`, so that one pointer walks them all (with a pointer per
+/// row, 16 general registers did not hold them, and the loop reloaded them from the stack).
 /// Starts from the values in `acc` (bias, or a partial sum); every read is checked up front.
 /// One kernel serves the matrix product (inner 1), the direct convolution (a kernel row of
 /// taps, one value apart, per input row) and both products of attention.
@@ -841,7 +967,7 @@ impl Products for Bf16Pairs {
 fn tile<P: Products, const R: usize, const C: usize>(
     products: P,
     acc: &mut [[[f32; LANES]; C]; R],
-    a: [&[P::Scalar]; R],
+    a: &[P::Scalar],
     b: &[f32],
     outer: (usize, usize),
     inner: (usize, usize),
@@ -851,10 +977,22 @@ fn tile<P: Products, const R: usize, const C: usize>(
         return;
     }
     let last_read = (outer.0 - 1) * outer.1 + (inner.0 - 1) * inner.1 + C * LANES;
-    assert!(b.len() >= last_read && a.iter().all(|a| a.len() >= steps));
+    assert!(b.len() >= last_read && a.len() >= steps * R);
     // SAFETY: the assertion is what `tile_steps` needs; the instruction set of this instance
     // is present, since its code runs only inside its `run` functions.
     unsafe { tile_steps(products, acc, a, b, outer, inner) }
+}
+
+/// `rows` packed for [`tile`]: `dst[i * R + r] = rows[r][i]` for the first `steps` values
+/// of the `R` rows.
+#[inline(always)]
+fn pack_rows<T: Copy>(rows: &[&[T]], steps: usize, dst: &mut [T]) {
+    let n = rows.len();
+    for (r, row) in rows.iter().enumerate() {
+        for (i, &x) in row[..steps].iter().enumerate() {
+            dst[i * n + r] = x;
+        }
+    }
 }
 
 instance_features! {
@@ -863,36 +1001,35 @@ instance_features! {
 ///
 /// # Safety
 /// `b` holds `(outer - 1) * outer_stride + (inner - 1) * inner_stride + C * LANES` values,
-/// every row of `a` `outer * inner` values, and the CPU has this instance's features.
+/// `a` `outer * inner * R` values, and the CPU has this instance's features.
 #[inline(never)]
 unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
     _products: P,
     acc: &mut [[[f32; LANES]; C]; R],
-    a: [&[P::Scalar]; R],
+    a: &[P::Scalar],
     b: &[f32],
     (outer, outer_stride): (usize, usize),
     (inner, inner_stride): (usize, usize),
 ) {
     // SAFETY: as the caller promises, every read is in bounds: step (o, n) loads C vectors
-    // from `b` at o * outer_stride + n * inner_stride and one value below `outer * inner`
-    // from each row of `a`; `acc` holds R x C vectors of LANES values.
+    // from `b` at o * outer_stride + n * inner_stride and R values below `outer * inner * R`
+    // from `a`; `acc` holds R x C vectors of LANES values.
     unsafe {
         let mut c: [[simd::F; C]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let a_ptr: [*const P::Scalar; R] = std::array::from_fn(|r| a[r].as_ptr());
-        let mut step = 0;
+        let mut ap = a.as_ptr();
         for o in 0..outer {
             let mut bp = b.as_ptr().add(o * outer_stride);
             for _ in 0..inner {
                 let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
-                for (c, a) in c.iter_mut().zip(&a_ptr) {
-                    let x = P::splat(*a.add(step));
+                for (r, c) in c.iter_mut().enumerate() {
+                    let x = P::splat(*ap.add(r));
                     for (c, &bv) in c.iter_mut().zip(&bv) {
                         *c = P::madd(*c, x, bv);
                     }
                 }
                 bp = bp.add(inner_stride);
-                step += 1;
+                ap = ap.add(R);
             }
         }
         for (acc, c) in acc.iter_mut().zip(&c) {
