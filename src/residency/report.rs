@@ -91,7 +91,20 @@ impl Report {
             );
         }
         if !unsupported.is_empty() {
-            line.push_str(&format!(", {} ops unsupported", unsupported.len()));
+            // Which ops, so that the log says what to implement or avoid.
+            let mut by_op: Vec<(&str, usize)> = Vec::new();
+            for f in &unsupported {
+                match by_op.iter_mut().find(|(op, _)| *op == f.consumer_op) {
+                    Some((_, n)) => *n += 1,
+                    None => by_op.push((&f.consumer_op, 1)),
+                }
+            }
+            let ops: Vec<String> = by_op.iter().map(|(op, n)| format!("{op} x{n}")).collect();
+            line.push_str(&format!(
+                ", {} ops unsupported ({})",
+                unsupported.len(),
+                ops.join(", ")
+            ));
         }
         format!("{line} -> {}", self.decision)
     }
@@ -146,5 +159,49 @@ impl fmt::Display for Report {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unsupported(node: &str, op: &str) -> Finding {
+        Finding {
+            tensor: node.to_owned(),
+            consumer: node.to_owned(),
+            consumer_op: op.to_owned(),
+            issue: Issue::UnsupportedOp,
+            input: false,
+        }
+    }
+
+    /// The one-line summary names the ops a device refused, counted by op, so that a log of
+    /// a scheduled graph says what made it so.
+    #[test]
+    fn the_summary_counts_unsupported_ops_by_op() {
+        let report = Report {
+            device: "CUDA0".to_owned(),
+            policy: Policy::Auto,
+            pass: PassResult {
+                findings: vec![
+                    unsupported("a", "IM2COL"),
+                    unsupported("b", "CONV_TRANSPOSE_2D"),
+                    unsupported("c", "IM2COL"),
+                ],
+                nodes: 10,
+                sources_checked: 20,
+            },
+            decision: Decision::Sched {
+                wrapped: 0,
+                mirrored: 0,
+                splits: Some(7),
+            },
+        };
+        assert_eq!(
+            report.summary(),
+            "residency: 10 nodes checked on CUDA0, 3 ops unsupported \
+             (IM2COL x2, CONV_TRANSPOSE_2D x1) -> sched, 7 splits"
+        );
     }
 }
