@@ -533,6 +533,26 @@ fn silu_is_x_times_sigmoid() {
     check_unary("silu", Context::silu, |x| x / (1.0 + (-x).exp()));
 }
 
+/// DINOv2-giant's FFN gate: each row `[x | g]` of `2n` values gives `silu(x) * g`.
+#[test]
+fn swiglu_is_silu_of_the_first_half_times_the_second() {
+    let g = Harness::new();
+    let xv = g.random(&[34, 5, 2]).map(|x| 4.0 * x);
+    let x = g.input_from(&xv);
+    let y = g.swiglu(&x).unwrap();
+    assert_eq!(y.ne(), [17, 5, 2, 1]);
+    let want = Array::from_fn(&[17, 5, 2], |[i, r, b, _]| {
+        let (a, gate) = (xv.at([i, r, b, 0]), xv.at([i + 17, r, b, 0]));
+        a / (1.0 + (-a).exp()) * gate
+    });
+    assert_close(&g.run(&y), &want, TOL, "swiglu");
+    // An odd row and a strided view are refused before ggml sees them.
+    let odd = g.input_from(&g.random(&[33, 2]));
+    assert!(g.swiglu(&odd).unwrap_err().to_string().contains("halves"));
+    let half = g.view(&x, &[16, 5, 2], &[x.nb()[1], x.nb()[2]], 0).unwrap();
+    assert!(g.swiglu(&half).is_err());
+}
+
 #[test]
 fn relu_clamps_negatives() {
     check_unary("relu", Context::relu, |x| x.max(0.0));

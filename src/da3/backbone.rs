@@ -33,15 +33,8 @@ pub struct BackboneConstants {
 }
 
 enum FfnWeights {
-    Mlp {
-        fc1: Linear,
-        fc2: Linear,
-    },
-    SwiGlu {
-        w12: Linear,
-        w3: Linear,
-        hidden: usize,
-    },
+    Mlp { fc1: Linear, fc2: Linear },
+    SwiGlu { w12: Linear, w3: Linear },
 }
 
 struct Block {
@@ -116,7 +109,6 @@ impl Block {
             Ffn::SwiGlu => FfnWeights::SwiGlu {
                 w12: Linear::load(l, &format!("{p}.mlp_w12"), e, 2 * cfg.mlp_hidden)?,
                 w3: Linear::load(l, &format!("{p}.mlp_w3"), cfg.mlp_hidden, e)?,
-                hidden: cfg.mlp_hidden,
             },
         };
         Ok(Block {
@@ -150,14 +142,9 @@ impl Block {
         let h = self.norm2.forward(g, &x)?;
         let (hidden, out) = match &self.ffn {
             FfnWeights::Mlp { fc1, fc2 } => (fc1.forward_gelu(g, &h)?, fc2),
-            FfnWeights::SwiGlu { w12, w3, hidden } => {
-                let ab = w12.forward(g, &h)?;
-                let t = ab.ne()[1];
-                let row = ab.nb()[1];
-                let a = g.view(&ab, &[*hidden as i64, t], &[row], 0)?;
-                let b = g.view(&ab, &[*hidden as i64, t], &[row], hidden * 4)?;
-                (g.mul(&g.silu(&a)?, &b)?, w3)
-            }
+            // w12's output holds both halves of each row; one GLU node computes silu of the
+            // first times the second.
+            FfnWeights::SwiGlu { w12, w3 } => (g.swiglu(&w12.forward(g, &h)?)?, w3),
         };
         Ok(out
             .forward_scaled_residual(g, &hidden, &self.ls2, &x)?

@@ -342,6 +342,32 @@ impl Context {
     pub fn silu(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("silu", a, sys::ggml_silu)
     }
+    /// SwiGLU of the two halves of each row: `silu(a[..n]) * a[n..]` for rows of `2n` values
+    /// -> `[n, ...]`; `a` contiguous. One node (ggml's GLU op), which every GPU backend runs:
+    /// CUDA refuses SiLU on a strided view of one half.
+    pub fn swiglu(&self, a: &Tensor) -> Result<Tensor> {
+        const OP: &str = "swiglu";
+        require_dtype(OP, a, &[DType::F32, DType::F16, DType::BF16])?;
+        if !a.is_contiguous() {
+            return Err(Error::NotContiguous {
+                op: OP,
+                operand: a.describe(),
+            });
+        }
+        let ne = a.ne();
+        if ne[0] % 2 != 0 {
+            return Err(mismatch(
+                OP,
+                "rows of an odd length do not split in two halves",
+                &[a],
+            ));
+        }
+        self.reserve_result(a.dtype(), [ne[0] / 2, ne[1], ne[2], ne[3]])?;
+        // SAFETY: `a` is contiguous (ggml_glu_impl's assertion, and the CPU kernel's) of a type
+        // the kernels take, with an even row length; live tensors.
+        let raw = unsafe { sys::ggml_swiglu(self.raw(), a.as_ptr()) };
+        self.result(raw, OP, &[a])
+    }
     /// ReLU, `max(x, 0)`, element-wise (rows of `a` must be contiguous).
     pub fn relu(&self, a: &Tensor) -> Result<Tensor> {
         self.unary("relu", a, sys::ggml_relu)
