@@ -10,6 +10,14 @@ use da3::ggml::{
 use std::error::Error;
 use std::time::Instant;
 
+/// The largest absolute difference between two results of the same shape.
+fn max_difference(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
+}
+
 fn median_ms(run: &Allocation<'_>, backend: &Backend) -> Result<f64, Box<dyn Error>> {
     median_ms_of(run, backend, 20)
 }
@@ -95,12 +103,10 @@ fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
                 flop / ms / 1e6
             );
         }
-        let diff = results[0]
-            .iter()
-            .zip(&results[1])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        println!("  max difference {diff:.2e}");
+        println!(
+            "  max difference {:.2e}",
+            max_difference(&results[0], &results[1])
+        );
     }
     Ok(())
 }
@@ -198,12 +204,10 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
                 2.0 * (k * n * t) as f64 / ms / 1e6
             );
         }
-        let diff = results[0]
-            .iter()
-            .zip(&results[1])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        println!("  max difference {diff:.2e}");
+        println!(
+            "  max difference {:.2e}",
+            max_difference(&results[0], &results[1])
+        );
     }
     Ok(())
 }

@@ -559,17 +559,10 @@ mod tests {
         avx512_linear = avx512::linear_bias_rows;
     }
 
-    /// Values in [-1, 1) from a seed, reproducible.
+    /// Values in [-1, 1) from a seed: [`super::super::cpu_ops::tests::values`] halved.
     fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(12_345);
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state >> 8) as f32 / (1u32 << 23) as f32 - 1.0
-            })
-            .collect()
+        let values = super::super::cpu_ops::tests::values(n, seed);
+        values.into_iter().map(|x| 0.5 * x).collect()
     }
 
     /// A contiguous f32 operand of shape `ne` over `data`.

@@ -638,14 +638,14 @@ impl Context {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     //! Each CPU kernel against ggml's own op on the same data.
     use crate::ggml::{
         Backend, Context, DType, Gallocr, Interpolation, Result, Tensor, TensorView,
     };
 
-    /// Deterministic values in [-2, 2).
-    fn values(n: usize, seed: u32) -> Vec<f32> {
+    /// Deterministic values in [-2, 2) (also the kernels' own tests' operands).
+    pub(in crate::ggml) fn values(n: usize, seed: u32) -> Vec<f32> {
         let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
         (0..n)
             .map(|_| {

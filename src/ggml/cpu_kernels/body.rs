@@ -832,14 +832,31 @@ fn linear_rows(
     rows: Range<usize>,
     epilogue: Epilogue,
 ) {
-    let n = ne[0];
+    let (n, k) = (ne[0], srcs[1].ne[0]);
+    // The packed rows of one block, allocated once for every block: f32 words, or bf16 pairs
+    // with a weight of bf16 pairs (and the pairs of one group before packing).
+    let bf16 = srcs[0].dtype == DType::I32;
+    let depth = if bf16 { k / 2 } else { k };
+    let len = LINEAR_ROW_BLOCK.min(rows.len()).div_ceil(GEMM_ROWS) * GEMM_ROWS * depth;
+    let mut packed = PackedRows {
+        f32: vec![0.0; if bf16 { 0 } else { len }],
+        pairs: vec![0; if bf16 { len } else { 0 }],
+        group_pairs: vec![0; if bf16 { GEMM_ROWS * depth } else { 0 }],
+    };
     let mut start = rows.start;
     while start < rows.end {
         let end = (start + LINEAR_ROW_BLOCK).min(rows.end);
         let block = &mut out[(start - rows.start) * n..(end - rows.start) * n];
-        linear_block(srcs, block, ne, start..end, epilogue);
+        linear_block(srcs, block, ne, start..end, epilogue, &mut packed);
         start = end;
     }
+}
+
+/// The buffers [`linear_block`] packs a block's rows into.
+struct PackedRows {
+    f32: Vec<f32>,
+    pairs: Vec<u32>,
+    group_pairs: Vec<u32>,
 }
 
 /// Rows of a thread's share taken at a time by [`linear_rows`]: their packed copy (at most
@@ -857,6 +874,7 @@ fn linear_block(
     ne: [usize; 4],
     rows: Range<usize>,
     epilogue: Epilogue,
+    packed: &mut PackedRows,
 ) {
     let (panels, x, bias) = (&srcs[0], &srcs[1], &srcs[2].data);
     let (k, n, count) = (x.ne[0], ne[0], rows.len());
@@ -872,11 +890,17 @@ fn linear_block(
     let groups = count.div_ceil(GEMM_ROWS);
     let group_len = GEMM_ROWS * depth;
     let last = |r: usize| r.min(count - 1);
-    let mut x_packed: Vec<f32> = vec![0.0; if bf16 { 0 } else { groups * group_len }];
-    let mut x_pairs: Vec<u32> = vec![0; if bf16 { groups * group_len } else { 0 }];
+    let PackedRows {
+        f32: x_packed,
+        pairs: x_pairs,
+        group_pairs: pairs,
+    } = packed;
     if bf16 {
-        let mut pairs = vec![0u32; GEMM_ROWS * depth];
-        for (g, dst) in x_pairs.chunks_exact_mut(group_len.max(1)).enumerate() {
+        for (g, dst) in x_pairs
+            .chunks_exact_mut(group_len.max(1))
+            .take(groups)
+            .enumerate()
+        {
             for (r, row) in pairs.chunks_exact_mut(depth.max(1)).enumerate() {
                 to_bf16_pairs(x_row(last(g * GEMM_ROWS + r)), row);
             }
@@ -884,7 +908,11 @@ fn linear_block(
             pack_rows(&rows, depth, dst);
         }
     } else {
-        for (g, dst) in x_packed.chunks_exact_mut(group_len.max(1)).enumerate() {
+        for (g, dst) in x_packed
+            .chunks_exact_mut(group_len.max(1))
+            .take(groups)
+            .enumerate()
+        {
             let rows: [&[f32]; GEMM_ROWS] =
                 std::array::from_fn(|r| x_row(last(g * GEMM_ROWS + r)));
             pack_rows(&rows, depth, dst);
