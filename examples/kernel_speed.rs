@@ -1,11 +1,13 @@
-//! The CPU kernels on DA3-small's shapes: the f32 matrix products of a block, ggml's
-//! `mul_mat` against the packed-panel kernel (`Context::linear_panels`), and the head's 3x3
+//! The CPU kernels on DA3-small's shapes: the matrix products of a block, ggml's `mul_mat`
+//! against the packed-panel kernel (`Context::linear_panels`) in f32 and for q8_0 weights
+//! (int8 products), and the head's 3x3
 //! convolutions (the direct kernel of `Context::conv_2d_bias`), and attention of one view's
 //! queries against the keys of 1 to 8 views (DA3-base's heads, the global blocks of a scene):
 //! `cargo run --release --example kernel_speed [threads] [products|convolutions|norms|attention]`.
 //! Medians of 20 computes (5 for attention).
 use da3::ggml::{
-    pack_linear_panels, Allocation, Backend, BufferUsage, Context, DType, Gallocr, TensorView,
+    pack_linear_panels, pack_linear_panels_q8, quantize, Allocation, Backend, BufferUsage, Context,
+    DType, Gallocr, TensorView,
 };
 use std::error::Error;
 use std::time::Instant;
@@ -154,6 +156,8 @@ fn layer_norms(cpu: &Backend) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// The block linears of DA3-small, four ways: ggml's f32 `mul_mat` and the packed f32
+/// kernel, ggml's q8_0 `mul_mat` and the int8 kernel on the same q8_0 weight.
 fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
     for (k, n, t) in [
         (384usize, 1536usize, 865usize),
@@ -164,24 +168,35 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
             .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)
             .collect();
         let (packed, panel_shape) = pack_linear_panels(&weight, k, n)?;
-        let w = Context::metadata(3)?;
+        let q8 = quantize(DType::Q8_0, &weight, k)?;
+        let (packed_q8, q8_shape) = pack_linear_panels_q8(&q8, k, n)?;
+        let w = Context::metadata(5)?;
         let a = w.new_tensor(DType::F32, &[k as i64, n as i64])?;
         let p = w.new_tensor(DType::F32, &panel_shape)?;
+        let a_q8 = w.new_tensor(DType::Q8_0, &[k as i64, n as i64])?;
+        let p_q8 = w.new_tensor(DType::I8, &q8_shape)?;
         let bias = w.new_tensor(DType::F32, &[n as i64])?;
         w.allocate_on(cpu, BufferUsage::Weights)?;
         w.write(&a, &weight)?;
         w.write(&p, &packed)?;
+        w.write_bytes(&a_q8, &q8)?;
+        w.write_bytes(&p_q8, &packed_q8)?;
         w.write(&bias, &vec![0.25f32; n])?;
         let mut results = Vec::new();
-        for panels in [false, true] {
+        for (name, weight, panels) in [
+            ("ggml mul_mat", &a, false),
+            ("linear_panels", &p, true),
+            ("ggml q8_0", &a_q8, false),
+            ("int8 panels", &p_q8, true),
+        ] {
             let ctx = Context::metadata(8)?;
             ctx.use_cpu_kernels(true);
             let x = ctx.new_tensor(DType::F32, &[k as i64, t as i64])?;
             x.mark_input();
             let y = if panels {
-                ctx.linear_panels(&p, &x, &bias, false)?
+                ctx.linear_panels(weight, &x, &bias, false)?
             } else {
-                ctx.add(&ctx.mul_mat(&a, &x)?, &bias)?
+                ctx.add(&ctx.mul_mat(weight, &x)?, &bias)?
             };
             y.mark_output();
             let g = ctx.new_graph(8)?;
@@ -195,18 +210,15 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
             let ms = median_ms(&run, cpu)?;
             results.push(run.read::<f32>(&y)?);
             println!(
-                "[{n} x {k}] x [{k} x {t}] {:<13} {ms:7.2} ms {:6.1} GFLOP/s",
-                if panels {
-                    "linear_panels"
-                } else {
-                    "ggml mul_mat"
-                },
+                "[{n} x {k}] x [{k} x {t}] {name:<13} {ms:7.2} ms {:6.1} GFLOP/s",
                 2.0 * (k * n * t) as f64 / ms / 1e6
             );
         }
         println!(
-            "  max difference {:.2e}",
-            max_difference(&results[0], &results[1])
+            "  max difference: f32 {:.2e}, q8_0 {:.2e}, q8_0 against f32 {:.2e}",
+            max_difference(&results[0], &results[1]),
+            max_difference(&results[2], &results[3]),
+            max_difference(&results[0], &results[3])
         );
     }
     Ok(())

@@ -5,8 +5,9 @@ use super::config::{Config, FileLayout, HeadKind};
 use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
-    linear_bf16, pack_linear_panels, pack_linear_panels_bf16, BufferUsage, Context, DType, Device,
-    SharedContext, Tensor, TensorView, LINEAR_PANEL,
+    dequantize, linear_bf16, linear_q8, pack_linear_panels, pack_linear_panels_bf16,
+    pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device, SharedContext, Tensor,
+    TensorView, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -27,11 +28,13 @@ struct Pending {
     packed: Option<Packing>,
 }
 
-/// The two layouts of a packed linear weight (see [`Loader::pack_linears`]).
+/// The layouts of a packed linear weight (see [`Loader::pack_linears`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Packing {
     F32,
     Bf16,
+    /// A q8_0 weight for int8 products.
+    Q8,
 }
 
 /// Where declared tensors come from.
@@ -198,7 +201,9 @@ impl<'f> Loader<'f> {
     /// Stores linear weights packed for the CPU's matrix-product kernel
     /// ([`crate::ggml::Context::linear_panels`]); only for models computed on the CPU backend.
     /// f32 weights stay f32; f16 and bf16 weights become bf16 products where the CPU has them
-    /// ([`crate::ggml::linear_bf16`]), the "fast" mode of half-precision files.
+    /// ([`crate::ggml::linear_bf16`]), the "fast" mode of half-precision files; quantised
+    /// weights become int8 products ([`crate::ggml::linear_q8`]; q8_0 kept exactly, other
+    /// types decoded and stored as q8_0).
     pub fn pack_linears(mut self, on: bool) -> Self {
         self.pack_linears = on;
         self
@@ -349,18 +354,26 @@ impl<'f> Loader<'f> {
             (&[_, n_in], DType::F16 | DType::BF16) if linear_bf16() && n_in % 2 == 0 => {
                 Some(Packing::Bf16)
             }
+            // Other quantised types are decoded and stored as q8_0 for the int8 products:
+            // a second rounding far finer than theirs (a q4_k step is 8 of q8_0's), for the
+            // speed of int8 products over ggml's quantised ones.
+            (&[_, n_in], dtype)
+                if dtype.is_quantized() && linear_q8() && n_in % DType::Q8_0.block_size() == 0 =>
+            {
+                Some(Packing::Q8)
+            }
             _ => None,
         };
         let (dtype, ne): (DType, Vec<i64>) = match (packed, shape) {
             (Some(packing), &[n_out, n_in]) => {
-                let bf16 = packing == Packing::Bf16;
+                let (dtype, row, depth) = match packing {
+                    Packing::F32 => (DType::F32, LINEAR_PANEL, n_in),
+                    Packing::Bf16 => (DType::I32, LINEAR_PANEL, n_in / 2),
+                    Packing::Q8 => (DType::I8, LINEAR_Q8_RECORD, n_in / DType::Q8_0.block_size()),
+                };
                 (
-                    if bf16 { DType::I32 } else { DType::F32 },
-                    vec![
-                        LINEAR_PANEL as i64,
-                        if bf16 { n_in / 2 } else { n_in } as i64,
-                        (n_out / LINEAR_PANEL) as i64,
-                    ],
+                    dtype,
+                    vec![row as i64, depth as i64, (n_out / LINEAR_PANEL) as i64],
                 )
             }
             _ => (dtype, expected.iter().map(|&d| d as i64).collect()),
@@ -471,13 +484,23 @@ impl<'f> Loader<'f> {
             if let Some(packing) = p.packed {
                 // The file's ggml shape is [n_in, n_out], checked when declared.
                 let (n_in, n_out) = (info.shape()[0] as usize, info.shape()[1] as usize);
-                let plain = to_f32(&p.name, info.dtype, data)?;
                 match packing {
                     Packing::F32 => {
+                        let plain = to_f32(&p.name, info.dtype, data)?;
                         ctx.write(&p.tensor, &pack_linear_panels(&plain, n_in, n_out)?.0)?
                     }
                     Packing::Bf16 => {
+                        let plain = to_f32(&p.name, info.dtype, data)?;
                         ctx.write(&p.tensor, &pack_linear_panels_bf16(&plain, n_in, n_out)?.0)?
+                    }
+                    Packing::Q8 if info.dtype == DType::Q8_0 => {
+                        ctx.write_bytes(&p.tensor, &pack_linear_panels_q8(data, n_in, n_out)?.0)?
+                    }
+                    Packing::Q8 => {
+                        let plain = dequantize(info.dtype, data, n_in)?;
+                        let q8 = quantize(DType::Q8_0, &plain, n_in)
+                            .map_err(|e| Error::Weights(format!("tensor `{}`: {e}", p.name)))?;
+                        ctx.write_bytes(&p.tensor, &pack_linear_panels_q8(&q8, n_in, n_out)?.0)?
                     }
                 }
             } else if p.convert {

@@ -379,11 +379,18 @@ pub fn ggml_version() -> String {
 /// What computes on the CPU in this process, one line: the kernel set of the CPU kernels
 /// ([`super::kernel_set`]) and the variant of ggml's CPU backend (with the vector units ggml
 /// reports it was compiled for), e.g.
-/// `kernels avx2; ggml CPU haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`.
+/// `kernels avx2 (int8 products for quantised files); ggml CPU haswell of
+/// x86_64,haswell,zen4 (AVX2 FMA F16C)`.
 pub fn cpu_features() -> String {
     let set = super::kernel_set();
     let kernels = if set.beats_ggml() {
-        set.name().to_owned()
+        let products = match (super::linear_bf16(), super::linear_q8()) {
+            (true, true) => " (bf16 products for f16 files, int8 for quantised ones)",
+            (false, true) => " (int8 products for quantised files)",
+            (true, false) => " (bf16 products for f16 files)",
+            (false, false) => "",
+        };
+        format!("{}{products}", set.name())
     } else {
         format!("{} (ggml's ops run every node)", set.name())
     };

@@ -16,7 +16,8 @@ use std::sync::OnceLock;
 /// The instruction set the CPU kernels use in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelSet {
-    /// AVX-512F vectors, bf16 products with `vdpbf16ps` (AMD Zen 4, Intel Sapphire Rapids).
+    /// AVX-512F vectors, bf16 products with `vdpbf16ps` and int8 products with `vpdpbusd`
+    /// (AVX512_VNNI; AMD Zen 4, Intel Cooper Lake and Sapphire Rapids).
     Avx512Bf16,
     /// AVX2 vectors with FMA (x86-64-v3: Intel Haswell, AMD Zen 1 and later).
     Avx2,
@@ -51,7 +52,10 @@ impl KernelSet {
     fn detect() -> KernelSet {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16") {
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bf16")
+                && is_x86_feature_detected!("avx512vnni")
+            {
                 return KernelSet::Avx512Bf16;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -140,7 +144,7 @@ pub(super) const ATTENTION_DV_MULTIPLE: usize = 16;
 /// one kernel instance, whose code runs only inside that instance's `run` functions.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_vectors {
-    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $load:ident, $store:ident) => {
+    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $mul:ident, $load:ident, $store:ident) => {
         use std::arch::x86_64::*;
         pub type F = $f;
         pub const LANES: usize = $lanes;
@@ -156,6 +160,11 @@ macro_rules! x86_vectors {
         pub fn fma(a: F, b: F, c: F) -> F {
             // SAFETY: as for `splat`.
             unsafe { $fma(a, b, c) }
+        }
+        #[inline(always)]
+        pub fn mul(a: F, b: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $mul(a, b) }
         }
         // The lanes of a vector and back: for the bf16 fallback, which the AVX-512 set lacks.
         #[allow(dead_code)]
@@ -247,6 +256,7 @@ mod avx512 {
             32,
             _mm512_set1_ps,
             _mm512_fmadd_ps,
+            _mm512_mul_ps,
             _mm512_loadu_ps,
             _mm512_storeu_ps
         );
@@ -262,12 +272,48 @@ mod avx512 {
             // SAFETY: the instruction set (avx512bf16) as for `splat`; the transmute as above.
             unsafe { _mm512_dpbf16_ps(acc, x, std::mem::transmute::<F, __m512bh>(b)) }
         }
+        // int8 products: activations offset to unsigned bytes, four per lane per `vpdpbusd`.
+        pub type I = __m512i;
+        pub type Q8Weights = __m512i;
+        pub const Q8_OFFSET: bool = true;
+        /// # Safety
+        /// `p` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_load(p: *const f32) -> __m512i {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe { _mm512_loadu_si512(p as *const __m512i) }
+        }
+        /// The start of a block's sums: its correction for the offset (see `Q8_OFFSET`).
+        /// # Safety
+        /// `correction` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_init(correction: *const f32) -> __m512i {
+            // SAFETY: as for `q8_load`.
+            unsafe { q8_load(correction) }
+        }
+        #[inline(always)]
+        pub fn q8_splat(x: u32) -> __m512i {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm512_set1_epi32(x as i32) }
+        }
+        #[inline(always)]
+        pub fn q8_dot(acc: __m512i, x: __m512i, w: __m512i) -> __m512i {
+            // SAFETY: the instruction set (avx512vnni) as for `splat`.
+            unsafe { _mm512_dpbusd_epi32(acc, x, w) }
+        }
+        #[inline(always)]
+        pub fn q8_to_f32(i: __m512i) -> F {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm512_cvtepi32_ps(i) }
+        }
     }
     macro_rules! instance_features {
-        ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx2,fma")] $($item)* };
+        ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx512vnni,avx2,fma")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
-    entries!(target_feature(enable = "avx512f,avx512bf16,avx2,fma"));
+    entries!(target_feature(
+        enable = "avx512f,avx512bf16,avx512vnni,avx2,fma"
+    ));
 }
 
 /// AVX2 with FMA.
@@ -280,10 +326,53 @@ mod avx2 {
             16,
             _mm256_set1_ps,
             _mm256_fmadd_ps,
+            _mm256_mul_ps,
             _mm256_loadu_ps,
             _mm256_storeu_ps
         );
         bf16_by_lanes!();
+        // int8 products without VNNI: `vpmaddubsw` multiplies unsigned by signed bytes and
+        // saturates pairs at i16, so the bytes go in as |w| and x with w's sign (pairs then
+        // stay within 2 * 128 * 127), then `vpmaddwd` by ones sums the pairs into i32 lanes.
+        pub type I = __m256i;
+        /// A vector of weights as (|w|, w).
+        pub type Q8Weights = (__m256i, __m256i);
+        pub const Q8_OFFSET: bool = false;
+        /// # Safety
+        /// `p` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_load(p: *const f32) -> Q8Weights {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe {
+                let w = _mm256_loadu_si256(p as *const __m256i);
+                (_mm256_abs_epi8(w), w)
+            }
+        }
+        /// # Safety
+        /// Reads nothing: without the offset, blocks start from zero.
+        #[inline(always)]
+        pub unsafe fn q8_init(_correction: *const f32) -> __m256i {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm256_setzero_si256() }
+        }
+        #[inline(always)]
+        pub fn q8_splat(x: u32) -> __m256i {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm256_set1_epi32(x as i32) }
+        }
+        #[inline(always)]
+        pub fn q8_dot(acc: __m256i, x: __m256i, (abs_w, w): Q8Weights) -> __m256i {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe {
+                let pairs = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
+                _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            }
+        }
+        #[inline(always)]
+        pub fn q8_to_f32(i: __m256i) -> F {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm256_cvtepi32_ps(i) }
+        }
     }
     macro_rules! instance_features {
         ($($item:tt)*) => { #[target_feature(enable = "avx2,fma")] $($item)* };
@@ -314,6 +403,10 @@ mod portable {
             lanes
         }
         #[inline(always)]
+        pub fn mul(a: F, b: F) -> F {
+            std::array::from_fn(|i| a[i] * b[i])
+        }
+        #[inline(always)]
         pub fn fma(a: F, b: F, c: F) -> F {
             std::array::from_fn(|i| {
                 if FMA {
@@ -338,6 +431,39 @@ mod portable {
             unsafe { std::ptr::write_unaligned(p as *mut F, v) }
         }
         bf16_by_lanes!();
+        // int8 products lane by lane, signed bytes without offset.
+        pub type I = [i32; LANES];
+        pub type Q8Weights = [u32; LANES];
+        pub const Q8_OFFSET: bool = false;
+        /// # Safety
+        /// `p` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_load(p: *const f32) -> Q8Weights {
+            // SAFETY: as the caller promises.
+            unsafe { std::ptr::read_unaligned(p as *const Q8Weights) }
+        }
+        /// # Safety
+        /// Reads nothing: without the offset, blocks start from zero.
+        #[inline(always)]
+        pub unsafe fn q8_init(_correction: *const f32) -> I {
+            [0; LANES]
+        }
+        #[inline(always)]
+        pub fn q8_splat(x: u32) -> u32 {
+            x
+        }
+        #[inline(always)]
+        pub fn q8_dot(acc: I, x: u32, w: Q8Weights) -> I {
+            let x = x.to_le_bytes();
+            std::array::from_fn(|l| {
+                let w = w[l].to_le_bytes();
+                (0..4).fold(acc[l], |a, j| a + x[j] as i8 as i32 * w[j] as i8 as i32)
+            })
+        }
+        #[inline(always)]
+        pub fn q8_to_f32(i: I) -> F {
+            i.map(|v| v as f32)
+        }
     }
     macro_rules! instance_features {
         ($($item:tt)*) => { $($item)* };
@@ -359,8 +485,8 @@ macro_rules! dispatch {
             ) {
                 match kernel_set() {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: kernel_set() gives this set only where the CPU has avx512f and
-                    // avx512bf16 (with avx2 and fma, which every such CPU has).
+                    // SAFETY: kernel_set() gives this set only where the CPU has avx512f,
+                    // avx512bf16 and avx512vnni (with avx2 and fma, which every such CPU has).
                     KernelSet::Avx512Bf16 => unsafe {
                         avx512::run::$name(srcs, out, ne, units, param)
                     },
@@ -393,6 +519,40 @@ pub(super) fn pack_panels(w: &[f32], k: usize, n: usize) -> Vec<f32> {
             for (j, v) in row.iter_mut().enumerate() {
                 *v = w[(p * PANEL + j) * k + i];
             }
+        }
+    }
+    packed
+}
+
+/// Weights per block of a q8_0 row (and of the int8 products' quantised inputs).
+pub(super) const Q8_BLOCK: usize = 32;
+/// Words per (panel, block) of a weight packed for int8 products ([`pack_panels_q8`]): the
+/// block's bytes as 8 rows of PANEL words (four consecutive inputs each), then the PANEL
+/// scales (f32), then the PANEL offset corrections (i32, `-128 Σ w` over the block).
+pub(super) const Q8_RECORD: usize = 8 * PANEL + 2 * PANEL;
+/// Where a record's scales and corrections start.
+const Q8_SCALES: usize = 8 * PANEL;
+const Q8_CORRECTIONS: usize = 9 * PANEL;
+
+/// A q8_0 matrix (`n` rows of `k` values in ggml's blocks: an f16 scale, then 32 signed
+/// bytes) packed for the int8 products: `n / PANEL` panels of `k / 32` records
+/// ([`Q8_RECORD`] words each). The values are kept exactly; only the layout changes.
+pub(super) fn pack_panels_q8(q8: &[u8], k: usize, n: usize) -> Vec<u32> {
+    const BLOCK_BYTES: usize = 2 + Q8_BLOCK;
+    let blocks = k / Q8_BLOCK;
+    let mut packed = vec![0u32; n / PANEL * blocks * Q8_RECORD];
+    for (i, record) in packed.chunks_exact_mut(Q8_RECORD).enumerate() {
+        let (p, b) = (i / blocks, i % blocks);
+        for c in 0..PANEL {
+            let block = &q8[((p * PANEL + c) * blocks + b) * BLOCK_BYTES..][..BLOCK_BYTES];
+            let scale = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+            let quants = &block[2..];
+            for (q, quad) in quants.chunks_exact(4).enumerate() {
+                record[q * PANEL + c] = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+            }
+            let sum: i32 = quants.iter().map(|&v| v as i8 as i32).sum();
+            record[Q8_SCALES + c] = scale.to_bits();
+            record[Q8_CORRECTIONS + c] = (-128 * sum) as u32;
         }
     }
     packed
@@ -593,6 +753,69 @@ mod tests {
         ne: [usize; 4],
         units: usize,
         bound: f32,
+    }
+
+    /// The int8 products of every instance agree with the portable ones (whose integer sums
+    /// are plain arithmetic): the offset bytes and corrections of `vpdpbusd`, the sign trick
+    /// of `vpmaddubsw` and the portable sums give the same integers, scaled alike. Weights
+    /// of -128 (which ggml's quantiser never writes, but a file may hold) included.
+    #[test]
+    fn every_instance_computes_the_same_int8_products() {
+        let (k, n, t) = (128, 2 * PANEL, 11);
+        let weight = values(k * n, 21);
+        let mut q8 = super::super::quant::quantize(DType::Q8_0, &weight, k).unwrap();
+        // Byte 5 of the first block of rows 0 and 3 (after the f16 scale): -128.
+        for row in [0, 3] {
+            q8[row * (k / Q8_BLOCK) * 34 + 2 + 5] = 0x80;
+        }
+        let words = pack_panels_q8(&q8, k, n);
+        let panels: Vec<f32> = words.iter().map(|&w| f32::from_bits(w)).collect();
+        let (x, b) = (values(k * t, 22), values(n, 23));
+        let mut srcs = [
+            src(&panels, [Q8_RECORD * 4, k / Q8_BLOCK, n / PANEL, 1]),
+            src(&x, [k, t, 1, 1]),
+            src(&b, [n, 1, 1, 1]),
+        ];
+        srcs[0].dtype = DType::I8;
+        srcs[0].nb = [1, Q8_RECORD, Q8_RECORD * k / Q8_BLOCK, words.len()];
+        let ne = [n, t, 1, 1];
+        let run = |entry: Entry| {
+            let mut out = vec![f32::NAN; n * t];
+            entry(&srcs, &mut out, ne, 0..t, 0.0);
+            out
+        };
+        let sets = instances();
+        let reference = run(sets[0].1[4]);
+        // The f32 products of the weight's q8_0 values, to show that the int8 ones are that
+        // product, within the rounding of the inputs to 8 bits.
+        let dequantized: Vec<f32> = q8
+            .chunks_exact(34)
+            .flat_map(|block| {
+                let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
+                block[2..].iter().map(move |&q| d * q as i8 as f32)
+            })
+            .collect();
+        let exact: Vec<f32> = (0..t * n)
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                let w = &dequantized[c * k..][..k];
+                b[c] + x[r * k..][..k]
+                    .iter()
+                    .zip(w)
+                    .map(|(x, w)| x * w)
+                    .sum::<f32>()
+            })
+            .collect();
+        let off_exact = max_abs_difference(&reference, &exact);
+        // Each input off by up to 1/254 of its block's largest: about 0.015 per sum of 128.
+        assert!(off_exact < 0.1, "int8 products are {off_exact} from f32");
+        for (set, entries) in &sets {
+            let diff = max_abs_difference(&reference, &run(entries[4]));
+            assert!(
+                diff < 1e-5,
+                "{set}: int8 products differ from portable by {diff}"
+            );
+        }
     }
 
     /// Every instance's f32 kernels agree with the portable ones, and its bf16 kernels stay

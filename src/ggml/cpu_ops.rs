@@ -25,7 +25,8 @@ pub(super) struct Src<'a> {
     pub data: &'a [f32],
     pub ne: [usize; 4],
     pub nb: [usize; 4],
-    /// Only f32, or i32 for a weight packed as pairs of bf16 (read through `data` as words).
+    /// Only f32, or for a packed weight (read through `data` as words) i32 for pairs of bf16
+    /// or i8 for int8 products.
     pub dtype: DType,
 }
 
@@ -331,9 +332,57 @@ pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32
     Ok((cpu_kernels::pack_panels_bf16(w, k, n), shape))
 }
 
+/// Bytes per (panel, block of 32 inputs) of a weight packed by [`pack_linear_panels_q8`]:
+/// the packed tensor's first dimension.
+pub const LINEAR_Q8_RECORD: usize = cpu_kernels::Q8_RECORD * 4;
+
+/// Whether this process computes the linear layers of q8_0 weights with int8 products
+/// ([`pack_linear_panels_q8`]): where the CPU kernels are a vector set ([`kernel_set`]);
+/// `DA3_Q8_PRODUCTS=off` keeps ggml's quantised product (to compare the two).
+pub fn linear_q8() -> bool {
+    kernel_set().beats_ggml() && std::env::var("DA3_Q8_PRODUCTS").as_deref() != Ok("off")
+}
+
+/// Packs a q8_0 weight (`n` rows of `k` values in ggml's q8_0 blocks, as a file stores it)
+/// for int8 products in [`Context::linear_panels`]: ggml shape
+/// [[`LINEAR_Q8_RECORD`], k / 32, n / [`LINEAR_PANEL`]] of i8, the same values
+/// and scales in another order. The product quantises each 32 inputs of the layer's input
+/// to 8 bits with a scale, as ggml's q8_0 product does, and sums them exactly in integers.
+pub fn pack_linear_panels_q8(q8: &[u8], k: usize, n: usize) -> Result<(Vec<u8>, [i64; 3])> {
+    let op = "pack_linear_panels_q8";
+    let block = cpu_kernels::Q8_BLOCK;
+    if k == 0 || !k.is_multiple_of(block) || n == 0 || !n.is_multiple_of(LINEAR_PANEL) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "{n} outputs of {k} inputs: inputs must be a positive multiple of {block} and outputs of {LINEAR_PANEL}"
+            ),
+        });
+    }
+    let expected = n * (k / block) * DType::Q8_0.type_size();
+    if q8.len() != expected {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "{} bytes for a {n} x {k} q8_0 weight, which takes {expected}",
+                q8.len()
+            ),
+        });
+    }
+    let words = cpu_kernels::pack_panels_q8(q8, k, n);
+    let bytes = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let shape = [
+        LINEAR_Q8_RECORD as i64,
+        (k / block) as i64,
+        (n / LINEAR_PANEL) as i64,
+    ];
+    Ok((bytes, shape))
+}
+
 impl Context {
     /// A linear layer on the CPU with a packed weight: `x` [K, T] times the weight packed by
-    /// [`pack_linear_panels`] ([PANEL, K, N / PANEL]) plus `bias` \[N\], then GELU (erf form)
+    /// [`pack_linear_panels`] ([PANEL, K, N / PANEL]; or [`pack_linear_panels_bf16`],
+    /// [`pack_linear_panels_q8`]) plus `bias` \[N\], then GELU (erf form)
     /// when `gelu` is set; the result is [N, T]. A blocked product that keeps a tile of the
     /// result in registers, where ggml's f32 product reaches about 60% of this CPU's peak.
     /// Only in contexts marked with [`Context::use_cpu_kernels`]: no other backend runs it.
@@ -353,20 +402,22 @@ impl Context {
     fn check_linear_panels(&self, panels: &Tensor, x: &Tensor, bias: &Tensor) -> Result<[i64; 4]> {
         let op = "linear_panels";
         let (pn, xn) = (panels.ne(), x.ne());
-        let n = pn[0] * pn[2];
         let invalid = |reason: String| Error::InvalidArgument { op, reason };
         if !self.cpu_kernels() {
             return Err(invalid(
                 "packed weights are only computed by the CPU kernels; this context is not marked for them".into(),
             ));
         }
-        // Inputs per output: one per row of a panel in f32, two per word in bf16.
-        let inputs = match panels.dtype() {
-            DType::F32 => pn[1],
-            DType::I32 => 2 * pn[1],
-            _ => 0,
+        // Inputs per output: one per row of a panel in f32, two per word in bf16, 32 per
+        // record of int8 products.
+        let (inputs, row_len) = match panels.dtype() {
+            DType::F32 => (pn[1], LINEAR_PANEL),
+            DType::I32 => (2 * pn[1], LINEAR_PANEL),
+            DType::I8 => (cpu_kernels::Q8_BLOCK as i64 * pn[1], LINEAR_Q8_RECORD),
+            _ => (0, 0),
         };
-        if pn[0] != LINEAR_PANEL as i64 || pn[3] != 1 || inputs == 0 {
+        let n = LINEAR_PANEL as i64 * pn[2];
+        if pn[0] != row_len as i64 || pn[3] != 1 || inputs == 0 {
             return Err(invalid(format!(
                 "weight {} is not a packing into panels of {LINEAR_PANEL}",
                 panels.describe()
@@ -449,7 +500,7 @@ impl Context {
                 op,
                 src,
                 if packed {
-                    &[DType::F32, DType::I32]
+                    &[DType::F32, DType::I32, DType::I8]
                 } else {
                     &[DType::F32]
                 },
@@ -784,6 +835,101 @@ pub(super) mod tests {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f32::max);
             assert!(diff < 1e-4, "k {k}, n {n}, t {t}, {epilogue:?}: {diff}");
+        }
+    }
+
+    /// int8 products of a q8_0 weight against ggml's own q8_0 product (which quantises the
+    /// input the same way): rows below, at and past the register tile and a row block,
+    /// one to three panels, each epilogue.
+    #[test]
+    fn packed_q8_linear_matches_ggml_q8_0_product() {
+        let backend = Backend::cpu(2).unwrap();
+        let p = super::LINEAR_PANEL as i64;
+        for (k, n, t, epilogue) in [
+            (32, p, 1, Epilogue::Bias),
+            (96, 3 * p, 7, Epilogue::Gelu),
+            (160, p, 29, Epilogue::ScaledResidual),
+            (64, 2 * p, 203, Epilogue::Bias),
+        ] {
+            let w = values((k * n) as usize, 11);
+            let q8 = crate::ggml::quantize(DType::Q8_0, &w, k as usize).unwrap();
+            let (packed, shape) =
+                super::pack_linear_panels_q8(&q8, k as usize, n as usize).unwrap();
+            let ctx = Context::metadata(16).unwrap();
+            ctx.use_cpu_kernels(true);
+            let plain = ctx.new_tensor(DType::Q8_0, &[k, n]).unwrap();
+            let panels = ctx.new_tensor(DType::I8, &shape).unwrap();
+            let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
+            let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
+            let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
+            let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
+            for input in [&plain, &panels, &bias, &x, &scale, &residual] {
+                input.mark_input();
+            }
+            let product = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
+            let (reference, packed_out) = match epilogue {
+                Epilogue::Bias => (product, ctx.linear_panels(&panels, &x, &bias, false)),
+                Epilogue::Gelu => {
+                    ctx.use_cpu_kernels(false);
+                    let g = ctx.gelu_erf(&product).unwrap();
+                    ctx.use_cpu_kernels(true);
+                    (g, ctx.linear_panels(&panels, &x, &bias, true))
+                }
+                Epilogue::ScaledResidual => (
+                    ctx.add(&residual, &ctx.mul(&product, &scale).unwrap())
+                        .unwrap(),
+                    ctx.linear_panels_residual(&panels, &x, &bias, &scale, &residual),
+                ),
+            };
+            let packed_out = packed_out.unwrap();
+            let graph = ctx.new_graph(16).unwrap();
+            for out in [&reference, &packed_out] {
+                out.mark_output();
+                graph.expand(out).unwrap();
+            }
+            let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+            let run = gallocr.alloc(&graph).unwrap();
+            crate::ggml::buffer::write_tensor_bytes(&plain, &q8).unwrap();
+            crate::ggml::buffer::write_tensor_bytes(&panels, &packed).unwrap();
+            for (i, input) in [&bias, &x, &scale, &residual].into_iter().enumerate() {
+                if graph.contains(input) {
+                    run.write(input, &values(input.nelements() as usize, 12 + i as u32))
+                        .unwrap();
+                }
+            }
+            run.compute(&backend).unwrap();
+            let (a, b) = (
+                run.read::<f32>(&reference).unwrap(),
+                run.read::<f32>(&packed_out).unwrap(),
+            );
+            let largest = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let diff = a
+                .iter()
+                .zip(&b)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(
+                largest > 1.0 && diff < 1e-5 * largest,
+                "k {k}, n {n}, t {t}, {epilogue:?}: {diff} of {largest}"
+            );
+        }
+    }
+
+    /// What does not pack for int8 products is refused, naming why.
+    #[test]
+    fn q8_packing_refuses_what_does_not_fit() {
+        let p = super::LINEAR_PANEL;
+        let q8 = crate::ggml::quantize(DType::Q8_0, &values(64 * p, 1), 64).unwrap();
+        for (bytes, k, n, expected) in [
+            (&q8[..], 48, p, "multiple of 32"),
+            (&q8[..], 64, p + 1, "multiple of 32 and outputs of 32"),
+            (&q8[..q8.len() - 1], 64, p, "bytes for a"),
+            (&q8[..], 0, p, "positive multiple"),
+        ] {
+            let err = super::pack_linear_panels_q8(bytes, k, n)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expected), "{k} x {n}: {err}");
         }
     }
 

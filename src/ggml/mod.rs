@@ -51,13 +51,14 @@ pub use backend::{
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
 pub use cpu_ops::{
-    kernel_set, linear_bf16, pack_linear_panels, pack_linear_panels_bf16, KernelSet, LINEAR_PANEL,
+    kernel_set, linear_bf16, linear_q8, pack_linear_panels, pack_linear_panels_bf16,
+    pack_linear_panels_q8, KernelSet, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};
 pub use graph::Graph;
 pub use ops::{Interpolation, Pool, RopeMode};
-pub use quant::{quantize, QUANTIZABLE};
+pub use quant::{dequantize, quantize, QUANTIZABLE};
 pub use sched::{Sched, SchedAllocation, MAX_BACKENDS};
 pub use shared::SharedContext;
 pub use tensor::{Element, Shape, Tensor, TensorFlags, TensorRef, TensorView};

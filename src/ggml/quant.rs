@@ -99,3 +99,84 @@ pub fn quantize(dtype: DType, values: &[f32], n_per_row: usize) -> Result<Vec<u8
     debug_assert_eq!(written, out.len());
     Ok(out)
 }
+
+/// Decodes rows of `n_per_row` values stored as `dtype`'s blocks (a quantised type, f16 or
+/// bf16) into f32, with ggml's own decoder for the type.
+pub fn dequantize(dtype: DType, bytes: &[u8], n_per_row: usize) -> Result<Vec<f32>> {
+    let op = "dequantize";
+    if !QUANTIZABLE.contains(&dtype) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("{dtype} is not a type this crate decodes"),
+        });
+    }
+    let row = dtype
+        .row_size(n_per_row as u64)
+        .filter(|&row| row > 0)
+        .ok_or_else(|| Error::InvalidShape {
+            op,
+            ne: vec![n_per_row as i64],
+            reason: format!(
+                "rows of {n_per_row} values must be a positive multiple of {dtype}'s block of {}",
+                dtype.block_size()
+            ),
+        })? as usize;
+    if !bytes.len().is_multiple_of(row) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "{} bytes are not whole rows of {row} bytes ({n_per_row} {dtype} values)",
+                bytes.len()
+            ),
+        });
+    }
+    let nrows = bytes.len() / row;
+    let mut out = vec![0.0f32; nrows * n_per_row];
+    // SAFETY: `dtype` is one of ggml's types (its id is below GGML_TYPE_COUNT, which
+    // ggml_get_type_traits asserts), so the call returns a pointer into ggml's static table.
+    let to_float = unsafe { (*sys::ggml_get_type_traits(dtype.id())).to_float };
+    let Some(to_float) = to_float else {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("ggml has no decoder for {dtype}"),
+        });
+    };
+    for (src, dst) in bytes.chunks_exact(row).zip(out.chunks_exact_mut(n_per_row)) {
+        // SAFETY: the decoder of `dtype` reads `n_per_row / block` blocks of `type_size`
+        // bytes (one row: `src`, exactly `row` bytes) and writes `n_per_row` floats (`dst`);
+        // the k-quant decoders assert `k % QK_K == 0`, which `row_size` checked (a multiple of
+        // the block size). It only does arithmetic on the bytes: any bits decode, at worst to
+        // NaN or infinity.
+        unsafe { to_float(src.as_ptr().cast(), dst.as_mut_ptr(), n_per_row as i64) };
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every type decodes what it encoded, within its precision: f16 and q8_0 nearly
+    /// exactly, q4_k within a few percent of the rows' range.
+    #[test]
+    fn dequantize_inverts_quantize() {
+        let values: Vec<f32> = (0..512)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+            .collect();
+        for (dtype, bound) in [(DType::F16, 1e-3), (DType::Q8_0, 0.01), (DType::Q4_K, 0.2)] {
+            let bytes = quantize(dtype, &values, 256).unwrap();
+            let back = dequantize(dtype, &bytes, 256).unwrap();
+            let diff = values
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < bound, "{dtype}: {diff}");
+        }
+        let q8 = quantize(DType::Q8_0, &values, 256).unwrap();
+        let err = dequantize(DType::Q8_0, &q8[..q8.len() - 1], 256).unwrap_err();
+        assert!(err.to_string().contains("whole rows"), "{err}");
+        let err = dequantize(DType::Q4_K, &q8, 100).unwrap_err();
+        assert!(err.to_string().contains("multiple of"), "{err}");
+    }
+}

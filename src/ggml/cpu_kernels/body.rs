@@ -3,7 +3,10 @@
 // functions compiled for those features. Everything here is `#[inline(always)]`, so that it
 // is compiled inside those functions (with their features), not on its own for the baseline.
 
-use super::{bf16_bits, bf16_pair, to_bf16_pairs, DType, Src, PANEL};
+use super::{
+    bf16_bits, bf16_pair, to_bf16_pairs, DType, Src, PANEL, Q8_BLOCK, Q8_CORRECTIONS, Q8_RECORD,
+    Q8_SCALES,
+};
 use std::ops::Range;
 
 /// Lanes of the element-wise loops (softmax): the compiler vectorises arrays of this width.
@@ -832,6 +835,9 @@ fn linear_rows(
     rows: Range<usize>,
     epilogue: Epilogue,
 ) {
+    if srcs[0].dtype == DType::I8 {
+        return linear_rows_q8(srcs, out, ne, rows, epilogue);
+    }
     let (n, k) = (ne[0], srcs[1].ne[0]);
     // The packed rows of one block, allocated once for every block: f32 words, or bf16 pairs
     // with a weight of bf16 pairs (and the pairs of one group before packing).
@@ -940,27 +946,230 @@ fn linear_block(
                 }
                 for (r, acc) in acc.iter_mut().enumerate().take(GEMM_ROWS.min(count - r0)) {
                     let acc = acc.as_flattened_mut();
-                    match epilogue {
-                        Epilogue::Bias => {}
-                        Epilogue::BiasGelu => {
-                            for a in acc.iter_mut() {
-                                *a = 0.5 * *a * (1.0 + erf(*a * std::f32::consts::FRAC_1_SQRT_2));
-                            }
-                        }
-                        Epilogue::ScaledResidual => {
-                            let (scale, residual) = (&srcs[3].data[col..col + SPAN], &srcs[4]);
-                            let res =
-                                &residual.data[(rows.start + r0 + r) * residual.nb[1] + col..];
-                            for ((a, &s), &x) in acc.iter_mut().zip(scale).zip(&res[..SPAN]) {
-                                *a = madd(*a, s, x);
-                            }
-                        }
-                    }
+                    apply_epilogue(epilogue, acc, srcs, rows.start + r0 + r, col);
                     out[(r0 + r) * n + col..][..SPAN].copy_from_slice(acc);
                 }
             }
         }
     }
+}
+
+/// The epilogue on the products of result row `row`, columns from `col` (`acc`, biased).
+#[inline(always)]
+fn apply_epilogue(epilogue: Epilogue, acc: &mut [f32], srcs: &[Src<'_>], row: usize, col: usize) {
+    let width = acc.len();
+    match epilogue {
+        Epilogue::Bias => {}
+        Epilogue::BiasGelu => {
+            for a in acc.iter_mut() {
+                *a = 0.5 * *a * (1.0 + erf(*a * std::f32::consts::FRAC_1_SQRT_2));
+            }
+        }
+        Epilogue::ScaledResidual => {
+            let (scale, residual) = (&srcs[3].data[col..col + width], &srcs[4]);
+            let res = &residual.data[row * residual.nb[1] + col..][..width];
+            for ((a, &s), &x) in acc.iter_mut().zip(scale).zip(res) {
+                *a = madd(*a, s, x);
+            }
+        }
+    }
+}
+
+/// Rows of the int8 kernel's register tile, and vectors of columns: 6 x 2 integer sums with
+/// 12 f32 results take 24 of AVX-512's 32 registers; AVX2's 16 hold 4 x 1 with the
+/// (|w|, w) pairs and temporaries of `vpmaddubsw`.
+const Q8_ROWS: usize = if simd::REGISTERS >= 32 { 6 } else { 4 };
+const Q8_VECTORS: usize = if simd::REGISTERS >= 32 { 2 } else { 1 };
+const Q8_SPAN: usize = Q8_VECTORS * LANES;
+const _: () = assert!(PANEL.is_multiple_of(Q8_SPAN));
+
+/// [`linear_rows`] with a weight packed for int8 products ([`super::pack_panels_q8`],
+/// `srcs[0]` [Q8_RECORD words, K / 32, N / PANEL]): each block of 32 inputs of a row is
+/// quantised as ggml quantises a q8_0 product's activations (scale `max |x| / 127` kept as
+/// f16, values `x · 127 / max |x|` rounded to even), the integer sums of a block are exact,
+/// and each is scaled by the weight's and the input's scales into the f32 result: ggml's
+/// `vec_dot_q8_0_q8_0` for a whole tile of rows and columns at a time.
+#[inline(always)]
+fn linear_rows_q8(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    epilogue: Epilogue,
+) {
+    let (panels, x, bias) = (&srcs[0], &srcs[1], &srcs[2].data);
+    let (n, k) = (ne[0], x.ne[0]);
+    let blocks = k / Q8_BLOCK;
+    let quads = k / 4;
+    let block_rows = LINEAR_ROW_BLOCK.min(rows.len());
+    let max_groups = block_rows.div_ceil(Q8_ROWS);
+    let mut x_quads = vec![0u32; max_groups * Q8_ROWS * quads];
+    let mut x_scales = vec![0f32; max_groups * Q8_ROWS * blocks];
+    let mut start = rows.start;
+    while start < rows.end {
+        let end = (start + LINEAR_ROW_BLOCK).min(rows.end);
+        let count = end - start;
+        let groups = count.div_ceil(Q8_ROWS);
+        // The block's rows quantised and packed for the tile in groups of Q8_ROWS (rows past
+        // the end repeat the last one; their results are dropped).
+        for g in 0..groups {
+            let scales = &mut x_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks];
+            let group = &mut x_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads];
+            for r in 0..Q8_ROWS {
+                let row = start + (g * Q8_ROWS + r).min(count - 1);
+                let values = &x.data[row * x.nb[1]..][..k];
+                for (b, chunk) in values.chunks_exact(Q8_BLOCK).enumerate() {
+                    let (scale, words) = quantize_block(chunk.try_into().expect("a block"));
+                    scales[b * Q8_ROWS + r] = scale;
+                    // Packed for the tile as it is written: word q of block b of row r.
+                    for (q, word) in words.into_iter().enumerate() {
+                        group[(b * Q8_BLOCK / 4 + q) * Q8_ROWS + r] = word;
+                    }
+                }
+            }
+        }
+        let block_out = &mut out[(start - rows.start) * n..(end - rows.start) * n];
+        let record_len = blocks * Q8_RECORD;
+        for (p, panel) in panels.data.chunks_exact(record_len).enumerate() {
+            for span in (0..PANEL).step_by(Q8_SPAN) {
+                let col = p * PANEL + span;
+                let bias: [[f32; LANES]; Q8_VECTORS] = std::array::from_fn(|v| {
+                    bias[col + v * LANES..][..LANES]
+                        .try_into()
+                        .expect("LANES values")
+                });
+                for g in 0..groups {
+                    let mut acc = [bias; Q8_ROWS];
+                    q8_tile(
+                        &mut acc,
+                        &x_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads],
+                        &x_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks],
+                        &panel[span..],
+                        blocks,
+                    );
+                    let r0 = g * Q8_ROWS;
+                    for (r, acc) in acc.iter_mut().enumerate().take(Q8_ROWS.min(count - r0)) {
+                        let acc = acc.as_flattened_mut();
+                        apply_epilogue(epilogue, acc, srcs, start + r0 + r, col);
+                        block_out[(r0 + r) * n + col..][..Q8_SPAN].copy_from_slice(acc);
+                    }
+                }
+            }
+        }
+        start = end;
+    }
+}
+
+/// One block of 32 inputs quantised as ggml's `quantize_row_q8_0` does for a product's
+/// activations: the scale (rounded through f16, as ggml stores it) and the bytes, four per
+/// word, offset to unsigned where the set's products take them so ([`simd::Q8_OFFSET`]).
+/// Whole arrays, so that each loop vectorises.
+#[inline(always)]
+fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
+    // Plain comparisons, not `f32::max` (whose NaN rule costs a blend per lane).
+    let larger = |a: f32, b: f32| if a > b { a } else { b };
+    let mut lanes = [0.0f32; V];
+    for chunk in values.chunks_exact(V) {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = larger(v.abs(), *lane);
+        }
+    }
+    let max = lanes.into_iter().fold(0.0f32, larger);
+    let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
+    let offset = if simd::Q8_OFFSET { 0x80 } else { 0 };
+    // Rounded to the nearest integer, ties to even, by adding 1.5 * 2^23: the integer is
+    // then the low bits of the sum's mantissa, and for values within [-127, 127] its low
+    // byte is the two's-complement byte (a float-to-int cast saturates and does not
+    // vectorise).
+    const SHIFT: f32 = 12_582_912.0;
+    let bytes: [u8; Q8_BLOCK] =
+        std::array::from_fn(|i| (values[i] * inverse + SHIFT).to_bits() as u8 ^ offset);
+    let words = std::array::from_fn(|q| {
+        u32::from_le_bytes([bytes[4 * q], bytes[4 * q + 1], bytes[4 * q + 2], bytes[4 * q + 3]])
+    });
+    (half::f16::from_f32(max / 127.0).to_f32(), words)
+}
+
+/// The int8 register tile: `acc[r][v] += Σ_b dx[b][r] dw_b[v] Σ_i x_b[i][r] w_b[i][v]` over
+/// `blocks` blocks of 32 inputs, with `x` the rows' packed quads (`[K / 4][R]` words), `dx`
+/// their scales (`[K / 32][R]`) and `panel` a panel's records from the tile's first column.
+#[inline(always)]
+fn q8_tile<const R: usize, const C: usize>(
+    acc: &mut [[[f32; LANES]; C]; R],
+    x: &[u32],
+    dx: &[f32],
+    panel: &[f32],
+    blocks: usize,
+) {
+    if blocks == 0 {
+        return;
+    }
+    let last_read = (blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES;
+    assert!(
+        panel.len() >= last_read
+            && x.len() >= blocks * Q8_BLOCK / 4 * R
+            && dx.len() >= blocks * R
+            && C * LANES <= PANEL
+    );
+    // SAFETY: the assertion is what `q8_tile_steps` needs; the instruction set of this
+    // instance is present, since its code runs only inside its `run` functions.
+    unsafe { q8_tile_steps(acc, x, dx, panel, blocks) }
+}
+
+instance_features! {
+/// The loop of [`q8_tile`] (a function of its own for the reason `tile_steps` is).
+///
+/// # Safety
+/// `panel` holds `(blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES` words, `x`
+/// `blocks * 8 * R`, `dx` `blocks * R`, `C * LANES <= PANEL`, and the CPU has this instance's
+/// features.
+#[inline(never)]
+unsafe fn q8_tile_steps<const R: usize, const C: usize>(
+    acc: &mut [[[f32; LANES]; C]; R],
+    x: &[u32],
+    dx: &[f32],
+    panel: &[f32],
+    blocks: usize,
+) {
+    // SAFETY: as the caller promises, every read is in bounds: block b reads C vectors at
+    // b * Q8_RECORD + q * PANEL (q < 8), + Q8_SCALES and + Q8_CORRECTIONS, all below the
+    // promised length since C * LANES <= PANEL; 8 * R words of `x` and R of `dx` per block.
+    unsafe {
+        let mut c: [[simd::F; C]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
+        let mut xp = x.as_ptr();
+        for b in 0..blocks {
+            let record = panel.as_ptr().add(b * Q8_RECORD);
+            let mut sums: [[simd::I; C]; R] = std::array::from_fn(|_| {
+                std::array::from_fn(|v| simd::q8_init(record.add(Q8_CORRECTIONS + v * LANES)))
+            });
+            for q in 0..Q8_BLOCK / 4 {
+                let w: [simd::Q8Weights; C] =
+                    std::array::from_fn(|v| simd::q8_load(record.add(q * PANEL + v * LANES)));
+                for (r, sums) in sums.iter_mut().enumerate() {
+                    let xs = simd::q8_splat(*xp.add(r));
+                    for (s, &w) in sums.iter_mut().zip(&w) {
+                        *s = simd::q8_dot(*s, xs, w);
+                    }
+                }
+                xp = xp.add(R);
+            }
+            let scales: [simd::F; C] =
+                std::array::from_fn(|v| simd::load(record.add(Q8_SCALES + v * LANES)));
+            for (r, (c, sums)) in c.iter_mut().zip(&sums).enumerate() {
+                let row_scale = simd::splat(*dx.get_unchecked(b * R + r));
+                for ((c, &s), &w_scale) in c.iter_mut().zip(sums).zip(&scales) {
+                    *c = simd::fma(simd::q8_to_f32(s), simd::mul(w_scale, row_scale), *c);
+                }
+            }
+        }
+        for (acc, c) in acc.iter_mut().zip(&c) {
+            for (acc, &c) in acc.iter_mut().zip(c) {
+                simd::store(acc.as_mut_ptr(), c);
+            }
+        }
+    }
+}
 }
 
 /// How the register tile multiplies: f32 FMAs, or pairs of bf16 summed into f32.
