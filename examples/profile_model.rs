@@ -7,11 +7,13 @@ use da3::{preprocess, synthetic, Device, LoadOptions, Model};
 use std::collections::BTreeMap;
 
 /// A node's class (custom nodes carry the name of the op they compute; packed linear layers
-/// are the custom nodes whose weight is a panel packing) and its multiply-adds x 2, for the
+/// are the custom nodes whose weight is a panel packing, in f32 or bf16, or for int8) and its multiply-adds x 2, for the
 /// products: matrix products, attention, convolutions.
 fn classify(t: &da3::ggml::NodeTime) -> (String, f64) {
     let [out, a, b] = t.shapes.map(|s| s.map(|d| d as f64));
-    let packed = a[0] as usize == da3::ggml::LINEAR_PANEL && a[2] * a[0] == out[0];
+    let panel = da3::ggml::LINEAR_PANEL as f64;
+    let packed = a[0] == panel && a[2] * a[0] == out[0];
+    let packed_int8 = a[0] as usize == da3::ggml::LINEAR_Q8_RECORD && a[2] * panel == out[0];
     match (t.op, t.name.as_str()) {
         ("MUL_MAT", _) => (
             "linear (ggml)".into(),
@@ -28,6 +30,7 @@ fn classify(t: &da3::ggml::NodeTime) -> (String, f64) {
             2.0 * out[0] * out[1] * out[2] * a[0] * a[1] * a[2],
         ),
         ("CUSTOM", _) if packed => ("linear_panels".into(), 2.0 * b[0] * out[0] * out[1]),
+        ("CUSTOM", _) if packed_int8 => ("linear_panels int8".into(), 2.0 * b[0] * out[0] * out[1]),
         ("CUSTOM", name) => (name.to_owned(), 0.0),
         (op, _) => (op.to_owned(), 0.0),
     }

@@ -43,6 +43,20 @@ fn depth(path: &Path) -> Vec<f32> {
         "{:?}",
         model.unused_tensors()
     );
+    // Quantised files compute with the int8 kernels wherever the vector kernels run (every
+    // x86-64 CPU with AVX2), unless asked not to.
+    let quantised = GgufFile::open(path)
+        .unwrap()
+        .tensors()
+        .iter()
+        .any(|t| t.dtype.is_quantized());
+    let int8_expected = quantised && da3::ggml::linear_q8();
+    assert_eq!(
+        model.uses_int8_products(),
+        int8_expected,
+        "{}",
+        path.display()
+    );
     let image = synthetic::image(640, 427);
     model.session().unwrap().predict_rgb(&image).unwrap().depth
 }

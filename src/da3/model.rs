@@ -201,6 +201,11 @@ impl Model {
     pub fn uses_bf16_products(&self) -> bool {
         self.shared.weights.bf16_products
     }
+    /// Whether quantised linear layers compute with the CPU kernels' int8 products
+    /// ([`crate::ggml::linear_q8`]), not ggml's quantised products.
+    pub fn uses_int8_products(&self) -> bool {
+        self.shared.weights.int8_products
+    }
 
     /// A new session on the model's device: graphs, allocations and a backend stream of its
     /// own. Sessions of one model may run on different threads at the same time.

@@ -96,6 +96,8 @@ pub struct LoadedWeights {
     /// Some linear weights compute with bf16 products (a half-precision file on a CPU that
     /// has them): the model's fast mode, which its other CPU kernels then follow.
     pub bf16_products: bool,
+    /// Some linear weights compute with int8 products (a quantised file on the CPU kernels).
+    pub int8_products: bool,
 }
 
 impl std::fmt::Debug for Loader<'_> {
@@ -117,6 +119,7 @@ impl std::fmt::Debug for LoadedWeights {
             .field("host_tensors", &self.host.len())
             .field("unused", &self.unused)
             .field("bf16_products", &self.bf16_products)
+            .field("int8_products", &self.int8_products)
             .finish_non_exhaustive()
     }
 }
@@ -519,6 +522,7 @@ impl<'f> Loader<'f> {
             .collect();
         unused.sort();
         let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16));
+        let int8_products = self.pending.iter().any(|p| p.packed == Some(Packing::Q8));
         let packed: HashSet<String> = self
             .pending
             .iter()
@@ -559,6 +563,7 @@ impl<'f> Loader<'f> {
             device_bytes,
             unused,
             bf16_products,
+            int8_products,
         })
     }
 }
