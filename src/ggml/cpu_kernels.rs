@@ -306,6 +306,36 @@ mod avx512 {
             // SAFETY: the instruction set as for `splat`.
             unsafe { _mm512_cvtepi32_ps(i) }
         }
+        /// The largest magnitude of a block.
+        #[inline(always)]
+        pub fn q8_max(values: &[f32; 32]) -> f32 {
+            // SAFETY: the instruction set as for `splat`; the loads read the block's 32 values.
+            unsafe {
+                let a = _mm512_abs_ps(_mm512_loadu_ps(values.as_ptr()));
+                let b = _mm512_abs_ps(_mm512_loadu_ps(values.as_ptr().add(16)));
+                _mm512_reduce_max_ps(_mm512_max_ps(a, b))
+            }
+        }
+        /// The low bytes of the bits of `v * inverse + shift` for a block, xor `offset`.
+        #[inline(always)]
+        pub fn q8_bytes(values: &[f32; 32], inverse: f32, shift: f32, offset: u8) -> [u8; 32] {
+            // SAFETY: the instruction set as for `splat`; the loads read the block's 32
+            // values and the stores write the 32 bytes of `out`.
+            unsafe {
+                let (m, s) = (_mm512_set1_ps(inverse), _mm512_set1_ps(shift));
+                let x = _mm_set1_epi8(offset as i8);
+                let mut out = [0u8; 32];
+                for h in 0..2 {
+                    let v = _mm512_add_ps(
+                        _mm512_mul_ps(_mm512_loadu_ps(values.as_ptr().add(16 * h)), m),
+                        s,
+                    );
+                    let bytes = _mm_xor_si128(_mm512_cvtepi32_epi8(_mm512_castps_si512(v)), x);
+                    _mm_storeu_si128(out.as_mut_ptr().add(16 * h) as *mut __m128i, bytes);
+                }
+                out
+            }
+        }
     }
     macro_rules! instance_features {
         ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx512vnni,avx2,fma")] $($item)* };
@@ -372,6 +402,50 @@ mod avx2 {
         pub fn q8_to_f32(i: __m256i) -> F {
             // SAFETY: the instruction set as for `splat`.
             unsafe { _mm256_cvtepi32_ps(i) }
+        }
+        /// The largest magnitude of a block.
+        #[inline(always)]
+        pub fn q8_max(values: &[f32; 32]) -> f32 {
+            // SAFETY: the instruction set as for `splat`; the loads read the block's 32 values.
+            unsafe {
+                let sign = _mm256_set1_ps(-0.0);
+                let v: [__m256; 4] = std::array::from_fn(|i| {
+                    _mm256_andnot_ps(sign, _mm256_loadu_ps(values.as_ptr().add(8 * i)))
+                });
+                let m = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+            }
+        }
+        /// The low bytes of the bits of `v * inverse + shift` for a block, xor `offset`.
+        #[inline(always)]
+        pub fn q8_bytes(values: &[f32; 32], inverse: f32, shift: f32, offset: u8) -> [u8; 32] {
+            // SAFETY: the instruction set as for `splat`; the loads read the block's 32
+            // values and the store writes the 32 bytes of `out`.
+            unsafe {
+                let (m, s) = (_mm256_set1_ps(inverse), _mm256_set1_ps(shift));
+                let low = _mm256_set1_epi32(0xff);
+                let v: [__m256i; 4] = std::array::from_fn(|i| {
+                    let v = _mm256_loadu_ps(values.as_ptr().add(8 * i));
+                    let bits = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(v, m), s));
+                    _mm256_and_si256(bits, low)
+                });
+                // Bytes 0..255 pass both unsigned packs unchanged; the packs work per
+                // 128-bit half, so the dwords come out as a0 b0 c0 d0 | a1 b1 c1 d1.
+                let packed = _mm256_packus_epi16(
+                    _mm256_packus_epi32(v[0], v[1]),
+                    _mm256_packus_epi32(v[2], v[3]),
+                );
+                let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+                let bytes = _mm256_xor_si256(
+                    _mm256_permutevar8x32_epi32(packed, order),
+                    _mm256_set1_epi8(offset as i8),
+                );
+                let mut out = [0u8; 32];
+                _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, bytes);
+                out
+            }
         }
     }
     macro_rules! instance_features {
@@ -463,6 +537,18 @@ mod portable {
         #[inline(always)]
         pub fn q8_to_f32(i: I) -> F {
             i.map(|v| v as f32)
+        }
+        /// The largest magnitude of a block (plain comparisons, as the vector sets' max).
+        #[inline(always)]
+        pub fn q8_max(values: &[f32; 32]) -> f32 {
+            values
+                .iter()
+                .fold(0.0f32, |m, &v| if v.abs() > m { v.abs() } else { m })
+        }
+        /// The low bytes of the bits of `v * inverse + shift` for a block, xor `offset`.
+        #[inline(always)]
+        pub fn q8_bytes(values: &[f32; 32], inverse: f32, shift: f32, offset: u8) -> [u8; 32] {
+            std::array::from_fn(|i| (values[i] * inverse + shift).to_bits() as u8 ^ offset)
         }
     }
     macro_rules! instance_features {

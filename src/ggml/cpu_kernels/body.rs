@@ -1063,27 +1063,17 @@ fn linear_rows_q8(
 /// One block of 32 inputs quantised as ggml's `quantize_row_q8_0` does for a product's
 /// activations: the scale (rounded through f16, as ggml stores it) and the bytes, four per
 /// word, offset to unsigned where the set's products take them so ([`simd::Q8_OFFSET`]).
-/// Whole arrays, so that each loop vectorises.
 #[inline(always)]
 fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
-    // Plain comparisons, not `f32::max` (whose NaN rule costs a blend per lane).
-    let larger = |a: f32, b: f32| if a > b { a } else { b };
-    let mut lanes = [0.0f32; V];
-    for chunk in values.chunks_exact(V) {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane = larger(v.abs(), *lane);
-        }
-    }
-    let max = lanes.into_iter().fold(0.0f32, larger);
+    let max = simd::q8_max(values);
     let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
     let offset = if simd::Q8_OFFSET { 0x80 } else { 0 };
     // Rounded to the nearest integer, ties to even, by adding 1.5 * 2^23: the integer is
     // then the low bits of the sum's mantissa, and for values within [-127, 127] its low
-    // byte is the two's-complement byte (a float-to-int cast saturates and does not
-    // vectorise).
+    // byte is the two's-complement byte (a float-to-int cast saturates; in vectors this is
+    // one add and one narrowing).
     const SHIFT: f32 = 12_582_912.0;
-    let bytes: [u8; Q8_BLOCK] =
-        std::array::from_fn(|i| (values[i] * inverse + SHIFT).to_bits() as u8 ^ offset);
+    let bytes = simd::q8_bytes(values, inverse, SHIFT, offset);
     let words = std::array::from_fn(|q| {
         u32::from_le_bytes([bytes[4 * q], bytes[4 * q + 1], bytes[4 * q + 2], bytes[4 * q + 3]])
     });
