@@ -19,6 +19,9 @@ pub enum KernelSet {
     /// AVX-512F vectors, bf16 products with `vdpbf16ps` and int8 products with `vpdpbusd`
     /// (AVX512_VNNI; AMD Zen 4, Intel Cooper Lake and Sapphire Rapids).
     Avx512Bf16,
+    /// AVX2 vectors with FMA and AVX-VNNI's 256-bit int8 products (Intel Alder Lake and
+    /// later without AVX-512, AMD Zen 5).
+    Avx2Vnni,
     /// AVX2 vectors with FMA (x86-64-v3: Intel Haswell, AMD Zen 1 and later).
     Avx2,
     /// Plain arrays the compiler may vectorise: correct, not fast. The ops that have a ggml
@@ -27,10 +30,11 @@ pub enum KernelSet {
 }
 
 impl KernelSet {
-    /// "avx512bf16", "avx2" or "portable" (the values `DA3_CPU_KERNELS` accepts).
+    /// "avx512bf16", "avx2vnni", "avx2" or "portable" (the values `DA3_CPU_KERNELS` accepts).
     pub fn name(self) -> &'static str {
         match self {
             KernelSet::Avx512Bf16 => "avx512bf16",
+            KernelSet::Avx2Vnni => "avx2vnni",
             KernelSet::Avx2 => "avx2",
             KernelSet::Portable => "portable",
         }
@@ -58,6 +62,9 @@ impl KernelSet {
             {
                 return KernelSet::Avx512Bf16;
             }
+            if avx2_vnni_detected() {
+                return KernelSet::Avx2Vnni;
+            }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
                 return KernelSet::Avx2;
             }
@@ -66,24 +73,44 @@ impl KernelSet {
     }
 }
 
+/// Whether the CPU runs the AVX2 set with AVX-VNNI.
+#[cfg(target_arch = "x86_64")]
+fn avx2_vnni_detected() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("avxvnni")
+}
+
 /// The kernel set of this process: the best the CPU runs, or a lower one named by the
-/// environment variable `DA3_CPU_KERNELS` (`portable`, `avx2`, `avx512bf16`; a set the CPU
-/// lacks gives the best one below it). Decided on first use, then fixed.
+/// environment variable `DA3_CPU_KERNELS` (`portable`, `avx2`, `avx2vnni`, `avx512bf16`; a set
+/// the CPU lacks gives the best one below it). Decided on first use, then fixed.
 pub fn kernel_set() -> KernelSet {
     static SET: OnceLock<KernelSet> = OnceLock::new();
     *SET.get_or_init(|| {
         let best = KernelSet::detect();
         // Fastest first: a request can only go down from what the CPU has.
-        let order = [KernelSet::Avx512Bf16, KernelSet::Avx2, KernelSet::Portable];
+        let order = [
+            KernelSet::Avx512Bf16,
+            KernelSet::Avx2Vnni,
+            KernelSet::Avx2,
+            KernelSet::Portable,
+        ];
         let rank = |set: KernelSet| order.iter().position(|s| *s == set).unwrap_or(0);
         let requested = std::env::var("DA3_CPU_KERNELS").ok();
-        match order
+        let chosen = match order
             .iter()
             .find(|s| Some(s.name()) == requested.as_deref())
         {
             Some(&set) => order[rank(set).max(rank(best))],
             None => best,
+        };
+        // Below AVX-512 the order is not a chain: a CPU with AVX-512 may lack AVX-VNNI (AMD
+        // Zen 4), so a request for `avx2vnni` there gives `avx2`.
+        #[cfg(target_arch = "x86_64")]
+        if chosen == KernelSet::Avx2Vnni && !avx2_vnni_detected() {
+            return KernelSet::Avx2;
         }
+        chosen
     })
 }
 
@@ -276,6 +303,8 @@ mod avx512 {
         pub type I = __m512i;
         pub type Q8Weights = __m512i;
         pub const Q8_OFFSET: bool = true;
+        /// 6 x 2 integer sums with 12 f32 results take 24 of the 32 registers.
+        pub const Q8_TILE: (usize, usize) = (6, 2);
         /// # Safety
         /// `p` is valid for reading LANES words.
         #[inline(always)]
@@ -346,10 +375,11 @@ mod avx512 {
     ));
 }
 
-/// AVX2 with FMA.
+/// The AVX2 vector unit the AVX2 sets share: f32 vectors, bf16 pairs lane by lane, and the
+/// parts of the int8 products that do not depend on VNNI.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    mod simd {
+macro_rules! avx2_vectors {
+    () => {
         x86_vectors!(
             __m256,
             8,
@@ -361,42 +391,10 @@ mod avx2 {
             _mm256_storeu_ps
         );
         bf16_by_lanes!();
-        // int8 products without VNNI: `vpmaddubsw` multiplies unsigned by signed bytes and
-        // saturates pairs at i16, so the bytes go in as |w| and x with w's sign (pairs then
-        // stay within 2 * 128 * 127), then `vpmaddwd` by ones sums the pairs into i32 lanes.
-        pub type I = __m256i;
-        /// A vector of weights as (|w|, w).
-        pub type Q8Weights = (__m256i, __m256i);
-        pub const Q8_OFFSET: bool = false;
-        /// # Safety
-        /// `p` is valid for reading LANES words.
-        #[inline(always)]
-        pub unsafe fn q8_load(p: *const f32) -> Q8Weights {
-            // SAFETY: as the caller promises; the instruction set as for `splat`.
-            unsafe {
-                let w = _mm256_loadu_si256(p as *const __m256i);
-                (_mm256_abs_epi8(w), w)
-            }
-        }
-        /// # Safety
-        /// Reads nothing: without the offset, blocks start from zero.
-        #[inline(always)]
-        pub unsafe fn q8_init(_correction: *const f32) -> __m256i {
-            // SAFETY: the instruction set as for `splat`.
-            unsafe { _mm256_setzero_si256() }
-        }
         #[inline(always)]
         pub fn q8_splat(x: u32) -> __m256i {
             // SAFETY: the instruction set as for `splat`.
             unsafe { _mm256_set1_epi32(x as i32) }
-        }
-        #[inline(always)]
-        pub fn q8_dot(acc: __m256i, x: __m256i, (abs_w, w): Q8Weights) -> __m256i {
-            // SAFETY: the instruction set as for `splat`.
-            unsafe {
-                let pairs = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
-                _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
-            }
         }
         #[inline(always)]
         pub fn q8_to_f32(i: __m256i) -> F {
@@ -447,12 +445,94 @@ mod avx2 {
                 out
             }
         }
+    };
+}
+
+/// AVX2 with FMA.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    mod simd {
+        avx2_vectors!();
+        // int8 products without VNNI: `vpmaddubsw` multiplies unsigned by signed bytes and
+        // saturates pairs at i16, so the bytes go in as |w| and x with w's sign (pairs then
+        // stay within 2 * 128 * 127), then `vpmaddwd` by ones sums the pairs into i32 lanes.
+        pub type I = __m256i;
+        /// A vector of weights as (|w|, w).
+        pub type Q8Weights = (__m256i, __m256i);
+        pub const Q8_OFFSET: bool = false;
+        /// # Safety
+        /// `p` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_load(p: *const f32) -> Q8Weights {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe {
+                let w = _mm256_loadu_si256(p as *const __m256i);
+                (_mm256_abs_epi8(w), w)
+            }
+        }
+        /// # Safety
+        /// Reads nothing: without the offset, blocks start from zero.
+        #[inline(always)]
+        pub unsafe fn q8_init(_correction: *const f32) -> __m256i {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm256_setzero_si256() }
+        }
+        #[inline(always)]
+        pub fn q8_dot(acc: __m256i, x: __m256i, (abs_w, w): Q8Weights) -> __m256i {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe {
+                let pairs = _mm256_maddubs_epi16(abs_w, _mm256_sign_epi8(x, w));
+                _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+            }
+        }
+        pub const Q8_TILE: (usize, usize) = (4, 1);
     }
     macro_rules! instance_features {
         ($($item:tt)*) => { #[target_feature(enable = "avx2,fma")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
     entries!(target_feature(enable = "avx2,fma"));
+}
+
+/// AVX2 with FMA and AVX-VNNI (Intel Alder Lake and later, AMD Zen 5): the AVX2 kernels with
+/// `vpdpbusd` on 256-bit vectors for the int8 products.
+#[cfg(target_arch = "x86_64")]
+mod avx2vnni {
+    mod simd {
+        avx2_vectors!();
+        // int8 products as with AVX-512: offset activations, four bytes per lane.
+        pub type I = __m256i;
+        pub type Q8Weights = __m256i;
+        pub const Q8_OFFSET: bool = true;
+        /// Without the (|w|, w) pairs and the ones of `vpmaddwd`, 3 x 2 sums and results fit
+        /// the 16 registers.
+        pub const Q8_TILE: (usize, usize) = (3, 2);
+        /// # Safety
+        /// `p` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_load(p: *const f32) -> __m256i {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe { _mm256_loadu_si256(p as *const __m256i) }
+        }
+        /// The start of a block's sums: its correction for the offset.
+        /// # Safety
+        /// `correction` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_init(correction: *const f32) -> __m256i {
+            // SAFETY: as for `q8_load`.
+            unsafe { q8_load(correction) }
+        }
+        #[inline(always)]
+        pub fn q8_dot(acc: __m256i, x: __m256i, w: __m256i) -> __m256i {
+            // SAFETY: the instruction set (avxvnni) as for `splat`.
+            unsafe { _mm256_dpbusd_avx_epi32(acc, x, w) }
+        }
+    }
+    macro_rules! instance_features {
+        ($($item:tt)*) => { #[target_feature(enable = "avx2,fma,avxvnni")] $($item)* };
+    }
+    include!("cpu_kernels/body.rs");
+    entries!(target_feature(enable = "avx2,fma,avxvnni"));
 }
 
 /// Plain arrays, for any target.
@@ -509,6 +589,7 @@ mod portable {
         pub type I = [i32; LANES];
         pub type Q8Weights = [u32; LANES];
         pub const Q8_OFFSET: bool = false;
+        pub const Q8_TILE: (usize, usize) = (4, 1);
         /// # Safety
         /// `p` is valid for reading LANES words.
         #[inline(always)]
@@ -575,6 +656,12 @@ macro_rules! dispatch {
                     // avx512bf16 and avx512vnni (with avx2 and fma, which every such CPU has).
                     KernelSet::Avx512Bf16 => unsafe {
                         avx512::run::$name(srcs, out, ne, units, param)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma and
+                    // avxvnni.
+                    KernelSet::Avx2Vnni => unsafe {
+                        avx2vnni::run::$name(srcs, out, ne, units, param)
                     },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: kernel_set() gives this set only where the CPU has avx2 and fma.
@@ -761,6 +848,20 @@ mod tests {
             ));
         }
         #[cfg(target_arch = "x86_64")]
+        if super::avx2_vnni_detected() {
+            sets.push((
+                "avx2vnni",
+                [
+                    avx2vnni_attention,
+                    avx2vnni_attention_bf16,
+                    avx2vnni_conv,
+                    avx2vnni_conv_bf16,
+                    avx2vnni_linear,
+                    avx2vnni_linear,
+                ],
+            ));
+        }
+        #[cfg(target_arch = "x86_64")]
         if KernelSet::detect() == KernelSet::Avx512Bf16 {
             sets.push((
                 "avx512bf16",
@@ -784,8 +885,9 @@ mod tests {
         ($($name:ident = $module:ident::$kernel:ident;)*) => {
             $(
                 fn $name(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>, param: f32) {
-                    // SAFETY: `instances` lists this entry only where KernelSet::detect()
-                    // found the CPU features its instance is compiled for.
+                    // SAFETY: `instances` lists this entry only where the CPU has the
+                    // features its instance is compiled for (KernelSet::detect,
+                    // avx2_vnni_detected).
                     unsafe { super::$module::run::$kernel(srcs, out, ne, units, param) }
                 }
             )*
@@ -798,6 +900,11 @@ mod tests {
         avx2_conv = avx2::conv_same_planes;
         avx2_conv_bf16 = avx2::conv_same_planes_bf16;
         avx2_linear = avx2::linear_bias_rows;
+        avx2vnni_attention = avx2vnni::attention_tokens;
+        avx2vnni_attention_bf16 = avx2vnni::attention_tokens_bf16;
+        avx2vnni_conv = avx2vnni::conv_same_planes;
+        avx2vnni_conv_bf16 = avx2vnni::conv_same_planes_bf16;
+        avx2vnni_linear = avx2vnni::linear_bias_rows;
         avx512_attention = avx512::attention_tokens;
         avx512_attention_bf16 = avx512::attention_tokens_bf16;
         avx512_conv = avx512::conv_same_planes;

@@ -975,11 +975,10 @@ fn apply_epilogue(epilogue: Epilogue, acc: &mut [f32], srcs: &[Src<'_>], row: us
     }
 }
 
-/// Rows of the int8 kernel's register tile, and vectors of columns: 6 x 2 integer sums with
-/// 12 f32 results take 24 of AVX-512's 32 registers; AVX2's 16 hold 4 x 1 with the
-/// (|w|, w) pairs and temporaries of `vpmaddubsw`.
-const Q8_ROWS: usize = if simd::REGISTERS >= 32 { 6 } else { 4 };
-const Q8_VECTORS: usize = if simd::REGISTERS >= 32 { 2 } else { 1 };
+/// Rows of the int8 kernel's register tile, and vectors of columns (each set's choice for its
+/// registers, `simd::Q8_TILE`).
+const Q8_ROWS: usize = simd::Q8_TILE.0;
+const Q8_VECTORS: usize = simd::Q8_TILE.1;
 const Q8_SPAN: usize = Q8_VECTORS * LANES;
 const _: () = assert!(PANEL.is_multiple_of(Q8_SPAN));
 
