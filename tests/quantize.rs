@@ -420,3 +420,39 @@ fn ggml_quantize_refuses_what_ggml_asserts_on() {
         half::f16::INFINITY
     );
 }
+
+/// A q4_k weight whose first block scale is infinite (a corrupt file) is an error naming the
+/// tensor where the int8 products decode it at load (an infinite value cannot be stored as
+/// q8_0). ggml's own q4_k product neither scans nor refuses it: with `DA3_Q8_PRODUCTS=off` or
+/// the portable kernels the file loads (and computes a finite, meaningless depth).
+#[test]
+fn a_quantised_weight_decoding_to_infinity_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = tiny_f32(dir.path());
+    let q4k = dir.path().join("tiny-q4_k.gguf");
+    quantize(&input, &q4k, WeightType::Q4K).unwrap();
+    let file = GgufFile::open(&q4k).unwrap();
+    let info = file
+        .tensors()
+        .iter()
+        .find(|t| t.dtype == DType::Q4_K)
+        .expect("a q4_k tensor")
+        .clone();
+    let at = (file.data_offset() + info.offset) as usize;
+    drop(file);
+    let mut bytes = std::fs::read(&q4k).unwrap();
+    // block_q4_K opens with its f16 scale d: +infinity.
+    bytes[at..at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+    let corrupt = dir.path().join("corrupt-q4_k.gguf");
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let loaded = Model::load(&corrupt, &options());
+    if da3::ggml::linear_q8() {
+        let message = format!("{:#}", loaded.err().expect("a corrupt weight is refused"));
+        assert!(
+            message.contains(&info.name) && message.contains("not finite"),
+            "{message}"
+        );
+    } else {
+        assert!(loaded.is_ok(), "ggml's product takes the weight as it is");
+    }
+}
