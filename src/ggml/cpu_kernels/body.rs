@@ -733,7 +733,8 @@ fn softmax_block(s: &mut [f32], scale: f32, max: f32) -> (f32, f64) {
     let mut lanes = [max; V];
     for chunk in s[..whole].chunks_exact(V) {
         for (lane, &x) in lanes.iter_mut().zip(chunk) {
-            *lane = lane.max(x);
+            // A plain comparison: `f32::max`'s NaN rule costs a blend per lane.
+            *lane = if x > *lane { x } else { *lane };
         }
     }
     let max = s[whole..]
