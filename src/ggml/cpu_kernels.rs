@@ -1,9 +1,10 @@
 //! Kernels of the CPU custom ops: safe Rust over slices (`cpu_ops.rs` hands them to ggml),
-//! except the register tile that the matrix product, the convolution and attention share,
-//! written with intrinsics.
+//! except the register tiles that the matrix products, the convolution and attention share
+//! (f32 and bf16 in one, int8 in another), written with intrinsics.
 //!
 //! The kernels (`cpu_kernels/body.rs`) are compiled once per instruction set, AVX-512 with
-//! BF16, AVX2 with FMA, and portable arrays, each inside functions enabling those features
+//! BF16 and VNNI, AVX2 with FMA and AVX-VNNI, AVX2 with FMA, and portable arrays, each inside
+//! functions enabling those features
 //! (`#[target_feature]`); which one runs is decided once per process from what the CPU has
 //! ([`kernel_set`]), not from the features the crate was built with. So a build for the
 //! baseline x86-64 target runs the AVX2 or AVX-512 kernels on a CPU that has them.
@@ -929,13 +930,7 @@ mod tests {
         }
     }
 
-    fn max_abs_difference(a: &[f32], b: &[f32]) -> f32 {
-        assert_eq!(a.len(), b.len());
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max)
-    }
+    use super::super::cpu_ops::tests::max_abs_difference;
 
     /// One kernel's operands (for its f32 and its bf16 entry), output shape, units and the
     /// bound of its bf16 difference.

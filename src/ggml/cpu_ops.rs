@@ -338,9 +338,13 @@ pub const LINEAR_Q8_RECORD: usize = cpu_kernels::Q8_RECORD * 4;
 
 /// Whether this process computes the linear layers of q8_0 weights with int8 products
 /// ([`pack_linear_panels_q8`]): where the CPU kernels are a vector set ([`kernel_set`]);
-/// `DA3_Q8_PRODUCTS=off` keeps ggml's quantised product (to compare the two).
+/// `DA3_Q8_PRODUCTS=off` keeps ggml's quantised product (to compare the two). Decided on
+/// first use, then fixed, as the kernel set is.
 pub fn linear_q8() -> bool {
-    kernel_set().beats_ggml() && std::env::var("DA3_Q8_PRODUCTS").as_deref() != Ok("off")
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        kernel_set().beats_ggml() && std::env::var("DA3_Q8_PRODUCTS").as_deref() != Ok("off")
+    })
 }
 
 /// Packs a q8_0 weight (`n` rows of `k` values in ggml's q8_0 blocks, as a file stores it)
@@ -766,11 +770,82 @@ pub(super) mod tests {
         ScaledResidual,
     }
 
+    /// A weight as a tensor's type and bytes.
+    struct Weight<'a> {
+        dtype: DType,
+        ne: [i64; 3],
+        bytes: &'a [u8],
+    }
+
+    fn f32_bytes(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    /// `x W^T + b` for `t` rows, then `epilogue`: ggml's ops on the plain weight (`plain`, of
+    /// ggml shape [k, n]) and the packed kernel on `packed`, the operands from `seed`;
+    /// returns (ggml's result, the kernel's).
+    fn packed_against_ggml(
+        plain: Weight<'_>,
+        packed: Weight<'_>,
+        (k, n, t): (i64, i64, i64),
+        epilogue: Epilogue,
+        seed: u32,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let backend = Backend::cpu(2).unwrap();
+        let ctx = Context::metadata(16).unwrap();
+        ctx.use_cpu_kernels(true);
+        let plain_t = ctx.new_tensor(plain.dtype, &plain.ne).unwrap();
+        let panels = ctx.new_tensor(packed.dtype, &packed.ne).unwrap();
+        let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
+        let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
+        let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
+        let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
+        for input in [&plain_t, &panels, &bias, &x, &scale, &residual] {
+            input.mark_input();
+        }
+        let product = ctx.add(&ctx.mul_mat(&plain_t, &x).unwrap(), &bias).unwrap();
+        let (reference, packed_out) = match epilogue {
+            Epilogue::Bias => (product, ctx.linear_panels(&panels, &x, &bias, false)),
+            Epilogue::Gelu => {
+                // ggml's own GELU: the context's CPU kernel is tested on its own.
+                ctx.use_cpu_kernels(false);
+                let g = ctx.gelu_erf(&product).unwrap();
+                ctx.use_cpu_kernels(true);
+                (g, ctx.linear_panels(&panels, &x, &bias, true))
+            }
+            Epilogue::ScaledResidual => (
+                ctx.add(&residual, &ctx.mul(&product, &scale).unwrap())
+                    .unwrap(),
+                ctx.linear_panels_residual(&panels, &x, &bias, &scale, &residual),
+            ),
+        };
+        let packed_out = packed_out.unwrap();
+        let graph = ctx.new_graph(16).unwrap();
+        for out in [&reference, &packed_out] {
+            out.mark_output();
+            graph.expand(out).unwrap();
+        }
+        let mut gallocr = Gallocr::for_backend(&backend).unwrap();
+        let run = gallocr.alloc(&graph).unwrap();
+        crate::ggml::buffer::write_tensor_bytes(&plain_t, plain.bytes).unwrap();
+        crate::ggml::buffer::write_tensor_bytes(&panels, packed.bytes).unwrap();
+        for (i, input) in [&bias, &x, &scale, &residual].into_iter().enumerate() {
+            if graph.contains(input) {
+                run.write(input, &values(input.nelements() as usize, seed + i as u32))
+                    .unwrap();
+            }
+        }
+        run.compute(&backend).unwrap();
+        (
+            run.read::<f32>(&reference).unwrap(),
+            run.read::<f32>(&packed_out).unwrap(),
+        )
+    }
+
     /// `x W^T + b`, then GELU or a layer-scaled residual, with a packed weight against
     /// ggml's product of the plain one.
     #[test]
     fn packed_linear_matches_ggml_product() {
-        let backend = Backend::cpu(2).unwrap();
         let p = super::LINEAR_PANEL as i64;
         // Row counts below, at and past the register tile; odd depths; one to three panels.
         for (k, n, t, epilogue) in [
@@ -781,61 +856,34 @@ pub(super) mod tests {
         ] {
             let w = values((k * n) as usize, 1);
             let (packed, shape) = super::pack_linear_panels(&w, k as usize, n as usize).unwrap();
-            let ctx = Context::metadata(16).unwrap();
-            ctx.use_cpu_kernels(true);
-            let plain = ctx.new_tensor(DType::F32, &[k, n]).unwrap();
-            let panels = ctx.new_tensor(DType::F32, &shape).unwrap();
-            let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
-            let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
-            let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
-            let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
-            for input in [&plain, &panels, &bias, &x, &scale, &residual] {
-                input.mark_input();
-            }
-            let product = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
-            let (reference, packed_out) = match epilogue {
-                Epilogue::Bias => (product, ctx.linear_panels(&panels, &x, &bias, false)),
-                Epilogue::Gelu => {
-                    // ggml's own GELU: the context's CPU kernel is tested on its own.
-                    ctx.use_cpu_kernels(false);
-                    let g = ctx.gelu_erf(&product).unwrap();
-                    ctx.use_cpu_kernels(true);
-                    (g, ctx.linear_panels(&panels, &x, &bias, true))
-                }
-                Epilogue::ScaledResidual => (
-                    ctx.add(&residual, &ctx.mul(&product, &scale).unwrap())
-                        .unwrap(),
-                    ctx.linear_panels_residual(&panels, &x, &bias, &scale, &residual),
-                ),
-            };
-            let packed_out = packed_out.unwrap();
-            let graph = ctx.new_graph(16).unwrap();
-            for out in [&reference, &packed_out] {
-                out.mark_output();
-                graph.expand(out).unwrap();
-            }
-            let mut gallocr = Gallocr::for_backend(&backend).unwrap();
-            let run = gallocr.alloc(&graph).unwrap();
-            run.write(&plain, &w).unwrap();
-            run.write(&panels, &packed).unwrap();
-            for (i, input) in [&bias, &x, &scale, &residual].into_iter().enumerate() {
-                if graph.contains(input) {
-                    run.write(input, &values(input.nelements() as usize, 2 + i as u32))
-                        .unwrap();
-                }
-            }
-            run.compute(&backend).unwrap();
-            let (a, b) = (
-                run.read::<f32>(&reference).unwrap(),
-                run.read::<f32>(&packed_out).unwrap(),
+            let (a, b) = packed_against_ggml(
+                Weight {
+                    dtype: DType::F32,
+                    ne: [k, n, 1],
+                    bytes: &f32_bytes(&w),
+                },
+                Weight {
+                    dtype: DType::F32,
+                    ne: shape,
+                    bytes: &f32_bytes(&packed),
+                },
+                (k, n, t),
+                epilogue,
+                2,
             );
-            let diff = a
-                .iter()
-                .zip(&b)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let diff = max_abs_difference(&a, &b);
             assert!(diff < 1e-4, "k {k}, n {n}, t {t}, {epilogue:?}: {diff}");
         }
+    }
+
+    /// The largest absolute difference between two results of the same length (also the
+    /// kernels' own tests' measure).
+    pub(in crate::ggml) fn max_abs_difference(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max)
     }
 
     /// int8 products of a q8_0 weight against ggml's own q8_0 product (which quantises the
@@ -843,7 +891,6 @@ pub(super) mod tests {
     /// one to three panels, each epilogue.
     #[test]
     fn packed_q8_linear_matches_ggml_q8_0_product() {
-        let backend = Backend::cpu(2).unwrap();
         let p = super::LINEAR_PANEL as i64;
         for (k, n, t, epilogue) in [
             (32, p, 1, Epilogue::Bias),
@@ -855,59 +902,23 @@ pub(super) mod tests {
             let q8 = crate::ggml::quantize(DType::Q8_0, &w, k as usize).unwrap();
             let (packed, shape) =
                 super::pack_linear_panels_q8(&q8, k as usize, n as usize).unwrap();
-            let ctx = Context::metadata(16).unwrap();
-            ctx.use_cpu_kernels(true);
-            let plain = ctx.new_tensor(DType::Q8_0, &[k, n]).unwrap();
-            let panels = ctx.new_tensor(DType::I8, &shape).unwrap();
-            let bias = ctx.new_tensor(DType::F32, &[n]).unwrap();
-            let x = ctx.new_tensor(DType::F32, &[k, t]).unwrap();
-            let scale = ctx.new_tensor(DType::F32, &[n]).unwrap();
-            let residual = ctx.new_tensor(DType::F32, &[n, t]).unwrap();
-            for input in [&plain, &panels, &bias, &x, &scale, &residual] {
-                input.mark_input();
-            }
-            let product = ctx.add(&ctx.mul_mat(&plain, &x).unwrap(), &bias).unwrap();
-            let (reference, packed_out) = match epilogue {
-                Epilogue::Bias => (product, ctx.linear_panels(&panels, &x, &bias, false)),
-                Epilogue::Gelu => {
-                    ctx.use_cpu_kernels(false);
-                    let g = ctx.gelu_erf(&product).unwrap();
-                    ctx.use_cpu_kernels(true);
-                    (g, ctx.linear_panels(&panels, &x, &bias, true))
-                }
-                Epilogue::ScaledResidual => (
-                    ctx.add(&residual, &ctx.mul(&product, &scale).unwrap())
-                        .unwrap(),
-                    ctx.linear_panels_residual(&panels, &x, &bias, &scale, &residual),
-                ),
-            };
-            let packed_out = packed_out.unwrap();
-            let graph = ctx.new_graph(16).unwrap();
-            for out in [&reference, &packed_out] {
-                out.mark_output();
-                graph.expand(out).unwrap();
-            }
-            let mut gallocr = Gallocr::for_backend(&backend).unwrap();
-            let run = gallocr.alloc(&graph).unwrap();
-            crate::ggml::buffer::write_tensor_bytes(&plain, &q8).unwrap();
-            crate::ggml::buffer::write_tensor_bytes(&panels, &packed).unwrap();
-            for (i, input) in [&bias, &x, &scale, &residual].into_iter().enumerate() {
-                if graph.contains(input) {
-                    run.write(input, &values(input.nelements() as usize, 12 + i as u32))
-                        .unwrap();
-                }
-            }
-            run.compute(&backend).unwrap();
-            let (a, b) = (
-                run.read::<f32>(&reference).unwrap(),
-                run.read::<f32>(&packed_out).unwrap(),
+            let (a, b) = packed_against_ggml(
+                Weight {
+                    dtype: DType::Q8_0,
+                    ne: [k, n, 1],
+                    bytes: &q8,
+                },
+                Weight {
+                    dtype: DType::I8,
+                    ne: shape,
+                    bytes: &packed,
+                },
+                (k, n, t),
+                epilogue,
+                12,
             );
             let largest = a.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-            let diff = a
-                .iter()
-                .zip(&b)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+            let diff = max_abs_difference(&a, &b);
             assert!(
                 largest > 1.0 && diff < 1e-5 * largest,
                 "k {k}, n {n}, t {t}, {epilogue:?}: {diff} of {largest}"
@@ -915,22 +926,46 @@ pub(super) mod tests {
         }
     }
 
-    /// What does not pack for int8 products is refused, naming why.
+    /// What does not pack for int8 products is refused, naming why; a packed weight is
+    /// refused with an input of another depth or a record that is not the kernel's.
     #[test]
     fn q8_packing_refuses_what_does_not_fit() {
         let p = super::LINEAR_PANEL;
         let q8 = crate::ggml::quantize(DType::Q8_0, &values(64 * p, 1), 64).unwrap();
         for (bytes, k, n, expected) in [
-            (&q8[..], 48, p, "multiple of 32"),
-            (&q8[..], 64, p + 1, "multiple of 32 and outputs of 32"),
-            (&q8[..q8.len() - 1], 64, p, "bytes for a"),
-            (&q8[..], 0, p, "positive multiple"),
+            (&q8[..], 48, p, "32 outputs of 48 inputs"),
+            (&q8[..], 64, p + 1, "33 outputs of 64 inputs"),
+            (
+                &q8[..q8.len() - 1],
+                64,
+                p,
+                "2175 bytes for a 32 x 64 q8_0 weight",
+            ),
+            (&q8[..], 0, p, "32 outputs of 0 inputs"),
         ] {
             let err = super::pack_linear_panels_q8(bytes, k, n)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(expected), "{k} x {n}: {err}");
         }
+        let (_, shape) = super::pack_linear_panels_q8(&q8, 64, p).unwrap();
+        assert_eq!(shape, [super::LINEAR_Q8_RECORD as i64, 2, 1]);
+        let ctx = Context::metadata(8).unwrap();
+        ctx.use_cpu_kernels(true);
+        let panels = ctx.new_tensor(DType::I8, &shape).unwrap();
+        let bias = ctx.new_tensor(DType::F32, &[p as i64]).unwrap();
+        let x = ctx.new_tensor(DType::F32, &[64, 3]).unwrap();
+        assert!(ctx.linear_panels(&panels, &x, &bias, false).is_ok());
+        let shallow = ctx.new_tensor(DType::F32, &[32, 3]).unwrap();
+        let err = ctx
+            .linear_panels(&panels, &shallow, &bias, false)
+            .unwrap_err();
+        assert!(err.to_string().contains("packed depth"), "{err}");
+        let short_record = ctx.new_tensor(DType::I8, &[1024, 2, 1]).unwrap();
+        let err = ctx
+            .linear_panels(&short_record, &x, &bias, false)
+            .unwrap_err();
+        assert!(err.to_string().contains("panels"), "{err}");
     }
 
     /// bf16 products: exact against the same sums over operands rounded to bf16 (f64 on the
