@@ -137,6 +137,43 @@ fn quantized_weights_stay_close_to_f32() {
     }
 }
 
+/// f16 convolutions (ggml's direct convolution with f16 kernels, which GPUs run on tensor
+/// cores for half-precision files) keep depth within correlation 0.9999 of f32 ones, computed
+/// on the CPU; `auto` is f32 there.
+#[test]
+fn half_convolutions_stay_close_to_f32() {
+    use da3::convert::WeightType;
+    use da3::ConvPrecision;
+    let config = Config::preset("da3-small").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small.gguf");
+    write_synthetic(&path, &config, WeightType::F32).unwrap();
+    let image = synthetic::image(640, 427);
+    let depth_with = |conv_precision| {
+        let options = LoadOptions {
+            device: Device::Cpu,
+            threads: 2,
+            conv_precision,
+            ..Default::default()
+        };
+        let model = Model::load(&path, &options).unwrap();
+        assert_eq!(
+            model.uses_half_convolutions(),
+            conv_precision == ConvPrecision::F16
+        );
+        model.session().unwrap().predict_rgb(&image).unwrap().depth
+    };
+    let exact = depth_with(ConvPrecision::F32);
+    assert_eq!(
+        depth_with(ConvPrecision::Auto),
+        exact,
+        "auto is f32 on the CPU"
+    );
+    let corr = correlation(&depth_with(ConvPrecision::F16), &exact);
+    eprintln!("f16 convolutions: depth correlation with f32 {corr:.7}");
+    assert!(corr >= 0.9999, "correlation {corr}");
+}
+
 /// The mono (DPT + sky head) variant: depth and sky before the official sky post-processing
 /// (which samples pixels at random), at 504 on the landscape image.
 #[test]

@@ -424,6 +424,50 @@ fn conv_2d_on_an_input_smaller_than_the_kernel_is_refused() {
 }
 
 #[test]
+fn conv_2d_direct_refuses_what_its_kernels_would_abort_on() {
+    let c = ctx();
+    let (k, x) = (
+        f32(&c, &[3, 3, 4, 8], "kernel"),
+        f32(&c, &[16, 16, 3, 1], "image"),
+    );
+    assert_err!(
+        c.conv_2d_direct(&k, &x, (1, 1), (1, 1), (1, 1)),
+        Error::ShapeMismatch { op: "conv_2d", .. },
+        ["`kernel` f32 [3, 3, 4, 8]", "`image` f32 [16, 16, 3]"]
+    );
+    // The CPU kernel asserts a contiguous kernel; CUDA asserts both operands contiguous.
+    let k4 = f32(&c, &[3, 3, 4, 8], "k4");
+    let permuted = c.permute(&k4, [1, 0, 2, 3]).unwrap();
+    let x4 = f32(&c, &[16, 16, 4, 1], "x4");
+    assert_err!(
+        c.conv_2d_direct(&permuted, &x4, (1, 1), (1, 1), (1, 1)),
+        Error::NotContiguous {
+            op: "conv_2d_direct",
+            ..
+        },
+        ["k4"]
+    );
+    // Only f32 and f16 kernels, only f32 inputs.
+    let q = c
+        .new_tensor(DType::I32, &[3, 3, 4, 8])
+        .unwrap()
+        .named("ints");
+    assert_err!(
+        c.conv_2d_direct(&q, &x4, (1, 1), (1, 1), (1, 1)),
+        Error::DType {
+            op: "conv_2d_direct",
+            ..
+        },
+        ["ints"]
+    );
+    assert_err!(
+        c.conv_2d_direct(&k4, &x4, (1, 0), (1, 1), (1, 1)),
+        Error::InvalidArgument { op: "conv_2d", .. },
+        ["stride (1, 0)"]
+    );
+}
+
+#[test]
 fn conv_transpose_2d_with_mismatched_channels_is_refused() {
     let c = ctx();
     let (k, x) = (

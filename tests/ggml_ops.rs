@@ -1130,6 +1130,38 @@ fn conv_2d_with_different_width_and_height_parameters() {
     check_conv_2d((2, 1), (1, 0), (1, 2));
 }
 
+/// ggml's direct convolution (`GGML_OP_CONV_2D`, what GPUs run on tensor cores with an f16
+/// kernel) against the reference: with an f32 kernel to f32 precision; with an f16 kernel the
+/// CPU rounds each input patch to f16 as well, so the reference takes the f16-rounded kernel
+/// and input (sums in f32 either way).
+fn check_conv_2d_direct(half: bool, stride: (i32, i32), padding: (i32, i32), batch: i64) {
+    let g = Harness::new();
+    let (k, kv) = if half {
+        g.input_f16(&[3, 3, 5, 4])
+    } else {
+        g.input(&[3, 3, 5, 4])
+    };
+    let (x, xv) = g.input(&[9, 7, 5, batch]);
+    let y = g.conv_2d_direct(&k, &x, stride, padding, (1, 1)).unwrap();
+    let u = |(a, b): (i32, i32)| (a as usize, b as usize);
+    let xv = if half { xv.rounded_to_f16() } else { xv };
+    let want = ref_conv_2d(&kv, &xv, u(stride), u(padding), (1, 1));
+    let what = format!("conv_2d_direct f16 {half} stride {stride:?} padding {padding:?}");
+    assert_close(&g.run(&y), &want, TOL, &what);
+}
+
+#[test]
+fn conv_2d_direct_with_an_f32_kernel_is_the_convolution() {
+    check_conv_2d_direct(false, (1, 1), (1, 1), 1);
+    check_conv_2d_direct(false, (2, 2), (1, 0), 2);
+}
+
+#[test]
+fn conv_2d_direct_with_an_f16_kernel_rounds_the_inputs_to_f16() {
+    check_conv_2d_direct(true, (1, 1), (1, 1), 1);
+    check_conv_2d_direct(true, (2, 1), (0, 1), 2);
+}
+
 /// PyTorch `conv_transpose2d` with padding 0: kernel `[KW, KH, OC, IC]` (PyTorch weights
 /// (IC, OC, KH, KW)), `out[ix*s + kx, iy*s + ky, o, b] += x[ix, iy, c, b] * k[kx, ky, o, c]`.
 fn ref_conv_transpose_2d(k: &Array, x: &Array, s: usize) -> Array {

@@ -6,7 +6,7 @@
 mod common;
 
 use common::correlation;
-use da3::convert::{is_matmul_weight, quantize, write_synthetic, WeightType};
+use da3::convert::{conv_kernel_names, is_matmul_weight, quantize, write_synthetic, WeightType};
 use da3::ggml::gguf::{GgufFile, GgufWriter, Value};
 use da3::ggml::DType;
 use da3::{synthetic, Config, Device, LoadOptions, Model};
@@ -62,7 +62,8 @@ fn depth(path: &Path) -> Vec<f32> {
 }
 
 /// The input and output files agree on everything but the matrix weights, which have the type
-/// the rule gives for their rows; returns (converted to the type, q8_0 fallbacks).
+/// the rule gives for their rows, and for f16 and bf16 the convolution kernels, which take
+/// that type; returns (matrices converted to the type, q8_0 fallbacks).
 fn check_layout(input: &Path, output: &Path, t: WeightType) -> (usize, usize) {
     let (a, b) = (
         GgufFile::open(input).unwrap(),
@@ -76,6 +77,8 @@ fn check_layout(input: &Path, output: &Path, t: WeightType) -> (usize, usize) {
     };
     assert_eq!(meta(&a), meta(&b), "metadata copied in order");
     assert_eq!(a.tensors().len(), b.tensors().len());
+    let conv_kernels = conv_kernel_names(&Config::from_gguf(&a).unwrap()).unwrap();
+    assert!(!conv_kernels.is_empty());
     let (mut converted, mut fallback) = (0, 0);
     for (x, y) in a.tensors().iter().zip(b.tensors()) {
         assert_eq!((&x.name, x.shape()), (&y.name, y.shape()));
@@ -96,6 +99,8 @@ fn check_layout(input: &Path, output: &Path, t: WeightType) -> (usize, usize) {
             } else if want == DType::Q8_0 {
                 fallback += 1;
             }
+        } else if conv_kernels.contains(&x.name) && t.conv_kernel_dtype() != DType::F32 {
+            assert_eq!(y.dtype, t.conv_kernel_dtype(), "{}", x.name);
         } else {
             assert_eq!(y.dtype, x.dtype, "{}", x.name);
             assert_eq!(

@@ -5,6 +5,7 @@ use super::weights::Loader;
 use super::{Error, Head};
 use crate::ggml::gguf::GgufWriter;
 use crate::ggml::DType;
+use std::collections::HashSet;
 use std::path::Path;
 
 mod quantize;
@@ -191,6 +192,16 @@ pub fn official_name(gguf: &str) -> String {
 
 /// Every tensor a file for `config` must hold: (GGUF name, PyTorch shape), in load order.
 pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Error> {
+    Ok(declared_tensors(config)?.0)
+}
+
+/// The convolution kernels among [`expected_tensors`]: stored in the half type of f16 and
+/// bf16 files ([`WeightType::conv_kernel_dtype`]).
+pub fn conv_kernel_names(config: &Config) -> Result<HashSet<String>, Error> {
+    Ok(declared_tensors(config)?.1)
+}
+
+fn declared_tensors(config: &Config) -> Result<DeclaredTensors, Error> {
     let mut l = Loader::recording(config)?;
     super::backbone_load(&mut l, config)?;
     Head::load(&mut l, &config.head, config.vit.feature_dim())?;
@@ -199,6 +210,7 @@ pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Er
         super::backbone::CameraEncoder::load(&mut l, &config.vit)?;
     }
     super::head::RayHead::load(&mut l, &config.head)?;
+    let conv_kernels = l.declared_conv_kernels().iter().cloned().collect();
     let mut tensors = l.into_declared();
     let e = config.vit.embed_dim;
     tensors.push((
@@ -209,8 +221,11 @@ pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Er
             e,
         ],
     ));
-    Ok(tensors)
+    Ok((tensors, conv_kernels))
 }
+
+/// Names and PyTorch shapes, and the names of the convolution kernels.
+type DeclaredTensors = (Vec<(String, Vec<usize>)>, HashSet<String>);
 
 /// Metadata in depth-anything.cpp's key layout.
 pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
@@ -282,7 +297,8 @@ pub fn write_aux_metadata(w: &mut GgufWriter<'_>) {
 
 /// Tensor storage types a converted, synthetic or quantised file may use. Except for `F32`,
 /// the type applies to the matrix-product weights ([`is_matmul_weight`]) only, as in
-/// depth-anything.cpp's files; k-quants fall back to q8_0 where a row is not a multiple of
+/// depth-anything.cpp's files, and f16 and bf16 to the convolution kernels too
+/// ([`WeightType::conv_kernel_dtype`]); k-quants fall back to q8_0 where a row is not a multiple of
 /// 256, and a block type leaves a matrix whose rows are not a multiple of 32 as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightType {
@@ -363,6 +379,17 @@ impl WeightType {
         }
     }
 
+    /// The storage type of convolution kernels: the half type of an f16 or bf16 file (which
+    /// GPUs then compute on tensor cores, see [`crate::da3::LoadOptions::conv_precision`]),
+    /// else f32.
+    pub fn conv_kernel_dtype(self) -> DType {
+        match self {
+            WeightType::F16 => DType::F16,
+            WeightType::BF16 => DType::BF16,
+            _ => DType::F32,
+        }
+    }
+
     /// The storage type of a matrix weight whose rows hold `ne0` values, or `None` where
     /// the type cannot store such rows (and the weight stays as it is).
     pub fn for_row(self, ne0: u64) -> Option<DType> {
@@ -397,7 +424,7 @@ pub fn build_gguf(
 ) -> Result<GgufWriter<'static>, Error> {
     let mut w = GgufWriter::new();
     write_metadata(&mut w, config);
-    let tensors = expected_tensors(config)?;
+    let (tensors, conv_kernels) = declared_tensors(config)?;
     if tensors.iter().any(|(name, _)| name.contains("_aux.")) {
         write_aux_metadata(&mut w);
     }
@@ -406,6 +433,8 @@ pub fn build_gguf(
         let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         let dtype = if is_matmul_weight(&name) {
             weight_type.for_row(ne[0]).unwrap_or(DType::F32)
+        } else if conv_kernels.contains(&name) {
+            weight_type.conv_kernel_dtype()
         } else {
             DType::F32
         };

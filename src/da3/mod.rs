@@ -22,12 +22,12 @@ pub mod synthetic;
 mod weights;
 
 pub use config::{Config, Ffn, HeadKind, PRESETS};
-pub use model::{LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
+pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::{MultiPrediction, RefViewStrategy};
 pub use nested::{NestedModel, NestedSession};
 pub use outputs::{Colormap, Pose, Prediction, RayMap};
 pub use poses::KnownPose;
-pub use weights::{Loader, Role};
+pub use weights::{ConvKernels, Loader, Role};
 
 use std::path::PathBuf;
 

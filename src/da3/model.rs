@@ -10,7 +10,7 @@ use super::config::{Config, HeadKind};
 use super::head::{CameraDecoder, Head, HeadConstants, RayHead};
 use super::outputs::{fill_sky, Pose, Prediction};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
-use super::weights::{LoadedWeights, Loader};
+use super::weights::{ConvKernels, LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::gguf::GgufFile;
 use crate::ggml::{
@@ -51,6 +51,24 @@ pub struct LoadOptions {
     /// transformer of its own (about 110 MiB of f32 weights for da3-base, a fifth of the
     /// model) that every other request would carry.
     pub camera_encoder: bool,
+    /// What the convolutions (the heads' and the camera decoder's) compute in.
+    pub conv_precision: ConvPrecision,
+}
+
+/// The precision of the convolutions ([`LoadOptions::conv_precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvPrecision {
+    /// f16 for half-precision files (f16 or bf16 convolution kernels) on a GPU whose backend
+    /// runs ggml's direct convolution, f32 otherwise: what the file type asks for, at the
+    /// speed of tensor cores where there are some.
+    #[default]
+    Auto,
+    /// f32 kernels always (half-precision files widened at load): on GPUs im2col and a
+    /// matrix product, on the CPU the kernels' direct f32 convolution.
+    F32,
+    /// f16 kernels by ggml's direct convolution whatever the file and the device (f32 kernels
+    /// rounded at load): the inputs of each convolution are rounded to f16, sums stay f32.
+    F16,
 }
 
 impl Default for LoadOptions {
@@ -65,6 +83,7 @@ impl Default for LoadOptions {
             log_decisions: true,
             ggml_ops_only: false,
             camera_encoder: false,
+            conv_precision: ConvPrecision::Auto,
         }
     }
 }
@@ -146,7 +165,15 @@ impl Model {
         let cpu_kernels = device.kind() == DeviceKind::Cpu
             && crate::ggml::kernel_set().beats_ggml()
             && !options.ggml_ops_only;
-        let mut loader = Loader::new(file, &host_only)?.pack_linears(cpu_kernels);
+        let conv_kernels = match options.conv_precision {
+            ConvPrecision::F32 => ConvKernels::F32,
+            ConvPrecision::F16 => ConvKernels::F16,
+            ConvPrecision::Auto if runs_half_convolutions(&device) => ConvKernels::AsFileHalf,
+            ConvPrecision::Auto => ConvKernels::F32,
+        };
+        let mut loader = Loader::new(file, &host_only)?
+            .pack_linears(cpu_kernels)
+            .conv_kernels(conv_kernels);
         let camera_encoder = match (
             options.camera_encoder,
             file.tensor(CAMERA_ENCODER_PROBE).is_some(),
@@ -205,6 +232,11 @@ impl Model {
     /// ([`crate::ggml::linear_q8`]), not ggml's quantised products.
     pub fn uses_int8_products(&self) -> bool {
         self.shared.weights.int8_products
+    }
+    /// Whether the convolutions compute with f16 kernels by ggml's direct convolution
+    /// ([`LoadOptions::conv_precision`]).
+    pub fn uses_half_convolutions(&self) -> bool {
+        self.shared.weights.half_convolutions
     }
 
     /// A new session on the model's device: graphs, allocations and a backend stream of its
@@ -695,6 +727,22 @@ pub(crate) fn postprocess(prediction: &mut Prediction) {
     if let Some(sky) = &prediction.sky {
         fill_sky(&mut prediction.depth, sky);
     }
+}
+
+/// Whether `device` is a GPU (not a remote one, whose server may be a CPU) whose backend
+/// runs ggml's direct convolution with an f16 kernel, asked of a small probe node.
+fn runs_half_convolutions(device: &Device) -> bool {
+    if !matches!(device.kind(), DeviceKind::Gpu | DeviceKind::IntegratedGpu) || device.is_rpc() {
+        return false;
+    }
+    let probe = || -> crate::ggml::Result<bool> {
+        let ctx = Context::metadata_with_graph(4, 1)?;
+        let kernel = ctx.new_tensor(DType::F16, &[3, 3, 8, 8])?;
+        let input = ctx.new_tensor(DType::F32, &[16, 16, 8, 1])?;
+        let conv = ctx.conv_2d_direct(&kernel, &input, (1, 1), (1, 1), (1, 1))?;
+        Ok(device.supports_op(&conv))
+    };
+    probe().unwrap_or(false)
 }
 
 /// Graph capacity of one view: the giant variant builds about 2,700 nodes.

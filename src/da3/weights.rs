@@ -16,14 +16,30 @@ use std::collections::{HashMap, HashSet};
 pub enum Role {
     /// The first operand of a matrix product: kept in the file's type (f32, f16, q8_0, ...).
     Matmul,
-    /// Everything else (norms, biases, convolution kernels, tokens): converted to f32.
+    /// Everything else (norms, biases, tokens): converted to f32.
     F32,
+    /// A convolution kernel: f32, or f16 as [`Loader::conv_kernels`] says.
+    ConvKernel,
+}
+
+/// The type convolution kernels are kept in (see [`Loader::conv_kernels`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvKernels {
+    /// f32, whatever the file stores.
+    #[default]
+    F32,
+    /// f16 where the file stores a half type, f16 or bf16 (a half-precision file), else f32.
+    AsFileHalf,
+    /// f16 always (f32 and bf16 kernels rounded at load).
+    F16,
 }
 
 struct Pending {
     tensor: Tensor,
     name: String,
-    convert: bool,
+    /// The type the file's data is converted to on the way in, if it is not copied as is.
+    convert: Option<DType>,
+    conv_kernel: bool,
     /// How a linear weight is stored packed for the CPU kernel, if it is.
     packed: Option<Packing>,
 }
@@ -50,6 +66,8 @@ enum Source<'f> {
     Recording {
         config: Box<Config>,
         declared: Vec<(String, Vec<usize>)>,
+        /// The declared names that are convolution kernels.
+        conv_kernels: Vec<String>,
     },
 }
 
@@ -62,6 +80,7 @@ pub struct Loader<'f> {
     used: HashSet<String>,
     pending: Vec<Pending>,
     pack_linears: bool,
+    conv_kernels: ConvKernels,
     file_shapes: HashMap<String, Vec<usize>>,
     host_values: HashMap<String, Vec<f32>>,
     /// How the file names the tensors the architecture declares.
@@ -98,6 +117,8 @@ pub struct LoadedWeights {
     pub bf16_products: bool,
     /// Some linear weights compute with int8 products (a quantised file on the CPU kernels).
     pub int8_products: bool,
+    /// Some convolution kernels are f16, computed by ggml's direct convolution.
+    pub half_convolutions: bool,
 }
 
 impl std::fmt::Debug for Loader<'_> {
@@ -120,6 +141,7 @@ impl std::fmt::Debug for LoadedWeights {
             .field("unused", &self.unused)
             .field("bf16_products", &self.bf16_products)
             .field("int8_products", &self.int8_products)
+            .field("half_convolutions", &self.half_convolutions)
             .finish_non_exhaustive()
     }
 }
@@ -157,6 +179,7 @@ impl<'f> Loader<'f> {
             used: HashSet::new(),
             pending: Vec::new(),
             pack_linears: false,
+            conv_kernels: ConvKernels::F32,
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
             layout,
@@ -187,6 +210,7 @@ impl<'f> Loader<'f> {
             used: HashSet::new(),
             pending: Vec::new(),
             pack_linears: false,
+            conv_kernels: ConvKernels::F32,
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
             layout: FileLayout::Standard,
@@ -212,6 +236,14 @@ impl<'f> Loader<'f> {
         self
     }
 
+    /// The type convolution kernels are kept in: f32 (the default, exact), or f16 for ggml's
+    /// direct convolution, which GPUs compute on tensor cores ([`Conv::forward`] follows
+    /// the kernel's type).
+    pub fn conv_kernels(mut self, kernels: ConvKernels) -> Self {
+        self.conv_kernels = kernels;
+        self
+    }
+
     /// A loader that reads nothing and records the tensors (name, PyTorch shape) that the
     /// architecture of `config` declares: the layout a file for it must have.
     pub fn recording(config: &Config) -> Result<Self, Error> {
@@ -219,6 +251,7 @@ impl<'f> Loader<'f> {
             source: Source::Recording {
                 config: Box::new(config.clone()),
                 declared: Vec::new(),
+                conv_kernels: Vec::new(),
             },
             device_ctx: Context::metadata_with_graph(1 << 14, 1)?,
             host_ctx: None,
@@ -226,6 +259,7 @@ impl<'f> Loader<'f> {
             used: HashSet::new(),
             pending: Vec::new(),
             pack_linears: false,
+            conv_kernels: ConvKernels::F32,
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
             layout: FileLayout::Standard,
@@ -252,6 +286,14 @@ impl<'f> Loader<'f> {
         match self.source {
             Source::Recording { declared, .. } => declared,
             _ => Vec::new(),
+        }
+    }
+
+    /// Of a recording loader, the declared tensors that are convolution kernels.
+    pub fn declared_conv_kernels(&self) -> &[String] {
+        match &self.source {
+            Source::Recording { conv_kernels, .. } => conv_kernels,
+            _ => &[],
         }
     }
 
@@ -298,8 +340,16 @@ impl<'f> Loader<'f> {
         role: Role,
         pack: bool,
     ) -> Result<(Tensor, bool), Error> {
-        if let Source::Recording { declared, .. } = &mut self.source {
+        if let Source::Recording {
+            declared,
+            conv_kernels,
+            ..
+        } = &mut self.source
+        {
             declared.push((name.to_owned(), shape.to_vec()));
+            if role == Role::ConvKernel {
+                conv_kernels.push(name.to_owned());
+            }
             let ne: Vec<i64> = shape.iter().rev().map(|&d| d as i64).collect();
             return Ok((
                 self.device_ctx.new_tensor(DType::F32, &ne)?.named(name),
@@ -339,15 +389,11 @@ impl<'f> Loader<'f> {
             return Err(Error::Weights(format!("tensor `{name}` declared twice")));
         }
         self.file_shapes.insert(name.to_owned(), shape.to_vec());
-        let (dtype, convert) = match (role, info.dtype) {
-            (_, DType::F32) => (DType::F32, false),
-            (Role::F32, DType::F16 | DType::BF16) => (DType::F32, true),
-            (Role::Matmul, dtype) if dtype_supported_for_matmul(dtype) => (dtype, false),
-            (_, dtype) => {
-                return Err(Error::Weights(format!(
-                    "tensor `{name}` is stored as {dtype}, which this model cannot use for it"
-                )));
-            }
+        let Some((dtype, convert)) = storage(role, info.dtype, self.conv_kernels) else {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` is stored as {}, which this model cannot use for it",
+                info.dtype
+            )));
         };
         let host = self.host_names.contains(name);
         let packed = match (shape, dtype) {
@@ -391,6 +437,7 @@ impl<'f> Loader<'f> {
             tensor: tensor.clone(),
             name: name.to_owned(),
             convert,
+            conv_kernel: role == Role::ConvKernel,
             packed,
         });
         Ok((tensor, packed.is_some()))
@@ -506,8 +553,13 @@ impl<'f> Loader<'f> {
                         ctx.write_bytes(&p.tensor, &pack_linear_panels_q8(&q8, n_in, n_out)?.0)?
                     }
                 }
-            } else if p.convert {
-                ctx.write(&p.tensor, &to_f32(&p.name, info.dtype, data)?)?;
+            } else if let Some(target) = p.convert {
+                let values = to_f32(&p.name, info.dtype, data)?;
+                if target == DType::F16 {
+                    ctx.write(&p.tensor, &to_f16(&p.name, &values)?)?;
+                } else {
+                    ctx.write(&p.tensor, &values)?;
+                }
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
             }
@@ -523,6 +575,10 @@ impl<'f> Loader<'f> {
         unused.sort();
         let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16));
         let int8_products = self.pending.iter().any(|p| p.packed == Some(Packing::Q8));
+        let half_convolutions = self
+            .pending
+            .iter()
+            .any(|p| p.conv_kernel && p.tensor.dtype() == DType::F16);
         let packed: HashSet<String> = self
             .pending
             .iter()
@@ -564,6 +620,7 @@ impl<'f> Loader<'f> {
             unused,
             bf16_products,
             int8_products,
+            half_convolutions,
         })
     }
 }
@@ -589,6 +646,27 @@ pub fn check_finite(name: &str, dtype: DType, bytes: &[u8]) -> Result<(), Error>
         ))),
         None => Ok(()),
     }
+}
+
+/// The device type of a tensor of `role` stored as `file` in the file, and the type its data is
+/// converted to on the way in (None: copied as is); None where the role cannot use the type.
+fn storage(role: Role, file: DType, conv: ConvKernels) -> Option<(DType, Option<DType>)> {
+    Some(match (role, file, conv) {
+        // bf16 kernels become f16 too: ggml's direct convolution takes f16 or f32 kernels.
+        (Role::ConvKernel, DType::F16, ConvKernels::AsFileHalf | ConvKernels::F16) => {
+            (DType::F16, None)
+        }
+        (Role::ConvKernel, DType::BF16, ConvKernels::AsFileHalf) => (DType::F16, Some(DType::F16)),
+        (Role::ConvKernel, DType::F32 | DType::BF16, ConvKernels::F16) => {
+            (DType::F16, Some(DType::F16))
+        }
+        (_, DType::F32, _) => (DType::F32, None),
+        (Role::F32 | Role::ConvKernel, DType::F16 | DType::BF16, _) => {
+            (DType::F32, Some(DType::F32))
+        }
+        (Role::Matmul, dtype, _) if dtype_supported_for_matmul(dtype) => (dtype, None),
+        _ => return None,
+    })
 }
 
 fn dtype_supported_for_matmul(dtype: DType) -> bool {
@@ -631,6 +709,19 @@ pub fn to_f32(name: &str, dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, Error>
             )))
         }
     })
+}
+
+/// `values` rounded to f16; a finite value beyond f16's range (65504) is an error naming the
+/// tensor, not an infinity in the weights.
+fn to_f16(name: &str, values: &[f32]) -> Result<Vec<half::f16>, Error> {
+    let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+    match halves.iter().position(|h| !h.is_finite()) {
+        Some(i) => Err(Error::Weights(format!(
+            "tensor `{name}` holds {} (element {i}), beyond the range of the f16 kernels asked for",
+            values[i]
+        ))),
+        None => Ok(halves),
+    }
 }
 
 /// `y = x W^T + b` with W stored as PyTorch (out, in), or packed for the CPU kernel. Every
@@ -730,7 +821,7 @@ impl Conv {
         let weight = l.tensor(
             &format!("{prefix}.weight"),
             &[n_out, n_in, kernel, kernel],
-            Role::F32,
+            Role::ConvKernel,
         )?;
         let bias = if bias {
             Some(l.tensor(&format!("{prefix}.bias"), &[n_out], Role::F32)?)
@@ -745,8 +836,18 @@ impl Conv {
         })
     }
     /// `x`: a map [W, H, C_in, 1] -> [W', H', C_out, 1].
+    /// f16 kernels ([`Loader::conv_kernels`]) run ggml's direct convolution; f32 ones
+    /// [`Context::conv_2d`] (the CPU kernels' direct f32 convolution where they apply, else
+    /// im2col and a matrix product).
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
         let (stride, padding) = ((self.stride, self.stride), (self.padding, self.padding));
+        if self.weight.dtype() == DType::F16 {
+            let y = g.conv_2d_direct(&self.weight, x, stride, padding, (1, 1))?;
+            return match &self.bias {
+                Some(bias) => add_channel_bias(g, &y, bias),
+                None => Ok(y),
+            };
+        }
         Ok(match &self.bias {
             Some(bias) => g.conv_2d_bias(&self.weight, x, bias, stride, padding, (1, 1))?,
             None => g.conv_2d(&self.weight, x, stride, padding, (1, 1))?,
@@ -789,4 +890,53 @@ impl ConvTranspose {
 fn add_channel_bias(g: &Context, map: &Tensor, bias: &Tensor) -> Result<Tensor, Error> {
     let bias = g.reshape(bias, &[1, 1, bias.nelements()])?;
     Ok(g.add(map, &bias)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn convolution_kernels_are_f16_only_where_asked() {
+        use ConvKernels::*;
+        let conv = |file, asked| storage(Role::ConvKernel, file, asked);
+        // The default: f32 whatever the file stores.
+        assert_eq!(conv(DType::F32, F32), Some((DType::F32, None)));
+        assert_eq!(conv(DType::F16, F32), Some((DType::F32, Some(DType::F32))));
+        assert_eq!(conv(DType::BF16, F32), Some((DType::F32, Some(DType::F32))));
+        // As the file: half types become f16 (bf16 converted), f32 stays.
+        assert_eq!(conv(DType::F32, AsFileHalf), Some((DType::F32, None)));
+        assert_eq!(conv(DType::F16, AsFileHalf), Some((DType::F16, None)));
+        assert_eq!(
+            conv(DType::BF16, AsFileHalf),
+            Some((DType::F16, Some(DType::F16)))
+        );
+        // Always f16.
+        assert_eq!(conv(DType::F32, F16), Some((DType::F16, Some(DType::F16))));
+        assert_eq!(conv(DType::F16, F16), Some((DType::F16, None)));
+        // No quantised kernels, and other roles ignore the choice.
+        assert_eq!(conv(DType::Q8_0, F16), None);
+        assert_eq!(
+            storage(Role::F32, DType::F16, F16),
+            Some((DType::F32, Some(DType::F32)))
+        );
+        assert_eq!(
+            storage(Role::Matmul, DType::F16, F16),
+            Some((DType::F16, None))
+        );
+    }
+
+    #[test]
+    fn kernels_beyond_the_f16_range_are_an_error_naming_the_tensor() {
+        let err = to_f16("head.out1.weight", &[1.0, 7.0e4]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("head.out1.weight") && text.contains("element 1"),
+            "{text}"
+        );
+        assert_eq!(
+            to_f16("t", &[0.5, -65504.0]).unwrap(),
+            [half::f16::from_f32(0.5), half::f16::from_f32(-65504.0)]
+        );
+    }
 }

@@ -175,6 +175,21 @@ impl Device {
         // SAFETY: live device and buffer type.
         unsafe { sys::ggml_backend_dev_supports_buft(self.as_ptr(), buffer_type.as_ptr()) }
     }
+    /// Whether this device's backend can run the op that computes `node` (asked of the
+    /// device without creating a backend; the node needs no data).
+    pub fn supports_op(&self, node: &impl TensorView) -> bool {
+        // SAFETY: live registry device and tensor.
+        unsafe { sys::ggml_backend_dev_supports_op(self.as_ptr(), node.raw().as_ptr()) }
+    }
+    /// Whether this is a remote device of the RPC backend (which reports itself as a GPU,
+    /// whatever the server computes on).
+    pub fn is_rpc(&self) -> bool {
+        // SAFETY: live registry device; its registry lives for the process.
+        let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.as_ptr()) };
+        // SAFETY: a registry's name is a C string it owns for its life. RPC registries are
+        // "RPC" and, one per server, "RPC[host:port]".
+        !reg.is_null() && c_str(unsafe { sys::ggml_backend_reg_name(reg) }).starts_with("RPC")
+    }
 }
 
 impl std::fmt::Debug for Device {

@@ -93,6 +93,48 @@ fn conv_out(size: i64, kernel: i64, stride: i32, pad: i32, dilation: i32) -> i64
     (size + 2 * pad as i64 - dilation as i64 * (kernel - 1) - 1) / stride as i64 + 1
 }
 
+/// The output width and height of a 2D convolution of `kernel [KW, KH, IC, OC]` over
+/// `input [W, H, IC, N]`, after the checks ggml asserts (matching channels) or would divide by
+/// (a positive stride and dilation), and a non-empty result.
+fn conv_2d_output(
+    kernel: &Tensor,
+    input: &Tensor,
+    stride: (i32, i32),
+    padding: (i32, i32),
+    dilation: (i32, i32),
+) -> Result<(i64, i64)> {
+    let (kn, inp) = (kernel.ne(), input.ne());
+    if kn[2] != inp[2] {
+        return Err(mismatch(
+            "conv_2d",
+            "kernel input channels (ne[2]) differ from the input's (ne[2])",
+            &[kernel, input],
+        ));
+    }
+    if stride.0 < 1
+        || stride.1 < 1
+        || dilation.0 < 1
+        || dilation.1 < 1
+        || padding.0 < 0
+        || padding.1 < 0
+    {
+        return Err(Error::InvalidArgument {
+            op: "conv_2d",
+            reason: format!("stride {stride:?}, padding {padding:?}, dilation {dilation:?}"),
+        });
+    }
+    let ow = conv_out(inp[0], kn[0], stride.0, padding.0, dilation.0);
+    let oh = conv_out(inp[1], kn[1], stride.1, padding.1, dilation.1);
+    if ow < 1 || oh < 1 {
+        return Err(mismatch(
+            "conv_2d",
+            "the input is smaller than the kernel",
+            &[kernel, input],
+        ));
+    }
+    Ok((ow, oh))
+}
+
 impl Context {
     /// Wraps a freshly created op result and records the operands' contexts.
     pub(super) fn result(
@@ -1047,6 +1089,52 @@ impl Context {
         self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
     }
 
+    /// 2D convolution by ggml's direct op (`GGML_OP_CONV_2D`, no column matrix in memory):
+    /// `kernel [KW, KH, IC, OC]` (f32 or f16) over `input [W, H, IC, N]` (f32) ->
+    /// `[OW, OH, OC, N]` in f32. With an f16 kernel, CUDA computes it as an implicit GEMM on
+    /// tensor cores (the input rounded to f16, sums in f32) and the CPU rounds the input's
+    /// patches to f16 the same way; with f32, a plain loop per output on CUDA: use
+    /// [`Context::conv_2d`] for f32 kernels.
+    pub fn conv_2d_direct(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        stride: (i32, i32),
+        padding: (i32, i32),
+        dilation: (i32, i32),
+    ) -> Result<Tensor> {
+        let (ow, oh) = conv_2d_output(kernel, input, stride, padding, dilation)?;
+        require_dtype("conv_2d_direct", kernel, &[DType::F32, DType::F16])?;
+        require_dtype("conv_2d_direct", input, &[DType::F32])?;
+        // The CPU kernel asserts a contiguous kernel and reads the input through its base
+        // pointer and ne; CUDA asserts both contiguous.
+        for t in [kernel, input] {
+            if !t.is_contiguous() {
+                return Err(Error::NotContiguous {
+                    op: "conv_2d_direct",
+                    operand: t.describe(),
+                });
+            }
+        }
+        self.reserve_result(DType::F32, [ow, oh, kernel.ne()[3], input.ne()[3]])?;
+        // SAFETY: matching channels, positive output size, contiguous f32 input and an f32 or
+        // f16 contiguous kernel (ggml_conv_2d_direct's assertion and its kernels').
+        let raw = unsafe {
+            sys::ggml_conv_2d_direct(
+                self.raw(),
+                kernel.as_ptr(),
+                input.as_ptr(),
+                stride.0,
+                stride.1,
+                padding.0,
+                padding.1,
+                dilation.0,
+                dilation.1,
+            )
+        };
+        self.result(raw, "conv_2d_direct", &[kernel, input])
+    }
+
     /// Unfolds image patches into columns: `[IC*KH*KW, OW, OH, N]`.
     pub fn im2col(
         &self,
@@ -1058,34 +1146,7 @@ impl Context {
         dtype: DType,
     ) -> Result<Tensor> {
         let (kn, inp) = (kernel.ne(), input.ne());
-        if kn[2] != inp[2] {
-            return Err(mismatch(
-                "conv_2d",
-                "kernel input channels (ne[2]) differ from the input's (ne[2])",
-                &[kernel, input],
-            ));
-        }
-        if stride.0 < 1
-            || stride.1 < 1
-            || dilation.0 < 1
-            || dilation.1 < 1
-            || padding.0 < 0
-            || padding.1 < 0
-        {
-            return Err(Error::InvalidArgument {
-                op: "conv_2d",
-                reason: format!("stride {stride:?}, padding {padding:?}, dilation {dilation:?}"),
-            });
-        }
-        let ow = conv_out(inp[0], kn[0], stride.0, padding.0, dilation.0);
-        let oh = conv_out(inp[1], kn[1], stride.1, padding.1, dilation.1);
-        if ow < 1 || oh < 1 {
-            return Err(mismatch(
-                "conv_2d",
-                "the input is smaller than the kernel",
-                &[kernel, input],
-            ));
-        }
+        let (ow, oh) = conv_2d_output(kernel, input, stride, padding, dilation)?;
         require_dtype("im2col", kernel, &[DType::F32, DType::F16, DType::BF16])?;
         // The CPU kernels (ops.cpp, ggml_compute_forward_im2col_f32/_f16) write f32 columns
         // from an f32 input, f16 columns from f16 or f32, and read the input's rows in place.

@@ -140,6 +140,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         processed.height
     );
     outln!("cpu        {}", da3::ggml::cpu_features());
+    outln!(
+        "convs      {}",
+        if model.model().uses_half_convolutions() {
+            "f16 kernels, ggml's direct convolution"
+        } else {
+            "f32 kernels"
+        }
+    );
     outln!("load       {:.1} ms", load_s * 1e3);
     outln!(
         "first      {:.1} ms (graph build, allocation, compute)",

@@ -3,7 +3,7 @@
 use anyhow::Context as _;
 use da3::outputs;
 use da3::preprocess::{load_image, RgbImage8};
-use da3::{Device, LoadOptions, Model};
+use da3::{ConvPrecision, Device, LoadOptions, Model};
 use std::path::{Path, PathBuf};
 
 /// Most CPU threads `--threads` takes (ggml's own limit), and at most 4 per available CPU.
@@ -18,6 +18,27 @@ pub struct DeviceArgs {
     /// CPU threads (0: one per physical core; at most 4 per CPU, and 512).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Convolutions in f16 (tensor cores on CUDA; inputs rounded to f16, sums in f32) or f32.
+    /// `auto`: f16 for half-precision files on a GPU that runs ggml's direct convolution.
+    #[arg(long, value_enum, default_value_t = ConvPrecisionArg::Auto)]
+    pub conv_precision: ConvPrecisionArg,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvPrecisionArg {
+    Auto,
+    F32,
+    F16,
+}
+
+impl From<ConvPrecisionArg> for ConvPrecision {
+    fn from(arg: ConvPrecisionArg) -> Self {
+        match arg {
+            ConvPrecisionArg::Auto => ConvPrecision::Auto,
+            ConvPrecisionArg::F32 => ConvPrecision::F32,
+            ConvPrecisionArg::F16 => ConvPrecision::F16,
+        }
+    }
 }
 
 impl DeviceArgs {
@@ -35,6 +56,7 @@ impl DeviceArgs {
         Ok(LoadOptions {
             device: self.device.clone(),
             threads: self.threads,
+            conv_precision: self.conv_precision.into(),
             ..LoadOptions::default()
         })
     }

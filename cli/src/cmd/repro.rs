@@ -9,7 +9,7 @@
 //! 3. exits 0 only when the planned path is correct and, on a separate-memory device, the
 //!    unchecked path failed.
 
-use super::common::{load_input, DeviceArgs, ModelArgs};
+use super::common::{load_input, ConvPrecisionArg, DeviceArgs, ModelArgs};
 use anyhow::{bail, Context as _};
 use da3::ggml::{process, rpc, Device, DeviceKind};
 use da3::residency;
@@ -80,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let device_args = DeviceArgs {
         device: device_spec.parse()?,
         threads: args.threads,
+        conv_precision: ConvPrecisionArg::Auto,
     };
     let image = load_input(args.input.as_ref())?;
     outln!(
@@ -95,6 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let cpu_only = DeviceArgs {
         device: da3::Device::Cpu,
         threads: args.threads,
+        conv_precision: ConvPrecisionArg::Auto,
     };
     let reference = args.model.load(&cpu_only.options()?)?;
     let expected = reference
@@ -323,6 +325,7 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
     let device_args = DeviceArgs {
         device: args.device.parse()?,
         threads: args.threads,
+        conv_precision: ConvPrecisionArg::Auto,
     };
     let options = LoadOptions {
         policy: Policy::Unchecked,

@@ -1,12 +1,14 @@
 //! Quantising an existing DA3 GGUF file (`da3 quantize`): the matrix weights depth-anything.cpp's
-//! quantizer converts go to the chosen type through ggml's quantisers; every other tensor and
-//! every metadata key is copied as it is.
+//! quantizer converts go to the chosen type through ggml's quantisers (and, for f16 and bf16,
+//! the convolution kernels too); every other tensor and every metadata key is copied as it is.
 
-use super::{is_matmul_weight, WeightType};
+use super::{conv_kernel_names, is_matmul_weight, WeightType};
+use crate::da3::config::FileLayout;
 use crate::da3::weights::{check_finite, to_f32};
 use crate::da3::{outputs, Config, Error};
 use crate::ggml::gguf::{GgufFile, GgufWriter};
 use crate::ggml::DType;
+use std::collections::HashSet;
 use std::path::Path;
 
 /// Tensors of one storage type and their data size.
@@ -70,9 +72,10 @@ fn count(counts: &mut Vec<TypeCount>, dtype: DType, bytes: u64) {
 
 /// Writes `output`: the DA3 model `input` with its matrix weights ([`is_matmul_weight`], two
 /// dimensions) stored as `weight_type`, computed by ggml's `ggml_quantize_chunk` from their
-/// f32, f16 or bf16 values. k-quants (q6_k, q5_k, q4_k) fall back to q8_0 for matrices whose
-/// rows are not a multiple of 256; a matrix whose rows no block of the type divides stays as
-/// it is. Every other tensor and every metadata key is copied unchanged (except
+/// f32, f16 or bf16 values, and for `f16` and `bf16` the convolution kernels as well
+/// ([`WeightType::conv_kernel_dtype`]). k-quants (q6_k, q5_k, q4_k) fall back to q8_0 for
+/// matrices whose rows are not a multiple of 256; a matrix whose rows no block of the type
+/// divides stays as it is. Every other tensor and every metadata key is copied unchanged (except
 /// `general.file_type`, which would no longer be true, and is left out).
 ///
 /// Refused with an error naming the problem, before anything is written: `f32` as the type,
@@ -104,7 +107,16 @@ pub fn quantize(
         )));
     }
     let file = GgufFile::open(input)?;
-    Config::from_gguf(&file).map_err(|e| refuse(e.to_string()))?;
+    let config = Config::from_gguf(&file).map_err(|e| refuse(e.to_string()))?;
+    // The half types apply to the convolution kernels too, as the converter writes them.
+    let layout = FileLayout::of(&file);
+    let conv_kernels: HashSet<String> = match weight_type.conv_kernel_dtype() {
+        DType::F32 => HashSet::new(),
+        _ => conv_kernel_names(&config)?
+            .iter()
+            .map(|n| layout.file_name(n).into_owned())
+            .collect(),
+    };
 
     let mut w = GgufWriter::new();
     for (key, value) in file.metadata() {
@@ -150,6 +162,10 @@ pub fn quantize(
                 Some(_) => summary.q8_0_fallback += 1,
             }
             target.filter(|&t| t != info.dtype)
+        } else if conv_kernels.contains(&info.name)
+            && [DType::F32, DType::F16, DType::BF16].contains(&info.dtype)
+        {
+            Some(weight_type.conv_kernel_dtype()).filter(|&t| t != info.dtype)
         } else {
             None
         };
