@@ -1,6 +1,7 @@
 //! Where a model's time goes, by op: `cargo run --release --example profile_model -- MODEL.gguf
 //! [threads] [device]` (computes the 640x427 synthetic image one node at a time, on the CPU or
-//! on a device named as `da3 devices` lists it, e.g. CUDA0; each node waits for the device).
+//! on a device named as `da3 devices` lists it, e.g. CUDA0; each node waits for the device,
+//! and there is computed 20 times in a row so that its launch and wait count once).
 
 use da3::ggml::Gallocr;
 use da3::{preprocess, synthetic, Device, LoadOptions, Model};
@@ -24,6 +25,19 @@ fn classify(t: &da3::ggml::NodeTime) -> (String, f64) {
             let (d, tq, heads, tk) = (a[0], a[1], a[2], b[1]);
             ("attention".into(), 2.0 * (d + out[0]) * tq * tk * heads)
         }
+        // ggml's fused attention: out [Dv, H, Tq, B], q [D, Tq, H, B], k [D, Tk, H, B].
+        ("FLASH_ATTN_EXT", _) => {
+            let (d, tq, heads, tk) = (a[0], a[1], a[2], b[1]);
+            (
+                "attention (ggml)".into(),
+                2.0 * (d + out[0]) * tq * tk * heads * a[3],
+            )
+        }
+        // ggml's direct convolution: out [OW, OH, OC, N], kernel [KW, KH, IC, OC].
+        ("CONV_2D", _) => (
+            "conv_2d (ggml direct)".into(),
+            2.0 * out[0] * out[1] * out[2] * out[3] * a[0] * a[1] * a[2],
+        ),
         // out [W, H, OC], kernel [KW, KH, IC, OC].
         ("CUSTOM", "conv_2d") => (
             "conv_2d".into(),
@@ -62,7 +76,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _ = input;
     // One full compute first, so the profile sees warm buffers (no first-touch page faults).
     run.compute(&device)?;
-    let times = run.profile(&device)?;
+    // On a device, each node 20 times per call: the launch and the wait count once.
+    let repeats = if device.is_cpu() { 1 } else { 20 };
+    let times = run.profile(&device, repeats)?;
     let total: f64 = times.iter().map(|t| t.seconds).sum();
     let mut by_op: BTreeMap<String, (f64, usize, f64)> = BTreeMap::new();
     for t in &times {

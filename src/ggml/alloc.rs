@@ -257,11 +257,17 @@ pub struct NodeTime {
 
 impl Allocation<'_> {
     /// Computes the graph one node at a time on `backend` and times each node (for finding
-    /// where time goes; slower than [`Allocation::compute`] by the per-call overhead).
-    pub fn profile(&self, backend: &Backend) -> Result<Vec<NodeTime>> {
+    /// where time goes; slower than [`Allocation::compute`] by the per-call overhead). Each
+    /// node is computed `repeats` times in one call and timed as the mean: on a GPU the
+    /// call's launch and wait then count once for all, so small kernels are not buried under
+    /// them. Repeating a node recomputes it from the same sources, except where an op writes
+    /// into its own source (its values are then not the graph's: profile a separate
+    /// allocation).
+    pub fn profile(&self, backend: &Backend, repeats: usize) -> Result<Vec<NodeTime>> {
         let n = self.graph.n_nodes();
+        let repeats = repeats.max(1);
         // SAFETY: pure function of compile-time sizes.
-        let per_graph = unsafe { sys::ggml_graph_overhead_custom(1, false) };
+        let per_graph = unsafe { sys::ggml_graph_overhead_custom(repeats, false) };
         // SAFETY: ggml allocates its own pool; freed below.
         let scratch = unsafe {
             sys::ggml_init(sys::ggml_init_params {
@@ -284,11 +290,13 @@ impl Allocation<'_> {
                 });
                 break;
             }
-            // SAFETY: the pool holds n one-node graphs; the node belongs to this allocated
-            // graph, so its sources are computed (earlier nodes) or allocated.
+            // SAFETY: the pool holds n graphs of `repeats` nodes; the node belongs to this
+            // allocated graph, so its sources are computed (earlier nodes) or allocated.
             let status = unsafe {
-                let single = sys::ggml_new_graph_custom(scratch.as_ptr(), 1, false);
-                sys::ggml_graph_add_node(single, node.raw().as_ptr());
+                let single = sys::ggml_new_graph_custom(scratch.as_ptr(), repeats, false);
+                for _ in 0..repeats {
+                    sys::ggml_graph_add_node(single, node.raw().as_ptr());
+                }
                 let started = std::time::Instant::now();
                 let status = sys::ggml_backend_graph_compute(backend.as_ptr(), single);
                 let sources = node.sources();
@@ -297,7 +305,7 @@ impl Allocation<'_> {
                     name: node.name(),
                     op: node.op_name(),
                     shapes: [node.ne(), shape_of(0), shape_of(1)],
-                    seconds: started.elapsed().as_secs_f64(),
+                    seconds: started.elapsed().as_secs_f64() / repeats as f64,
                 });
                 status
             };
