@@ -173,6 +173,7 @@ impl Model {
         };
         let mut loader = Loader::new(file, &host_only)?
             .pack_linears(cpu_kernels)
+            .fold_affine(!cpu_kernels)
             .conv_kernels(conv_kernels);
         let camera_encoder = match (
             options.camera_encoder,
@@ -224,7 +225,9 @@ impl Model {
     pub fn unused_tensors(&self) -> &[String] {
         &self.shared.weights.unused
     }
-    /// Whether half-precision linear layers compute with bf16 products (the CPU fast mode).
+    /// Whether the CPU kernels multiply in bf16 (the CPU fast mode): a half-precision file's
+    /// linear layers, attention and convolutions, or a quantised file's attention and
+    /// convolutions beside its int8 linear products.
     pub fn uses_bf16_products(&self) -> bool {
         self.shared.weights.bf16_products
     }
@@ -232,6 +235,12 @@ impl Model {
     /// ([`crate::ggml::linear_q8`]), not ggml's quantised products.
     pub fn uses_int8_products(&self) -> bool {
         self.shared.weights.int8_products
+    }
+    /// How many linear layers were loaded with the LayerNorm before them or the LayerScale
+    /// after them folded in (models not on the CPU kernels; see
+    /// [`crate::da3::weights::Loader::fold_affine`]).
+    pub fn folded_layers(&self) -> usize {
+        self.shared.weights.folded_layers()
     }
     /// Whether the convolutions compute with f16 kernels by ggml's direct convolution
     /// ([`LoadOptions::conv_precision`]).

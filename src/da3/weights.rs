@@ -42,6 +42,27 @@ struct Pending {
     conv_kernel: bool,
     /// How a linear weight is stored packed for the CPU kernel, if it is.
     packed: Option<Packing>,
+    /// Values computed at load from file tensors, instead of the file's own.
+    derive: Option<Derive>,
+}
+
+/// What a declared tensor's values are computed from when a LayerNorm's scale and shift or a
+/// LayerScale is folded into the linear layer beside it ([`Loader::fold_affine`]). Names are
+/// the architecture's. With `W` [out, in] and bias `b`, a LayerNorm `n * g + s` before and a
+/// LayerScale `l` after: `l * (W (n * g + s) + b) = W' n + b'`.
+#[derive(Clone)]
+enum Derive {
+    /// `W'[o][i] = l[o] * W[o][i] * g[i]`.
+    Weight {
+        input_scale: Option<String>,
+        output_scale: Option<String>,
+    },
+    /// `b'[o] = l[o] * (b[o] + sum_i W[o][i] * s[i])`, from the file's weight `weight`.
+    Bias {
+        weight: String,
+        input_shift: Option<String>,
+        output_scale: Option<String>,
+    },
 }
 
 /// The layouts of a packed linear weight (see [`Loader::pack_linears`]).
@@ -81,6 +102,9 @@ pub struct Loader<'f> {
     pending: Vec<Pending>,
     pack_linears: bool,
     conv_kernels: ConvKernels,
+    fold_affine: bool,
+    /// Prefixes of the linear layers loaded with a norm or a layer scale folded in.
+    folded: HashSet<String>,
     file_shapes: HashMap<String, Vec<usize>>,
     host_values: HashMap<String, Vec<f32>>,
     /// How the file names the tensors the architecture declares.
@@ -108,17 +132,28 @@ pub struct LoadedWeights {
     host_values: HashMap<String, Vec<f32>>,
     /// Linear weights stored packed for the CPU kernel.
     packed: HashSet<String>,
+    /// Prefixes of the linear layers loaded with a norm or a layer scale folded in
+    /// ([`Loader::fold_affine`]), so that binding them again builds the same layers.
+    folded: HashSet<String>,
     /// Bytes of device memory the shared weights take.
     pub device_bytes: usize,
     /// File tensors the architecture did not use.
     pub unused: Vec<String>,
-    /// Some linear weights compute with bf16 products (a half-precision file on a CPU that
-    /// has them): the model's fast mode, which its other CPU kernels then follow.
+    /// The CPU kernels of attention and convolutions multiply in bf16: the fast mode of a
+    /// half-precision file (its linear weights packed for bf16 products) or of a quantised one
+    /// (int8 linear products), on a CPU whose bf16 products pay ([`linear_bf16`]).
     pub bf16_products: bool,
     /// Some linear weights compute with int8 products (a quantised file on the CPU kernels).
     pub int8_products: bool,
     /// Some convolution kernels are f16, computed by ggml's direct convolution.
     pub half_convolutions: bool,
+}
+
+impl LoadedWeights {
+    /// How many linear layers hold a folded norm or layer scale ([`Loader::fold_affine`]).
+    pub fn folded_layers(&self) -> usize {
+        self.folded.len()
+    }
 }
 
 impl std::fmt::Debug for Loader<'_> {
@@ -180,6 +215,8 @@ impl<'f> Loader<'f> {
             pending: Vec::new(),
             pack_linears: false,
             conv_kernels: ConvKernels::F32,
+            fold_affine: false,
+            folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
             layout,
@@ -211,6 +248,8 @@ impl<'f> Loader<'f> {
             pending: Vec::new(),
             pack_linears: false,
             conv_kernels: ConvKernels::F32,
+            fold_affine: false,
+            folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
             layout: FileLayout::Standard,
@@ -233,6 +272,16 @@ impl<'f> Loader<'f> {
     /// types decoded and stored as q8_0).
     pub fn pack_linears(mut self, on: bool) -> Self {
         self.pack_linears = on;
+        self
+    }
+
+    /// Folds each block's LayerNorm scale and shift into the linear layer after it and its
+    /// LayerScale into the one before, at load, where the weights allow (f32, f16 or bf16,
+    /// not packed, none kept host-only): the graph then has one node for such a norm instead
+    /// of three and none for the scale, each a kernel of its own on ggml's GPU backends, which
+    /// do not fuse them. The CPU kernels fuse both into their products already.
+    pub fn fold_affine(mut self, on: bool) -> Self {
+        self.fold_affine = on;
         self
     }
 
@@ -260,6 +309,8 @@ impl<'f> Loader<'f> {
             pending: Vec::new(),
             pack_linears: false,
             conv_kernels: ConvKernels::F32,
+            fold_affine: false,
+            folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
             layout: FileLayout::Standard,
@@ -329,6 +380,106 @@ impl<'f> Loader<'f> {
         n_out: usize,
     ) -> Result<(Tensor, bool), Error> {
         self.declare(name, &[n_out, n_in], Role::Matmul, self.pack_linears)
+    }
+
+    /// Whether linear layer `prefix` (`{prefix}.weight`, `.bias`) is loaded with `folded`
+    /// folded into it: reading a file, with [`Loader::fold_affine`] on, its weight f32, f16
+    /// or bf16 and none of the tensors kept host-only; binding loaded weights, as they were
+    /// loaded; recording, never (the file holds every tensor as it is).
+    pub fn folds_into(&self, prefix: &str, folded: Folded<'_>) -> bool {
+        if folded.is_empty() {
+            return false;
+        }
+        match &self.source {
+            Source::Recording { .. } => false,
+            Source::Bound { weights, .. } => weights.folded.contains(prefix),
+            Source::File(_) => {
+                let weight = format!("{prefix}.weight");
+                let half_or_f32 = self
+                    .info(&weight)
+                    .is_ok_and(|info| matches!(info.dtype, DType::F32 | DType::F16 | DType::BF16));
+                let names = [weight, format!("{prefix}.bias")]
+                    .into_iter()
+                    .chain(folded.vectors().into_iter().map(|(name, _)| name));
+                self.fold_affine
+                    && !self.pack_linears
+                    && half_or_f32
+                    && !names.into_iter().any(|n| self.host_names.contains(&n))
+            }
+        }
+    }
+
+    /// Checks that the file holds vector `name` of `len` values usable as f32 and counts it
+    /// as used, without placing it anywhere: its values are folded into a linear layer.
+    fn declare_folded_away(&mut self, name: &str, len: usize) -> Result<(), Error> {
+        if !matches!(self.source, Source::File(_)) {
+            return Ok(());
+        }
+        let info = self.info(name)?;
+        if pad4(&[len as u64]) != pad4(info.shape()) {
+            let got: Vec<u64> = info.shape().iter().rev().copied().collect();
+            return Err(Error::Weights(format!(
+                "tensor `{name}` has shape {got:?}, the architecture expects [{len}]"
+            )));
+        }
+        if storage(Role::F32, info.dtype, self.conv_kernels).is_none() {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` is stored as {}, which this model cannot use for it",
+                info.dtype
+            )));
+        }
+        if !self.used.insert(self.layout.file_name(name).into_owned()) {
+            return Err(Error::Weights(format!("tensor `{name}` declared twice")));
+        }
+        self.file_shapes.insert(name.to_owned(), vec![len]);
+        Ok(())
+    }
+
+    /// Declares linear layer `prefix` [n_out, n_in] with `folded` folded into its weight and
+    /// bias (see [`Loader::folds_into`], which the caller asked).
+    fn linear_folded(
+        &mut self,
+        prefix: &str,
+        n_in: usize,
+        n_out: usize,
+        folded: Folded<'_>,
+    ) -> Result<Linear, Error> {
+        for (name, len) in folded.vectors() {
+            let len = if len == FoldedLen::In { n_in } else { n_out };
+            self.declare_folded_away(&name, len)?;
+        }
+        let (input_scale, input_shift) = match folded.norm_before {
+            Some(norm) => (Some(format!("{norm}.weight")), Some(format!("{norm}.bias"))),
+            None => (None, None),
+        };
+        let output_scale = folded.scale_after.map(str::to_owned);
+        let weight_name = format!("{prefix}.weight");
+        let (weight, _) = self.declare(&weight_name, &[n_out, n_in], Role::Matmul, false)?;
+        self.derive_last(Derive::Weight {
+            input_scale,
+            output_scale: output_scale.clone(),
+        });
+        let (bias, _) = self.declare(&format!("{prefix}.bias"), &[n_out], Role::F32, false)?;
+        self.derive_last(Derive::Bias {
+            weight: weight_name,
+            input_shift,
+            output_scale,
+        });
+        self.folded.insert(prefix.to_owned());
+        Ok(Linear {
+            weight,
+            bias,
+            n_in,
+            packed: false,
+        })
+    }
+
+    /// Makes the tensor declared last computed at load (reading a file; bound tensors hold
+    /// their values already).
+    fn derive_last(&mut self, derive: Derive) {
+        if matches!(self.source, Source::File(_)) {
+            self.pending.last_mut().expect("just declared").derive = Some(derive);
+        }
     }
 
     /// [`Loader::tensor`], packing a two-dimensional weight for the CPU's matrix-product
@@ -439,6 +590,7 @@ impl<'f> Loader<'f> {
             convert,
             conv_kernel: role == Role::ConvKernel,
             packed,
+            derive: None,
         });
         Ok((tensor, packed.is_some()))
     }
@@ -531,7 +683,28 @@ impl<'f> Loader<'f> {
             } else {
                 &self.device_ctx
             };
-            if let Some(packing) = p.packed {
+            if let Some(derive) = &p.derive {
+                let read = |name: &str| -> Result<Vec<f32>, Error> {
+                    let info = file
+                        .tensor(&self.layout.file_name(name))
+                        .expect("checked when declared");
+                    let data = file.read_tensor_data(info)?;
+                    check_finite(name, info.dtype, &data)?;
+                    to_f32(name, info.dtype, &data)
+                };
+                let own = to_f32(&p.name, info.dtype, data)?;
+                let n_in = info.shape()[0] as usize;
+                let values = derived_values(&p.name, own, n_in, derive, read)?;
+                match p.tensor.dtype() {
+                    DType::F16 => ctx.write(&p.tensor, &to_f16(&p.name, &values)?)?,
+                    DType::BF16 => {
+                        let halves: Vec<half::bf16> =
+                            values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                        ctx.write(&p.tensor, &halves)?
+                    }
+                    _ => ctx.write(&p.tensor, &values)?,
+                }
+            } else if let Some(packing) = p.packed {
                 // The file's ggml shape is [n_in, n_out], checked when declared.
                 let (n_in, n_out) = (info.shape()[0] as usize, info.shape()[1] as usize);
                 match packing {
@@ -573,8 +746,11 @@ impl<'f> Loader<'f> {
             .filter(|n| !self.used.contains(n))
             .collect();
         unused.sort();
-        let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16));
         let int8_products = self.pending.iter().any(|p| p.packed == Some(Packing::Q8));
+        // A quantised file already rounds its products' inputs to 8 bits; where bf16 products
+        // pay, its attention and convolutions follow in bf16 as a half-precision file's do.
+        let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16))
+            || (int8_products && linear_bf16());
         let half_convolutions = self
             .pending
             .iter()
@@ -605,6 +781,7 @@ impl<'f> Loader<'f> {
             pending,
             file_shapes,
             host_values,
+            folded,
             ..
         } = self;
         // The pending handles keep the context alive; freezing needs it alone.
@@ -616,6 +793,7 @@ impl<'f> Loader<'f> {
             file_shapes,
             host_values,
             packed,
+            folded,
             device_bytes,
             unused,
             bf16_products,
@@ -713,6 +891,112 @@ pub fn to_f32(name: &str, dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, Error>
 
 /// `values` rounded to f16; a finite value beyond f16's range (65504) is an error naming the
 /// tensor, not an infinity in the weights.
+/// The values of a tensor with a norm or a layer scale folded in ([`Derive`]): `own` is the
+/// tensor's file values as f32 (a weight's rows of `n_in` inputs, one per output, or a bias),
+/// `read` reads another file tensor as f32.
+fn derived_values(
+    name: &str,
+    mut own: Vec<f32>,
+    n_in: usize,
+    derive: &Derive,
+    read: impl Fn(&str) -> Result<Vec<f32>, Error>,
+) -> Result<Vec<f32>, Error> {
+    // Each output's values (a weight row, or one bias value) times its layer scale.
+    let scale_outputs = |values: &mut [f32], scale: &Option<String>, per_output: usize| {
+        if let Some(scale) = scale {
+            let l = read(scale)?;
+            for (values, &l) in values.chunks_exact_mut(per_output).zip(&l) {
+                values.iter_mut().for_each(|x| *x *= l);
+            }
+        }
+        Ok::<_, Error>(())
+    };
+    match derive {
+        Derive::Weight {
+            input_scale,
+            output_scale,
+        } => {
+            if let Some(scale) = input_scale {
+                let g = read(scale)?;
+                for row in own.chunks_exact_mut(n_in) {
+                    row.iter_mut().zip(&g).for_each(|(w, &g)| *w *= g);
+                }
+            }
+            scale_outputs(&mut own, output_scale, n_in)?;
+        }
+        Derive::Bias {
+            weight,
+            input_shift,
+            output_scale,
+        } => {
+            if let Some(shift) = input_shift {
+                let s = read(shift)?;
+                let w = read(weight)?;
+                for (b, row) in own.iter_mut().zip(w.chunks_exact(s.len())) {
+                    let dot: f64 = row.iter().zip(&s).map(|(&w, &s)| w as f64 * s as f64).sum();
+                    *b += dot as f32;
+                }
+            }
+            scale_outputs(&mut own, output_scale, 1)?;
+        }
+    }
+    if let Some(i) = own.iter().position(|x| !x.is_finite()) {
+        return Err(Error::Weights(format!(
+            "tensor `{name}`: folding the norm or layer scale beside it gives {} (element {i})",
+            own[i]
+        )));
+    }
+    Ok(own)
+}
+
+/// What is folded into a linear layer at load where the loader folds
+/// ([`Loader::fold_affine`]): the LayerNorm before it (the prefix of its `.weight` and
+/// `.bias`) and the LayerScale after it (a vector of the outputs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Folded<'a> {
+    pub norm_before: Option<&'a str>,
+    pub scale_after: Option<&'a str>,
+}
+
+/// Which side of a linear layer a folded vector spans.
+#[derive(PartialEq, Eq)]
+enum FoldedLen {
+    In,
+    Out,
+}
+
+impl<'a> Folded<'a> {
+    /// The LayerNorm `prefix` before the layer.
+    pub fn norm(prefix: &'a str) -> Self {
+        Folded {
+            norm_before: Some(prefix),
+            scale_after: None,
+        }
+    }
+    /// The LayerScale `name` after the layer.
+    pub fn scale(name: &'a str) -> Self {
+        Folded {
+            norm_before: None,
+            scale_after: Some(name),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        self.norm_before.is_none() && self.scale_after.is_none()
+    }
+    /// The folded vectors and the side each spans.
+    fn vectors(&self) -> Vec<(String, FoldedLen)> {
+        let mut v = Vec::new();
+        if let Some(norm) = self.norm_before {
+            v.push((format!("{norm}.weight"), FoldedLen::In));
+            v.push((format!("{norm}.bias"), FoldedLen::In));
+        }
+        if let Some(scale) = self.scale_after {
+            v.push((scale.to_owned(), FoldedLen::Out));
+        }
+        v
+    }
+}
+
 fn to_f16(name: &str, values: &[f32]) -> Result<Vec<half::f16>, Error> {
     let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
     match halves.iter().position(|h| !h.is_finite()) {
@@ -755,19 +1039,38 @@ impl Linear {
         }
         Ok(g.add(&g.mul_mat(&self.weight, x)?, &self.bias)?)
     }
+    /// [`Linear::load`] with `folded` folded into the weight and bias where the loader
+    /// folds ([`Loader::folds_into`]); the caller asks that first, to leave out what is
+    /// folded ([`Norm::load_unless_folded`], no layer scale).
+    pub fn load_folded(
+        l: &mut Loader<'_>,
+        prefix: &str,
+        n_in: usize,
+        n_out: usize,
+        folded: Folded<'_>,
+    ) -> Result<Self, Error> {
+        if l.folds_into(prefix, folded) {
+            return l.linear_folded(prefix, n_in, n_out, folded);
+        }
+        Self::load(l, prefix, n_in, n_out)
+    }
     /// `residual + scale * forward(x)` (a layer-scaled residual branch), fused into the
-    /// product where it is packed.
+    /// product where it is packed; `residual + forward(x)` without a scale (one folded into
+    /// the layer).
     pub fn forward_scaled_residual(
         &self,
         g: &Context,
         x: &Tensor,
-        scale: &Tensor,
+        scale: Option<&Tensor>,
         residual: &Tensor,
     ) -> Result<Tensor, Error> {
-        if self.packed {
-            return Ok(g.linear_panels_residual(&self.weight, x, &self.bias, scale, residual)?);
+        match scale {
+            Some(scale) if self.packed => {
+                Ok(g.linear_panels_residual(&self.weight, x, &self.bias, scale, residual)?)
+            }
+            Some(scale) => Ok(g.add(residual, &g.mul(&self.forward(g, x)?, scale)?)?),
+            None => Ok(g.add(residual, &self.forward(g, x)?)?),
         }
-        Ok(g.add(residual, &g.mul(&self.forward(g, x)?, scale)?)?)
     }
     /// GELU (erf form) of [`Linear::forward`], fused into the product where it is packed.
     pub fn forward_gelu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
@@ -780,21 +1083,40 @@ impl Linear {
 
 /// LayerNorm over ne[0].
 pub struct Norm {
-    pub weight: Tensor,
-    pub bias: Tensor,
-    pub eps: f32,
+    /// Scale and shift; none where they are folded into the next linear layer.
+    affine: Option<(Tensor, Tensor)>,
+    eps: f32,
 }
 
 impl Norm {
     pub fn load(l: &mut Loader<'_>, prefix: &str, dim: usize, eps: f32) -> Result<Self, Error> {
+        Self::load_unless_folded(l, prefix, dim, eps, false)
+    }
+    /// [`Norm::load`], or only the normalisation where `folded`: the scale and shift are then
+    /// part of the next linear layer ([`Folded::norm_before`]), which declares them.
+    pub fn load_unless_folded(
+        l: &mut Loader<'_>,
+        prefix: &str,
+        dim: usize,
+        eps: f32,
+        folded: bool,
+    ) -> Result<Self, Error> {
+        if folded {
+            return Ok(Norm { affine: None, eps });
+        }
         Ok(Norm {
-            weight: l.tensor(&format!("{prefix}.weight"), &[dim], Role::F32)?,
-            bias: l.tensor(&format!("{prefix}.bias"), &[dim], Role::F32)?,
+            affine: Some((
+                l.tensor(&format!("{prefix}.weight"), &[dim], Role::F32)?,
+                l.tensor(&format!("{prefix}.bias"), &[dim], Role::F32)?,
+            )),
             eps,
         })
     }
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        Ok(g.layer_norm(x, &self.weight, &self.bias, self.eps)?)
+        Ok(match &self.affine {
+            Some((weight, bias)) => g.layer_norm(x, weight, bias, self.eps)?,
+            None => g.norm(x, self.eps)?,
+        })
     }
 }
 
@@ -895,6 +1217,62 @@ fn add_channel_bias(g: &Context, map: &Tensor, bias: &Tensor) -> Result<Tensor, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A LayerNorm's scale and shift before a linear layer and a LayerScale after it, folded
+    /// into the layer, give what the three compute in turn.
+    #[test]
+    fn folded_layer_computes_norm_affine_layer_and_scale() {
+        let (n_in, n_out) = (5, 3);
+        let w: Vec<f32> = (0..n_in * n_out).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b = vec![0.5, -1.25, 2.0];
+        let g = vec![1.5, -0.5, 2.0, 0.25, 1.0];
+        let s = vec![0.1, 0.2, -0.3, 0.4, -0.5];
+        let l = vec![0.01, -2.0, 0.5];
+        let tensors: HashMap<&str, Vec<f32>> = [
+            ("w", w.clone()),
+            ("n.weight", g.clone()),
+            ("n.bias", s.clone()),
+            ("ls", l.clone()),
+        ]
+        .into_iter()
+        .collect();
+        let read = |name: &str| Ok(tensors[name].clone());
+        let w_derive = Derive::Weight {
+            input_scale: Some("n.weight".into()),
+            output_scale: Some("ls".into()),
+        };
+        let b_derive = Derive::Bias {
+            weight: "w".into(),
+            input_shift: Some("n.bias".into()),
+            output_scale: Some("ls".into()),
+        };
+        let w2 = derived_values("w", w.clone(), n_in, &w_derive, read).unwrap();
+        let b2 = derived_values("b", b.clone(), n_out, &b_derive, read).unwrap();
+        let x = [0.3f32, -1.1, 0.8, 2.0, -0.2]; // a normalised token
+        for o in 0..n_out {
+            let row = &w[o * n_in..][..n_in];
+            let unfolded = l[o]
+                * (b[o]
+                    + (0..n_in)
+                        .map(|i| row[i] * (x[i] * g[i] + s[i]))
+                        .sum::<f32>());
+            let folded = b2[o] + (0..n_in).map(|i| w2[o * n_in + i] * x[i]).sum::<f32>();
+            assert!(
+                (unfolded - folded).abs() < 1e-5,
+                "output {o}: {unfolded} vs {folded}"
+            );
+        }
+        // Values that overflow once folded are an error naming the tensor.
+        let huge = |name: &str| {
+            Ok(if name == "ls" {
+                vec![f32::MAX; 3]
+            } else {
+                tensors[name].clone()
+            })
+        };
+        let err = derived_values("w", vec![4.0; 15], n_in, &w_derive, huge).unwrap_err();
+        assert!(err.to_string().contains("`w`"), "{err}");
+    }
 
     #[test]
     fn convolution_kernels_are_f16_only_where_asked() {
