@@ -143,6 +143,13 @@ struct Layers {
     _host: Option<Context>,
 }
 
+/// Whether norms and layer scales are folded into linear layers off the CPU kernels
+/// ([`Loader::fold_affine`]); `DA3_FOLD_NORMS=off` keeps them apart, to measure what folding
+/// saves.
+fn fold_norms_enabled() -> bool {
+    std::env::var("DA3_FOLD_NORMS").as_deref() != Ok("off")
+}
+
 impl Model {
     /// Opens a model file on the default device (`auto`) with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Model, Error> {
@@ -173,7 +180,7 @@ impl Model {
         };
         let mut loader = Loader::new(file, &host_only)?
             .pack_linears(cpu_kernels)
-            .fold_affine(!cpu_kernels)
+            .fold_affine(!cpu_kernels && fold_norms_enabled())
             .conv_kernels(conv_kernels);
         let camera_encoder = match (
             options.camera_encoder,

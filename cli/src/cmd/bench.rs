@@ -148,6 +148,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "f32 kernels"
         }
     );
+    let folded = model.model().folded_layers();
+    if folded > 0 {
+        outln!("folded     norms and layer scales into {folded} linear layers");
+    }
     outln!("load       {:.1} ms", load_s * 1e3);
     outln!(
         "first      {:.1} ms (graph build, allocation, compute)",
@@ -204,6 +208,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "runs_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "peak_rss_bytes": rss,
             "device_bytes_used": if total > 0 { Some(free_before.saturating_sub(free_after)) } else { None },
+            "half_convolutions": model.model().uses_half_convolutions(),
+            "folded_layers": folded,
             "crash_layout": args.crash_layout,
             "policy": format!("{:?}", args.policy),
             "residency": report,
