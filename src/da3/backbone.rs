@@ -5,7 +5,7 @@
 use super::config::{Ffn, VitConfig};
 use super::weights::{Folded, Linear, Loader, Norm, Role};
 use super::Error;
-use crate::ggml::{Context, RopeMode, Tensor, TensorView};
+use crate::ggml::{Context, DType, RopeMode, Tensor, TensorView};
 
 /// Host-computed inputs that depend only on the resolution (set once per graph).
 pub struct BackboneConstants {
@@ -17,8 +17,8 @@ pub struct BackboneConstants {
     pub local_x: Tensor,
     pub global_y: Tensor,
     pub global_x: Tensor,
-    /// Fused attention with f16 K/V (GPUs) instead of the exact f32 path.
-    pub half_kv_attention: bool,
+    /// How attention is computed ([`AttentionKernel::for_backend`]).
+    pub attention: AttentionKernel,
     /// Views of one scene in the graph (1 for a single image). Tokens are then
     /// `[embed, tokens, views]`, stored as `[embed, tokens * views]`, and the positions above
     /// hold `tokens * views` values (the same per view, as the official code tiles them).
@@ -76,11 +76,41 @@ pub struct BackboneOutput {
     pub tokens_out: Tensor,
 }
 
+/// How attention is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKernel {
+    /// Exact, in f32: the CPU kernels' fused attention, or explicit products elsewhere.
+    Exact,
+    /// ggml's fused kernel (`flash_attn_ext`) with K and V rounded to f16 and f32 sums,
+    /// what GPUs run fastest (about 1e-5 on DA3's depth correlation). With `convert_in_graph`
+    /// the graph converts K and V (Metal and Vulkan take f16 only); without, the backend
+    /// converts f32 ones itself (CUDA, where that beat the graph's copies: DA3-large on an
+    /// H200 13.7-14.1 ms against 14.3, the same depth bit for bit).
+    FusedHalfKv { convert_in_graph: bool },
+}
+
+impl AttentionKernel {
+    /// The kernel for `backend`: fused on a GPU, exact on the CPU and on an RPC server
+    /// (which computes on a CPU whatever it reports).
+    pub fn for_backend(backend: &crate::ggml::Backend) -> Self {
+        let device = backend.device();
+        let gpu = matches!(
+            device.kind(),
+            crate::ggml::DeviceKind::Gpu | crate::ggml::DeviceKind::IntegratedGpu
+        );
+        if backend.is_rpc() || !gpu {
+            return AttentionKernel::Exact;
+        }
+        AttentionKernel::FusedHalfKv {
+            convert_in_graph: device.backend_name() != "CUDA",
+        }
+    }
+}
+
 /// How a block attends.
 #[derive(Debug, Clone, Copy)]
 struct AttentionMode {
-    /// Fused attention with f16 K/V.
-    half_kv: bool,
+    kernel: AttentionKernel,
     /// With more than 1, the T tokens are that many views of T / views tokens each and every
     /// view attends only within itself (a local block of a scene); a global block has 1: all
     /// tokens attend jointly.
@@ -181,7 +211,7 @@ impl Block {
         pos: Option<(&Tensor, &Tensor)>,
         mode: AttentionMode,
     ) -> Result<Tensor, Error> {
-        let AttentionMode { half_kv, views } = mode;
+        let AttentionMode { kernel, views } = mode;
         let (e, heads, d) = (
             cfg.embed_dim as i64,
             cfg.num_heads as i64,
@@ -189,17 +219,17 @@ impl Block {
         );
         let qkv = self.attn_qkv.forward(g, h)?; // [3E, T], rows ordered (q|k|v, head, dim)
         let t = qkv.ne()[1];
-        let row = qkv.nb()[1];
         // [D, H, T] views, not copies: norm, RoPE and attention read strided rows.
-        let split = |i: i64| {
+        let split = |qkv: &Tensor, i: i64| {
+            let size = qkv.dtype().type_size();
             g.view(
-                &qkv,
+                qkv,
                 &[d, heads, t],
-                &[d as usize * 4, row],
-                (i * e) as usize * 4,
+                &[d as usize * size, qkv.nb()[1]],
+                (i * e) as usize * size,
             )
         };
-        let (mut q, mut k, v) = (split(0)?, split(1)?, split(2)?);
+        let (mut q, mut k, v) = (split(&qkv, 0)?, split(&qkv, 1)?, split(&qkv, 2)?);
         if let Some((qn, kn)) = &self.qk_norm {
             q = qn.forward(g, &q)?;
             k = kn.forward(g, &k)?;
@@ -224,18 +254,35 @@ impl Block {
             )?;
             g.permute(&per_view, [0, 2, 1, 3])
         };
-        let attend = if half_kv {
-            Context::attention_half_kv
-        } else {
-            Context::attention
-        };
-        let out = attend(
-            g,
-            &per_head(&q)?,
-            &per_head(&k)?,
-            &per_head(&v)?,
-            1.0 / (d as f32).sqrt(),
-        )?; // [D, H, T] (or [D, H, T/S, S])
+        let scale = 1.0 / (d as f32).sqrt();
+        let out = match kernel {
+            AttentionKernel::Exact => {
+                g.attention(&per_head(&q)?, &per_head(&k)?, &per_head(&v)?, scale)?
+            }
+            AttentionKernel::FusedHalfKv {
+                convert_in_graph: false,
+            } => g.flash_attn_ext(&per_head(&q)?, &per_head(&k)?, &per_head(&v)?, None, scale)?,
+            AttentionKernel::FusedHalfKv {
+                convert_in_graph: true,
+            } => {
+                // Converted where they are contiguous: all of the product at once for V (and
+                // K if nothing changed it), K after its norm and RoPE, not as permuted views.
+                let qkv_half = g.cast(&qkv, DType::F16)?;
+                let k_half = if k.is_contiguous() {
+                    g.cast(&k, DType::F16)?
+                } else {
+                    split(&qkv_half, 1)?
+                };
+                let v_half = split(&qkv_half, 2)?;
+                g.flash_attn_ext(
+                    &per_head(&q)?,
+                    &per_head(&k_half)?,
+                    &per_head(&v_half)?,
+                    None,
+                    scale,
+                )?
+            }
+        }; // [D, H, T] (or [D, H, T/S, S])
         Ok(g.reshape(&out, &[e, t])?)
     }
 }
@@ -400,7 +447,7 @@ impl Backbone {
                 (&c.local_y, &c.local_x)
             };
             let mode = AttentionMode {
-                half_kv: c.half_kv_attention,
+                kernel: c.attention,
                 views: if global { 1 } else { c.views },
             };
             x = block.forward(g, cfg, &x, Some(pos), mode, &format!("blk.{i}"))?;
@@ -509,10 +556,15 @@ impl CameraEncoder {
 
     /// `encoding`: `[9, views]` (t, quaternion xyzw, fov h/w of camera-to-world poses) ->
     /// camera tokens `[embed, views]`.
-    pub fn forward(&self, g: &Context, encoding: &Tensor, half_kv: bool) -> Result<Tensor, Error> {
+    pub fn forward(
+        &self,
+        g: &Context,
+        encoding: &Tensor,
+        kernel: AttentionKernel,
+    ) -> Result<Tensor, Error> {
         let h = self.fc2.forward(g, &self.fc1.forward_gelu(g, encoding)?)?;
         let mut x = self.token_norm.forward(g, &h)?;
-        let mode = AttentionMode { half_kv, views: 1 };
+        let mode = AttentionMode { kernel, views: 1 };
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(g, &self.cfg, &x, None, mode, &format!("cam_enc.blk.{i}"))?;
         }

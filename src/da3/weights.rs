@@ -103,6 +103,7 @@ pub struct Loader<'f> {
     pack_linears: bool,
     conv_kernels: ConvKernels,
     fold_affine: bool,
+    half_linears_bf16: bool,
     /// Prefixes of the linear layers loaded with a norm or a layer scale folded in.
     folded: HashSet<String>,
     file_shapes: HashMap<String, Vec<usize>>,
@@ -216,6 +217,7 @@ impl<'f> Loader<'f> {
             pack_linears: false,
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
+            half_linears_bf16: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -249,6 +251,7 @@ impl<'f> Loader<'f> {
             pack_linears: false,
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
+            half_linears_bf16: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -285,6 +288,14 @@ impl<'f> Loader<'f> {
         self
     }
 
+    /// Keeps f16 linear weights that are not packed as bf16 (rounded at load): ggml-cuda
+    /// multiplies bf16 weights by cuBLAS with f32 sums and output, f16 ones with f16 sums
+    /// and a conversion of each product's result.
+    pub fn half_linears_bf16(mut self, on: bool) -> Self {
+        self.half_linears_bf16 = on;
+        self
+    }
+
     /// The type convolution kernels are kept in: f32 (the default, exact), or f16 for ggml's
     /// direct convolution, which GPUs compute on tensor cores ([`Conv::forward`] follows
     /// the kernel's type).
@@ -310,6 +321,7 @@ impl<'f> Loader<'f> {
             pack_linears: false,
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
+            half_linears_bf16: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -546,6 +558,12 @@ impl<'f> Loader<'f> {
                 info.dtype
             )));
         };
+        let (dtype, convert) = match (role, dtype) {
+            (Role::Matmul, DType::F16) if self.half_linears_bf16 && !pack => {
+                (DType::BF16, Some(DType::BF16))
+            }
+            _ => (dtype, convert),
+        };
         let host = self.host_names.contains(name);
         let packed = match (shape, dtype) {
             (_, _) if !pack || host => None,
@@ -695,15 +713,7 @@ impl<'f> Loader<'f> {
                 let own = to_f32(&p.name, info.dtype, data)?;
                 let n_in = info.shape()[0] as usize;
                 let values = derived_values(&p.name, own, n_in, derive, read)?;
-                match p.tensor.dtype() {
-                    DType::F16 => ctx.write(&p.tensor, &to_f16(&p.name, &values)?)?,
-                    DType::BF16 => {
-                        let halves: Vec<half::bf16> =
-                            values.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                        ctx.write(&p.tensor, &halves)?
-                    }
-                    _ => ctx.write(&p.tensor, &values)?,
-                }
+                write_values(ctx, &p.tensor, &p.name, &values)?;
             } else if let Some(packing) = p.packed {
                 // The file's ggml shape is [n_in, n_out], checked when declared.
                 let (n_in, n_out) = (info.shape()[0] as usize, info.shape()[1] as usize);
@@ -726,13 +736,8 @@ impl<'f> Loader<'f> {
                         ctx.write_bytes(&p.tensor, &pack_linear_panels_q8(&q8, n_in, n_out)?.0)?
                     }
                 }
-            } else if let Some(target) = p.convert {
-                let values = to_f32(&p.name, info.dtype, data)?;
-                if target == DType::F16 {
-                    ctx.write(&p.tensor, &to_f16(&p.name, &values)?)?;
-                } else {
-                    ctx.write(&p.tensor, &values)?;
-                }
+            } else if p.convert.is_some() {
+                write_values(ctx, &p.tensor, &p.name, &to_f32(&p.name, info.dtype, data)?)?;
             } else {
                 ctx.write_bytes(&p.tensor, data)?;
             }
@@ -997,6 +1002,19 @@ impl<'a> Folded<'a> {
     }
 }
 
+/// Writes f32 `values` into `tensor` in its type (f32, f16 or bf16).
+fn write_values(ctx: &Context, tensor: &Tensor, name: &str, values: &[f32]) -> Result<(), Error> {
+    match tensor.dtype() {
+        DType::F16 => ctx.write(tensor, &to_f16(name, values)?)?,
+        DType::BF16 => {
+            let halves: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            ctx.write(tensor, &halves)?
+        }
+        _ => ctx.write(tensor, values)?,
+    }
+    Ok(())
+}
+
 fn to_f16(name: &str, values: &[f32]) -> Result<Vec<half::f16>, Error> {
     let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
     match halves.iter().position(|h| !h.is_finite()) {
@@ -1160,7 +1178,9 @@ impl Conv {
     /// `x`: a map [W, H, C_in, 1] -> [W', H', C_out, 1].
     /// f16 kernels ([`Loader::conv_kernels`]) run ggml's direct convolution; f32 ones
     /// [`Context::conv_2d`] (the CPU kernels' direct f32 convolution where they apply, else
-    /// im2col and a matrix product).
+    /// im2col and a matrix product). (f16 columns and a cuBLAS product were slower on an
+    /// H200: ggml's im2col kernel wrote DA3-large's 1.1 GB of columns in 3.5 ms, where the
+    /// direct convolution takes 4.0 ms in all.)
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
         let (stride, padding) = ((self.stride, self.stride), (self.padding, self.padding));
         if self.weight.dtype() == DType::F16 {

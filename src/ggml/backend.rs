@@ -184,11 +184,19 @@ impl Device {
     /// Whether this is a remote device of the RPC backend (which reports itself as a GPU,
     /// whatever the server computes on).
     pub fn is_rpc(&self) -> bool {
+        // RPC registries are "RPC" and, one per server, "RPC[host:port]".
+        self.backend_name().starts_with("RPC")
+    }
+    /// The name of the backend this device belongs to: "CPU", "CUDA", "Vulkan", "Metal",
+    /// "RPC", ... (empty if ggml reports none).
+    pub fn backend_name(&self) -> String {
         // SAFETY: live registry device; its registry lives for the process.
         let reg = unsafe { sys::ggml_backend_dev_backend_reg(self.as_ptr()) };
-        // SAFETY: a registry's name is a C string it owns for its life. RPC registries are
-        // "RPC" and, one per server, "RPC[host:port]".
-        !reg.is_null() && c_str(unsafe { sys::ggml_backend_reg_name(reg) }).starts_with("RPC")
+        if reg.is_null() {
+            return String::new();
+        }
+        // SAFETY: a registry's name is a C string it owns for its life.
+        c_str(unsafe { sys::ggml_backend_reg_name(reg) })
     }
 }
 

@@ -486,11 +486,7 @@ impl Session {
         } else {
             None
         };
-        let half_kv = !self.executor.device().is_rpc()
-            && matches!(
-                self.executor.device().device().kind(),
-                DeviceKind::Gpu | DeviceKind::IntegratedGpu
-            );
+        let attention = AttentionKernel::for_backend(self.executor.device());
         let (pose_encoding, camera_tokens) = match (posed, &self.layers.camera_encoder) {
             (false, _) => (None, None),
             (true, Some(encoder)) if v.alt_start.is_some() && part == Part::Whole => {
@@ -498,7 +494,7 @@ impl Session {
                     .new_tensor(DType::F32, &[9, s])?
                     .named("pose_encoding_in");
                 t.mark_input();
-                let tokens = encoder.forward(&ctx, &t, half_kv)?;
+                let tokens = encoder.forward(&ctx, &t, attention)?;
                 (Some(t), Some(tokens))
             }
             (true, _) => {
@@ -513,7 +509,7 @@ impl Session {
             local_x: positions[1].clone(),
             global_y: positions[2].clone(),
             global_x: positions[3].clone(),
-            half_kv_attention: half_kv,
+            attention,
             views,
             camera_slots: slots.clone(),
             camera_tokens,
