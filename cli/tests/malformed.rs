@@ -717,3 +717,43 @@ fn rpc_endpoints_without_a_port_say_so() {
         assert!(!run.stderr.contains("unreachable") && !run.stderr.contains("panicked"));
     }
 }
+
+/// Layers loaded with their norm or layer scale folded in (ggml's ops, as on every GPU) check
+/// what they read as the unfolded ones do: a NaN in a folded LayerNorm weight is named at
+/// load, and a layer scale that makes a folded f16 weight overflow is an error naming the
+/// weight, not a model that computes infinities.
+#[test]
+fn folded_norms_and_layer_scales_are_checked_at_load() {
+    use da3::convert::WeightType;
+    let folding = da3::LoadOptions {
+        ggml_ops_only: true,
+        ..cpu_options()
+    };
+    let load_error = |case: &Case| {
+        da3::Model::load(case.path("model.gguf"), &folding)
+            .map(|m| m.folded_layers())
+            .expect_err("a bad folded tensor must not load")
+            .to_string()
+    };
+    let nan_f32 = |d: &mut Vec<u8>| d[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
+    let case = model_case(WeightType::F32, "vit.blk.1.norm1.weight", nan_f32, &[]);
+    let err = load_error(&case);
+    assert!(
+        err.contains("`vit.blk.1.norm1.weight`") && err.contains("NaN or infinity"),
+        "{err}"
+    );
+    let huge = |d: &mut Vec<u8>| {
+        for v in d.chunks_exact_mut(4) {
+            v.copy_from_slice(&1.0e9f32.to_le_bytes());
+        }
+    };
+    let case = model_case(WeightType::F16, "vit.blk.0.ls1", huge, &[]);
+    let err = load_error(&case);
+    assert!(
+        err.contains("`vit.blk.0.attn_proj.weight`") && err.contains("range of f16"),
+        "{err}"
+    );
+    // Unfolded (the CPU kernels), the same f16 file loads: the scale stays a tensor of its own.
+    let model = da3::Model::load(case.path("model.gguf"), &cpu_options()).unwrap();
+    assert_eq!(model.folded_layers(), 0);
+}

@@ -5,7 +5,7 @@
 use super::config::{Ffn, VitConfig};
 use super::weights::{Folded, Linear, Loader, Norm, Role};
 use super::Error;
-use crate::ggml::{Context, DType, RopeMode, Tensor, TensorView};
+use crate::ggml::{Context, RopeMode, Tensor, TensorView};
 
 /// Host-computed inputs that depend only on the resolution (set once per graph).
 pub struct BackboneConstants {
@@ -84,8 +84,8 @@ pub enum AttentionKernel {
     /// ggml's fused kernel (`flash_attn_ext`) with K and V rounded to f16 and f32 sums,
     /// what GPUs run fastest (about 1e-5 on DA3's depth correlation). With `convert_in_graph`
     /// the graph converts K and V (Metal and Vulkan take f16 only); without, the backend
-    /// converts f32 ones itself (CUDA, where that beat the graph's copies: DA3-large on an
-    /// H200 13.7-14.1 ms against 14.3, the same depth bit for bit).
+    /// converts f32 ones itself (CUDA, where that beat the graph's copies of the permuted
+    /// views: DA3-large on an H200 13.7-14.1 ms against 14.3, the same depth bit for bit).
     FusedHalfKv { convert_in_graph: bool },
 }
 
@@ -220,16 +220,16 @@ impl Block {
         let qkv = self.attn_qkv.forward(g, h)?; // [3E, T], rows ordered (q|k|v, head, dim)
         let t = qkv.ne()[1];
         // [D, H, T] views, not copies: norm, RoPE and attention read strided rows.
-        let split = |qkv: &Tensor, i: i64| {
-            let size = qkv.dtype().type_size();
+        let row = qkv.nb()[1];
+        let split = |i: i64| {
             g.view(
-                qkv,
+                &qkv,
                 &[d, heads, t],
-                &[d as usize * size, qkv.nb()[1]],
-                (i * e) as usize * size,
+                &[d as usize * 4, row],
+                (i * e) as usize * 4,
             )
         };
-        let (mut q, mut k, v) = (split(&qkv, 0)?, split(&qkv, 1)?, split(&qkv, 2)?);
+        let (mut q, mut k, v) = (split(0)?, split(1)?, split(2)?);
         if let Some((qn, kn)) = &self.qk_norm {
             q = qn.forward(g, &q)?;
             k = kn.forward(g, &k)?;
@@ -264,24 +264,7 @@ impl Block {
             } => g.flash_attn_ext(&per_head(&q)?, &per_head(&k)?, &per_head(&v)?, None, scale)?,
             AttentionKernel::FusedHalfKv {
                 convert_in_graph: true,
-            } => {
-                // Converted where they are contiguous: all of the product at once for V (and
-                // K if nothing changed it), K after its norm and RoPE, not as permuted views.
-                let qkv_half = g.cast(&qkv, DType::F16)?;
-                let k_half = if k.is_contiguous() {
-                    g.cast(&k, DType::F16)?
-                } else {
-                    split(&qkv_half, 1)?
-                };
-                let v_half = split(&qkv_half, 2)?;
-                g.flash_attn_ext(
-                    &per_head(&q)?,
-                    &per_head(&k_half)?,
-                    &per_head(&v_half)?,
-                    None,
-                    scale,
-                )?
-            }
+            } => g.attention_half_kv(&per_head(&q)?, &per_head(&k)?, &per_head(&v)?, scale)?,
         }; // [D, H, T] (or [D, H, T/S, S])
         Ok(g.reshape(&out, &[e, t])?)
     }

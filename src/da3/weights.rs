@@ -1019,7 +1019,7 @@ fn to_f16(name: &str, values: &[f32]) -> Result<Vec<half::f16>, Error> {
     let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
     match halves.iter().position(|h| !h.is_finite()) {
         Some(i) => Err(Error::Weights(format!(
-            "tensor `{name}` holds {} (element {i}), beyond the range of the f16 kernels asked for",
+            "tensor `{name}` holds {} (element {i}), beyond the range of f16, the type it is kept in",
             values[i]
         ))),
         None => Ok(halves),
