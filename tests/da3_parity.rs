@@ -256,6 +256,9 @@ fn ggml_ops_path_matches_cpu_kernels() {
         let blocks = model.config().vit.depth;
         let expected = if ggml_ops_only { 4 * blocks } else { 0 };
         assert_eq!(model.folded_layers(), expected);
+        // ...and rotate each head in one vision-mode RoPE node, its quarters reordered at
+        // load; the CPU kernels read the file's layout.
+        assert_eq!(model.uses_vision_rope(), ggml_ops_only);
         let image = synthetic::image(width, height);
         let processed = preprocess(&image, 280).unwrap();
         model.session().unwrap().forward(&processed).unwrap().depth

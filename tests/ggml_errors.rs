@@ -686,6 +686,43 @@ fn rope_with_bad_positions_or_dims_is_refused() {
     }
 }
 
+/// ggml asserts exactly 4 positions per token in vision mode, and the kernels that the two
+/// sections cover half a row.
+#[test]
+fn rope_vision_with_bad_positions_or_sections_is_refused() {
+    let c = ctx();
+    let a = f32(&c, &[8, 2, 5], "x");
+    let pos5 = c.new_tensor(DType::I32, &[5]).unwrap().named("pos5");
+    assert_err!(
+        c.rope_vision(&a, &pos5, [2, 2], 100.0),
+        Error::ShapeMismatch {
+            op: "rope_vision",
+            ..
+        },
+        ["4 x a.ne[2]", "`pos5` i32 [5]"]
+    );
+    let pos = c.new_tensor(DType::I32, &[20]).unwrap();
+    for sections in [[2, 1], [4, 4], [0, 0]] {
+        assert_err!(
+            c.rope_vision(&a, &pos, sections, 100.0),
+            Error::InvalidArgument {
+                op: "rope_vision",
+                ..
+            },
+            [&format!("sections {sections:?}")]
+        );
+    }
+    let halves = c.new_tensor(DType::BF16, &[8, 2, 5]).unwrap();
+    assert_err!(
+        c.rope_vision(&halves, &pos, [2, 2], 100.0),
+        Error::DType {
+            op: "rope_vision",
+            ..
+        },
+        ["bf16"]
+    );
+}
+
 // --- contexts ----------------------------------------------------------------------------------------
 
 /// `Context::metadata(n)` holds `n` tensors plus one graph of `Context::GRAPH_SIZE` nodes; the

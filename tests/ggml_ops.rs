@@ -934,6 +934,71 @@ fn rope_normal_leaves_dims_past_n_dims_alone() {
     check_rope(RopeMode::Normal, 6);
 }
 
+/// Vision-mode RoPE of `a [D, H, T]`: pairs `(i, i + D/2)`; pair `i < sections[0]` by
+/// `pos[t] * base^(-4i/D)`, pair `sections[0] + j` by `pos[T + t] * base^(-4j/D)`.
+fn ref_rope_vision(a: &Array, pos: &[i32], sections: [usize; 2], base: f64) -> Array {
+    let (d, tokens) = (a.ne[0], a.ne[2]);
+    let mut out = a.clone();
+    for [_, h, t, b] in indices([1, a.ne[1], tokens, a.ne[3]]) {
+        for i in 0..d / 2 {
+            let (p, j) = match i < sections[0] {
+                true => (pos[t], i),
+                false => (pos[tokens + t], i - sections[0]),
+            };
+            let theta = p as f64 * base.powf(-4.0 * j as f64 / d as f64);
+            let (x0, x1) = (a.at([i, h, t, b]), a.at([i + d / 2, h, t, b]));
+            let (ox, oy) = (out.offset([i, h, t, b]), out.offset([i + d / 2, h, t, b]));
+            out.data[ox] = (x0 * theta.cos() - x1 * theta.sin()) as f32;
+            out.data[oy] = (x0 * theta.sin() + x1 * theta.cos()) as f32;
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_vision_rotates_two_axes_in_one_node() {
+    let g = Harness::new();
+    // Row positions, then column positions; the last two axes are not read.
+    let rows = [0, 1, 1, 2, 3];
+    let cols = [0, 1, 2, 1, 4];
+    let pos: Vec<i32> = [&rows[..], &cols, &[7; 5], &[9; 5]].concat();
+    let (a, av) = g.input(&[16, 3, 5]);
+    let p = g.input_i32(&[20], &pos);
+    for sections in [[4, 4], [6, 2]] {
+        let y = g.rope_vision(&a, &p, sections, 100.0).unwrap();
+        let want = ref_rope_vision(&av, &pos, sections, 100.0);
+        assert_close(&g.run(&y), &want, TOL, &format!("rope_vision {sections:?}"));
+    }
+}
+
+/// DA3's 2D RoPE (each half of a head rotate-half by one axis) is one vision-mode node once
+/// the head's second and third quarters swap places: what the backbone relies on.
+#[test]
+fn rope_vision_with_swapped_quarters_equals_two_half_head_ropes() {
+    let g = Harness::new();
+    let (d, tokens) = (16usize, 5usize);
+    let ys = [0, 1, 1, 2, 3];
+    let xs = [0, 1, 2, 1, 4];
+    let (a, av) = g.input(&[d as i64, 2, tokens as i64]);
+    let py = g.input_i32(&[tokens as i64], &ys);
+    let px = g.input_i32(&[tokens as i64], &xs);
+    let halves = g.rope_at(&a, &py, 0, d / 2, RopeMode::Neox, 100.0).unwrap();
+    let halves = g
+        .rope_at(&halves, &px, d / 2, d / 2, RopeMode::Neox, 100.0)
+        .unwrap();
+    let quarter = |i: usize| [0, 2, 1, 3][i / (d / 4)] * (d / 4) + i % (d / 4);
+    let swapped = Array::from_fn(&[d, 2, tokens], |[i, h, t, _]| av.at([quarter(i), h, t, 0]));
+    let b = g.input_from(&swapped);
+    let pos: Vec<i32> = [&ys[..], &xs, &[0; 5], &[0; 5]].concat();
+    let p = g.input_i32(&[4 * tokens as i64], &pos);
+    let vision = g.rope_vision(&b, &p, [d / 4, d / 4], 100.0).unwrap();
+    let (halves, vision) = (g.run(&halves), g.run(&vision));
+    let unswapped = Array::from_fn(&[d, 2, tokens], |[i, h, t, _]| {
+        vision.at([quarter(i), h, t, 0])
+    });
+    assert_close(&unswapped, &halves, TOL, "vision rope of swapped quarters");
+}
+
 // --- shape ops ----------------------------------------------------------------------------------
 
 #[test]

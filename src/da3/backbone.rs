@@ -6,17 +6,18 @@ use super::config::{Ffn, VitConfig};
 use super::weights::{Folded, Linear, Loader, Norm, Role};
 use super::Error;
 use crate::ggml::{Context, RopeMode, Tensor, TensorView};
+use std::sync::Arc;
 
 /// Host-computed inputs that depend only on the resolution (set once per graph).
 pub struct BackboneConstants {
     /// Positional embedding resampled to the patch grid, cls row first: [embed, tokens].
     pub pos_embed: Tensor,
-    /// RoPE positions (i32, one per token): rows/cols in local blocks ("patch at (r+1, c+1)")
-    /// and in global blocks (every patch at (1, 1) for a single view); token 0 at (0, 0).
-    pub local_y: Tensor,
-    pub local_x: Tensor,
-    pub global_y: Tensor,
-    pub global_x: Tensor,
+    /// RoPE positions of local blocks ("patch at (r+1, c+1)") and of global ones (every
+    /// patch at (1, 1) for a single view), token 0 at (0, 0) in both: i32 `[4 * tokens]`, the
+    /// rows of all tokens, then their columns, then zeros (the layout of ggml's vision-mode
+    /// RoPE, [`RopeLayout::Vision`]).
+    pub local_positions: Tensor,
+    pub global_positions: Tensor,
     /// How attention is computed ([`AttentionKernel::for_backend`]).
     pub attention: AttentionKernel,
     /// Views of one scene in the graph (1 for a single image). Tokens are then
@@ -47,7 +48,71 @@ struct Block {
     norm2: Norm,
     ffn: FfnWeights,
     ls2: Option<Tensor>,
-    rope: bool,
+    /// How the block's queries and keys are rotated, if they are.
+    rope: Option<RopeLayout>,
+}
+
+/// How a block's 2D RoPE is computed. DA3 rotates the first half of each head by the token's
+/// row and the second by its column, each half in rotate-half pairs `(i, i + D/4)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RopeLayout {
+    /// As the file lays heads out: one rotation per half, two nodes for each of Q and K.
+    Halves,
+    /// The heads' second and third quarters swapped at load (the rows of the QKV weight and
+    /// bias, and the QK-norm's scale and shift, for Q and K; attention scores do not change
+    /// when Q and K permute alike): the pairs are then `(i, i + D/2)`, the row axis on the
+    /// first quarter and the column axis on the second, one node of ggml's vision mode for
+    /// each of Q and K (on GPUs, where each node is a kernel: DA3-large's 64 rotations 32).
+    Vision,
+}
+
+impl RopeLayout {
+    /// The layout for block `i` of `l`'s model, if the block rotates.
+    fn of_block(l: &Loader<'_>, cfg: &VitConfig, i: usize) -> Option<Self> {
+        let rotates = cfg.rope_start.is_some_and(|s| i >= s);
+        let quarters = cfg.head_dim().is_multiple_of(4);
+        rotates.then(|| match l.lays_out_for_vision_rope() && quarters {
+            true => RopeLayout::Vision,
+            false => RopeLayout::Halves,
+        })
+    }
+}
+
+/// The stored order of a head's `d` values for [`RopeLayout::Vision`]: quarters 0, 2, 1, 3.
+fn vision_head_order(d: usize) -> impl Fn(usize) -> usize {
+    move |i| [0, 2, 1, 3][i / (d / 4)] * (d / 4) + i % (d / 4)
+}
+
+/// Reorders Q and K of block `p`'s QKV layer (`3 e` outputs ordered q|k|v, head, dim) and its
+/// QK-norm, if it has one, for [`RopeLayout::Vision`].
+fn reorder_for_vision_rope(
+    l: &mut Loader<'_>,
+    p: &str,
+    e: usize,
+    d: usize,
+    qk_norm: bool,
+) -> Result<(), Error> {
+    let head = vision_head_order(d);
+    let qkv: Arc<[usize]> = (0..3 * e)
+        .map(|r| match r < 2 * e {
+            true => r / d * d + head(r % d),
+            false => r,
+        })
+        .collect();
+    l.reorder_rows(&format!("{p}.attn_qkv.weight"), qkv.clone())?;
+    l.reorder_rows(&format!("{p}.attn_qkv.bias"), qkv)?;
+    if qk_norm {
+        let norm: Arc<[usize]> = (0..d).map(head).collect();
+        for name in [
+            "attn_qnorm.weight",
+            "attn_qnorm.bias",
+            "attn_knorm.weight",
+            "attn_knorm.bias",
+        ] {
+            l.reorder_rows(&format!("{p}.{name}"), norm.clone())?;
+        }
+    }
+    Ok(())
 }
 
 /// Backbone weights.
@@ -161,7 +226,8 @@ impl Block {
             true => Ok(None),
             false => l.tensor(name, &[e], Role::F32).map(Some),
         };
-        Ok(Block {
+        let rope = RopeLayout::of_block(l, cfg, i);
+        let block = Block {
             norm1: Norm::load_unless_folded(l, &norm1, e, cfg.block_ln_eps, norm1_folded)?,
             attn_qkv: Linear::load_folded(l, &qkv, e, 3 * e, after(&norm1))?,
             qk_norm,
@@ -170,8 +236,13 @@ impl Block {
             norm2: Norm::load_unless_folded(l, &norm2, e, cfg.block_ln_eps, norm2_folded)?,
             ffn,
             ls2: scale(l, &ls2, ls2_folded)?,
-            rope: cfg.rope_start.is_some_and(|s| i >= s),
-        })
+            rope,
+        };
+        if rope == Some(RopeLayout::Vision) {
+            let qk_norm = block.qk_norm.is_some();
+            reorder_for_vision_rope(l, p, e, cfg.head_dim(), qk_norm)?;
+        }
+        Ok(block)
     }
 
     /// `x + ls1 * proj(attn(norm1(x)))`, then `+ ls2 * ffn(norm2(x))`.
@@ -180,7 +251,7 @@ impl Block {
         g: &Context,
         cfg: &VitConfig,
         x: &Tensor,
-        pos: Option<(&Tensor, &Tensor)>,
+        pos: Option<&Tensor>,
         mode: AttentionMode,
         name: &str,
     ) -> Result<Tensor, Error> {
@@ -208,7 +279,7 @@ impl Block {
         g: &Context,
         cfg: &VitConfig,
         h: &Tensor,
-        pos: Option<(&Tensor, &Tensor)>,
+        pos: Option<&Tensor>,
         mode: AttentionMode,
     ) -> Result<Tensor, Error> {
         let AttentionMode { kernel, views } = mode;
@@ -234,9 +305,9 @@ impl Block {
             q = qn.forward(g, &q)?;
             k = kn.forward(g, &k)?;
         }
-        if let (true, Some((py, px))) = (self.rope, pos) {
-            q = rope_2d(g, &q, py, px, cfg.rope_freq)?;
-            k = rope_2d(g, &k, py, px, cfg.rope_freq)?;
+        if let (Some(layout), Some(pos)) = (self.rope, pos) {
+            q = rope_2d(g, &q, pos, layout, cfg.rope_freq)?;
+            k = rope_2d(g, &k, pos, layout, cfg.rope_freq)?;
         }
         // [D, H, T] -> [D, T, H]; with views, [D, H, T/S, S] -> [D, T/S, H, S] (a batch of
         // views for the attention op).
@@ -270,19 +341,26 @@ impl Block {
     }
 }
 
-/// 2D RoPE: the first half of each head rotates by the row position, the second by the
-/// column, each with rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`. Two
-/// in-row rotations, so no halves are copied out and joined again.
+/// 2D RoPE of `x [D, H, T]` by `positions` (rows, then columns, then zeros: `[4 T]`): the
+/// first half of each head rotates by the row position, the second by the column, each with
+/// rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`. Laid out in halves, two
+/// in-row rotations (no halves copied out and joined again); laid out for vision mode, one.
 fn rope_2d(
     g: &Context,
     x: &Tensor,
-    pos_y: &Tensor,
-    pos_x: &Tensor,
+    positions: &Tensor,
+    layout: RopeLayout,
     freq: f32,
 ) -> Result<Tensor, Error> {
     let half = x.ne()[0] as usize / 2;
-    let y_rotated = g.rope_at(x, pos_y, 0, half, RopeMode::Neox, freq)?;
-    Ok(g.rope_at(&y_rotated, pos_x, half, half, RopeMode::Neox, freq)?)
+    if layout == RopeLayout::Vision {
+        return Ok(g.rope_vision(x, positions, [half / 2, half / 2], freq)?);
+    }
+    let t = x.ne()[2];
+    let rows = g.view(positions, &[t], &[], 0)?;
+    let cols = g.view(positions, &[t], &[], t as usize * 4)?;
+    let y_rotated = g.rope_at(x, &rows, 0, half, RopeMode::Neox, freq)?;
+    Ok(g.rope_at(&y_rotated, &cols, half, half, RopeMode::Neox, freq)?)
 }
 
 impl Backbone {
@@ -424,10 +502,9 @@ impl Backbone {
                 };
             }
             let global = is_global(i);
-            let pos = if global {
-                (&c.global_y, &c.global_x)
-            } else {
-                (&c.local_y, &c.local_x)
+            let pos = match global {
+                true => &c.global_positions,
+                false => &c.local_positions,
             };
             let mode = AttentionMode {
                 kernel: c.attention,

@@ -150,6 +150,13 @@ fn fold_norms_enabled() -> bool {
     std::env::var("DA3_FOLD_NORMS").as_deref() != Ok("off")
 }
 
+/// Whether rotated heads are laid out for one vision-mode RoPE node off the CPU kernels
+/// ([`Loader::vision_rope`]); `DA3_VISION_ROPE=off` keeps two rotations per head, to measure
+/// what one saves.
+fn vision_rope_enabled() -> bool {
+    std::env::var("DA3_VISION_ROPE").as_deref() != Ok("off")
+}
+
 impl Model {
     /// Opens a model file on the default device (`auto`) with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Model, Error> {
@@ -181,6 +188,7 @@ impl Model {
         let mut loader = Loader::new(file, &host_only)?
             .pack_linears(cpu_kernels)
             .fold_affine(!cpu_kernels && fold_norms_enabled())
+            .vision_rope(!cpu_kernels && vision_rope_enabled())
             // bf16 products sum in f32 and are faster there (DA3-large on an H200: 15.1 ms
             // for an f16 file, 14.6 for the same weights in bf16).
             .half_linears_bf16(device.backend_name() == "CUDA")
@@ -251,6 +259,11 @@ impl Model {
     /// [`crate::da3::weights::Loader::fold_affine`]).
     pub fn folded_layers(&self) -> usize {
         self.shared.weights.folded_layers()
+    }
+    /// Whether rotated heads were laid out for one vision-mode RoPE node per query and key
+    /// (models not on the CPU kernels; see [`crate::da3::weights::Loader::vision_rope`]).
+    pub fn uses_vision_rope(&self) -> bool {
+        self.shared.weights.vision_rope()
     }
     /// Whether the convolutions compute with f16 kernels by ggml's direct convolution
     /// ([`LoadOptions::conv_precision`]).
@@ -564,10 +577,11 @@ impl Session {
         let pos = ctx
             .new_tensor(DType::F32, &[e, tokens])?
             .named("pos_embed.resampled");
-        let positions = (0..4)
-            .map(|i| {
-                ctx.new_tensor(DType::I32, &[tokens * views as i64])
-                    .map(|t| t.named(&format!("rope.pos{i}")))
+        let positions = ["local", "global"]
+            .into_iter()
+            .map(|kind| {
+                ctx.new_tensor(DType::I32, &[4 * tokens * views as i64])
+                    .map(|t| t.named(&format!("rope.{kind}_positions")))
             })
             .collect::<Result<_, _>>()?;
         // The UV embeddings exist only for heads that add them.
@@ -604,11 +618,9 @@ impl Session {
         let head = &self.model.shared.config.head;
         let (gw, gh) = self.patch_grid(width, height)?;
         c.ctx.write(&c.pos, &self.resampled_pos_embed(gh, gw)?)?;
-        let (ly, lx, gy, gx) = rope_positions(gh, gw);
-        for (t, values) in c.positions.iter().zip([ly, lx, gy, gx]) {
-            // The same positions in every view (no view index).
-            c.ctx.write(t, &values.repeat(views))?;
-        }
+        let (local, global) = rope_positions(gh, gw, views);
+        c.ctx.write(&c.positions[0], &local)?;
+        c.ctx.write(&c.positions[1], &global)?;
         let aspect = width as f64 / height as f64;
         for (t, &channels) in c.stage_uv.iter().zip(&head.out_channels) {
             c.ctx.write(t, &scaled_uv(gw, gh, channels, aspect)?)?;
@@ -650,10 +662,8 @@ impl Session {
         image.mark_input();
         let bconst = BackboneConstants {
             pos_embed: pos,
-            local_y: positions[0].clone(),
-            local_x: positions[1].clone(),
-            global_y: positions[2].clone(),
-            global_x: positions[3].clone(),
+            local_positions: positions[0].clone(),
+            global_positions: positions[1].clone(),
             attention: AttentionKernel::for_backend(self.executor.device()),
             views: 1,
             camera_slots: None,
@@ -775,9 +785,11 @@ fn scaled_uv(w: usize, h: usize, channels: usize, aspect: f64) -> Result<Vec<f32
     )
 }
 
-/// RoPE positions: local (row+1, col+1) per patch, global (1, 1) for every patch; token 0 at
-/// (0, 0) in both.
-fn rope_positions(gh: usize, gw: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>) {
+/// RoPE positions of local and of global blocks for `views` views of a `gh` x `gw` patch
+/// grid, each `[rows; columns; 0; 0]` over all tokens ([`BackboneConstants`]'s layout):
+/// local (row+1, col+1) per patch, global (1, 1) for every patch, token 0 at (0, 0) in both;
+/// the same in every view (no view index, as the official code tiles them).
+fn rope_positions(gh: usize, gw: usize, views: usize) -> (Vec<i32>, Vec<i32>) {
     let n = gh * gw + 1;
     let (mut ly, mut lx) = (vec![0i32; n], vec![0i32; n]);
     for r in 0..gh {
@@ -788,5 +800,9 @@ fn rope_positions(gh: usize, gw: usize) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i3
     }
     let mut global = vec![1i32; n];
     global[0] = 0;
-    (ly, lx, global.clone(), global)
+    let unused = vec![0i32; 2 * n * views];
+    let layout = |rows: &[i32], cols: &[i32]| {
+        [rows.repeat(views), cols.repeat(views), unused.clone()].concat()
+    };
+    (layout(&ly, &lx), layout(&global, &global))
 }

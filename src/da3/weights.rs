@@ -9,7 +9,9 @@ use crate::ggml::{
     pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device, SharedContext, Tensor,
     TensorView, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// How a tensor is used, which decides the types it may have on the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +46,8 @@ struct Pending {
     packed: Option<Packing>,
     /// Values computed at load from file tensors, instead of the file's own.
     derive: Option<Derive>,
+    /// The order the tensor's rows are stored in, if not the file's ([`Loader::reorder_rows`]).
+    reorder: Option<Arc<[usize]>>,
 }
 
 /// What a declared tensor's values are computed from when a LayerNorm's scale and shift or a
@@ -104,6 +108,7 @@ pub struct Loader<'f> {
     conv_kernels: ConvKernels,
     fold_affine: bool,
     half_linears_bf16: bool,
+    vision_rope: bool,
     /// Prefixes of the linear layers loaded with a norm or a layer scale folded in.
     folded: HashSet<String>,
     file_shapes: HashMap<String, Vec<usize>>,
@@ -136,6 +141,8 @@ pub struct LoadedWeights {
     /// Prefixes of the linear layers loaded with a norm or a layer scale folded in
     /// ([`Loader::fold_affine`]), so that binding them again builds the same layers.
     folded: HashSet<String>,
+    /// Rotated heads are laid out for one vision-mode RoPE node ([`Loader::vision_rope`]).
+    vision_rope: bool,
     /// Bytes of device memory the shared weights take.
     pub device_bytes: usize,
     /// File tensors the architecture did not use.
@@ -154,6 +161,11 @@ impl LoadedWeights {
     /// How many linear layers hold a folded norm or layer scale ([`Loader::fold_affine`]).
     pub fn folded_layers(&self) -> usize {
         self.folded.len()
+    }
+    /// Whether rotated heads are laid out for one vision-mode RoPE node per query and key
+    /// ([`Loader::vision_rope`]).
+    pub fn vision_rope(&self) -> bool {
+        self.vision_rope
     }
 }
 
@@ -218,6 +230,7 @@ impl<'f> Loader<'f> {
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
             half_linears_bf16: false,
+            vision_rope: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -252,6 +265,7 @@ impl<'f> Loader<'f> {
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
             half_linears_bf16: false,
+            vision_rope: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -296,6 +310,65 @@ impl<'f> Loader<'f> {
         self
     }
 
+    /// Lets a model lay out the weights that feed a rotary embedding for ggml's vision-mode
+    /// RoPE (one node rotating two axes), reordering their rows at load
+    /// ([`Loader::reorder_rows`]) where [`Loader::lays_out_for_vision_rope`] says so: on GPUs,
+    /// where each node is a kernel of its own. The CPU kernels' linear layers are packed,
+    /// and their attention reads the file's layout.
+    pub fn vision_rope(mut self, on: bool) -> Self {
+        self.vision_rope = on;
+        self
+    }
+
+    /// Whether the model lays out its rotated heads for vision-mode RoPE: reading a file, with
+    /// [`Loader::vision_rope`] on and linear layers not packed; binding loaded weights, as
+    /// they were loaded; recording, never.
+    pub fn lays_out_for_vision_rope(&self) -> bool {
+        match &self.source {
+            Source::Recording { .. } => false,
+            Source::Bound { weights, .. } => weights.vision_rope,
+            Source::File(_) => self.vision_rope && !self.pack_linears,
+        }
+    }
+
+    /// Stores declared tensor `name` with its rows in `order`: row `i` of the stored tensor
+    /// is row `order[i]` of the file's (after any folding), a row being one of `order.len()`
+    /// equal runs of its data (a weight's outputs, or a vector's values). Only for tensors
+    /// that are not packed; binding or recording, nothing changes.
+    pub fn reorder_rows(&mut self, name: &str, order: Arc<[usize]>) -> Result<(), Error> {
+        if !matches!(self.source, Source::File(_)) {
+            return Ok(());
+        }
+        let mut sorted = order.to_vec();
+        sorted.sort_unstable();
+        if sorted.iter().enumerate().any(|(i, &j)| i != j) {
+            return Err(Error::Weights(format!(
+                "tensor `{name}`: a row order must name each row once"
+            )));
+        }
+        if !self.pending.iter().any(|p| p.name == name) {
+            return Err(Error::Weights(format!("tensor `{name}` is not declared")));
+        }
+        let block = self.info(name)?.dtype.block_size();
+        let pending = self
+            .pending
+            .iter_mut()
+            .find(|p| p.name == name)
+            .expect("found above");
+        let values = pending.tensor.nelements() as usize;
+        let whole_rows =
+            values.is_multiple_of(order.len()) && (values / order.len()).is_multiple_of(block);
+        if pending.packed.is_some() || !whole_rows {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` ({}) cannot have its rows reordered as {} rows",
+                pending.tensor.shape(),
+                order.len()
+            )));
+        }
+        pending.reorder = Some(order);
+        Ok(())
+    }
+
     /// The type convolution kernels are kept in: f32 (the default, exact), or f16 for ggml's
     /// direct convolution, which GPUs compute on tensor cores ([`Conv::forward`] follows
     /// the kernel's type).
@@ -322,6 +395,7 @@ impl<'f> Loader<'f> {
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
             half_linears_bf16: false,
+            vision_rope: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -609,6 +683,7 @@ impl<'f> Loader<'f> {
             conv_kernel: role == Role::ConvKernel,
             packed,
             derive: None,
+            reorder: None,
         });
         Ok((tensor, packed.is_some()))
     }
@@ -694,8 +769,14 @@ impl<'f> Loader<'f> {
             // Copied with positioned reads, not through the file's memory map: a file
             // truncated meanwhile is an error, not SIGBUS.
             let data = file.read_tensor_data(info)?;
+            check_finite(&p.name, info.dtype, &data)?;
+            // Rows of any type are whole runs of bytes; a derived tensor is reordered once
+            // computed (its layer scale follows the file's rows).
+            let data = match &p.reorder {
+                Some(order) if p.derive.is_none() => Cow::Owned(reordered(&data, order)),
+                _ => Cow::Borrowed(&*data),
+            };
             let data = &*data;
-            check_finite(&p.name, info.dtype, data)?;
             let ctx = if self.host_names.contains(&p.name) {
                 self.host_ctx.as_ref().expect("host ctx")
             } else {
@@ -712,7 +793,10 @@ impl<'f> Loader<'f> {
                 };
                 let own = to_f32(&p.name, info.dtype, data)?;
                 let n_in = info.shape()[0] as usize;
-                let values = derived_values(&p.name, own, n_in, derive, read)?;
+                let mut values = derived_values(&p.name, own, n_in, derive, read)?;
+                if let Some(order) = &p.reorder {
+                    values = reordered(&values, order);
+                }
                 write_values(ctx, &p.tensor, &p.name, &values)?;
             } else if let Some(packing) = p.packed {
                 // The file's ggml shape is [n_in, n_out], checked when declared.
@@ -787,6 +871,8 @@ impl<'f> Loader<'f> {
             file_shapes,
             host_values,
             folded,
+            vision_rope,
+            pack_linears,
             ..
         } = self;
         // The pending handles keep the context alive; freezing needs it alone.
@@ -799,6 +885,7 @@ impl<'f> Loader<'f> {
             host_values,
             packed,
             folded,
+            vision_rope: vision_rope && !pack_linears,
             device_bytes,
             unused,
             bf16_products,
@@ -1000,6 +1087,17 @@ impl<'a> Folded<'a> {
         }
         v
     }
+}
+
+/// `data` as `order.len()` equal rows, row `i` of the result being row `order[i]` of `data`
+/// (the caller checked that the rows divide the data).
+fn reordered<T: Copy>(data: &[T], order: &[usize]) -> Vec<T> {
+    let row = data.len() / order.len();
+    order
+        .iter()
+        .flat_map(|&i| &data[i * row..(i + 1) * row])
+        .copied()
+        .collect()
 }
 
 /// Writes f32 `values` into `tensor` in its type (f32, f16 or bf16).
@@ -1237,6 +1335,17 @@ fn add_channel_bias(g: &Context, map: &Tensor, bias: &Tensor) -> Result<Tensor, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Rows are whole runs of the data, moved intact (a quantised row's bytes included).
+    #[test]
+    fn reordered_moves_whole_rows() {
+        let bytes: Vec<u8> = (0..12).collect();
+        assert_eq!(
+            reordered(&bytes, &[2, 0, 1]),
+            [8, 9, 10, 11, 0, 1, 2, 3, 4, 5, 6, 7]
+        );
+        assert_eq!(reordered(&[1.0f32, 2.0, 3.0], &[0, 2, 1]), [1.0, 3.0, 2.0]);
+    }
 
     /// A LayerNorm's scale and shift before a linear layer and a LayerScale after it, folded
     /// into the layer, give what the three compute in turn.

@@ -750,6 +750,72 @@ impl Context {
         Ok(out)
     }
 
+    /// Two-axis rotary embedding in one node (ggml's vision mode): each row of
+    /// `a [D, H, T, B]` rotates the pairs (`x[i]`, `x[i + D/2]`), the first `sections[0]`
+    /// pairs by the positions `pos[..T]` and the next `sections[1]` by `pos[T..2T]`, with
+    /// frequencies `freq_base^(-4j/D)` counted from `j = 0` again in the second section. `pos`
+    /// is i32 of length 4T, ggml's layout for up to four axes (the last 2T are not read).
+    /// `a`'s rows must be contiguous; `a` itself may be a strided view.
+    pub fn rope_vision(
+        &self,
+        a: &Tensor,
+        pos: &Tensor,
+        sections: [usize; 2],
+        freq_base: f32,
+    ) -> Result<Tensor> {
+        require_dtype("rope_vision", pos, &[DType::I32])?;
+        // The CPU kernel (ggml_compute_forward_rope) aborts on other types.
+        require_dtype("rope_vision", a, &[DType::F32, DType::F16])?;
+        if a.nb()[0] != a.dtype().type_size() {
+            return Err(Error::NotContiguous {
+                op: "rope_vision",
+                operand: a.describe(),
+            });
+        }
+        if pos.nelements() != pos.ne()[0] || pos.ne()[0] != 4 * a.ne()[2] {
+            return Err(mismatch(
+                "rope_vision",
+                "positions must be a vector of 4 x a.ne[2] values",
+                &[a, pos],
+            ));
+        }
+        let half = a.ne()[0] as usize / 2;
+        if a.ne()[0] % 2 != 0 || sections[0] + sections[1] != half || half == 0 {
+            return Err(Error::InvalidArgument {
+                op: "rope_vision",
+                reason: format!(
+                    "sections {sections:?} must add up to half of ne[0] = {}",
+                    a.ne()[0]
+                ),
+            });
+        }
+        self.reserve_like(a)?;
+        let mut ggml_sections = [sections[0] as i32, sections[1] as i32, 0, 0];
+        // SAFETY: checks above mirror ggml_rope_impl's assertions (vector I32 positions of
+        // exactly 4 x ne[2] values for a multi-axis mode, no frequency-factor tensor) and the
+        // kernels' for vision mode (n_dims = ne[0] / 2, no offset, sections adding up to at
+        // most ne[0]); ggml copies the four sections into the node's parameters.
+        let raw = unsafe {
+            sys::ggml_rope_multi(
+                self.raw(),
+                a.as_ptr(),
+                pos.as_ptr(),
+                std::ptr::null_mut(),
+                half as i32,
+                ggml_sections.as_mut_ptr(),
+                sys::GGML_ROPE_TYPE_VISION as i32,
+                0,
+                freq_base,
+                1.0,
+                0.0,
+                1.0,
+                0.0,
+                0.0,
+            )
+        };
+        self.result(raw, "rope_vision", &[a, pos])
+    }
+
     // --- shape ----------------------------------------------------------------------------------
 
     /// Same data, new shape (`ne` innermost first). Needs a contiguous tensor.

@@ -152,6 +152,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if folded > 0 {
         outln!("folded     norms and layer scales into {folded} linear layers");
     }
+    if model.model().uses_vision_rope() {
+        outln!("rope       one vision-mode node per query and key (heads laid out at load)");
+    }
     outln!("load       {:.1} ms", load_s * 1e3);
     outln!(
         "first      {:.1} ms (graph build, allocation, compute)",
@@ -210,6 +213,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "device_bytes_used": if total > 0 { Some(free_before.saturating_sub(free_after)) } else { None },
             "half_convolutions": model.model().uses_half_convolutions(),
             "folded_layers": folded,
+            "vision_rope": model.model().uses_vision_rope(),
             "crash_layout": args.crash_layout,
             "policy": format!("{:?}", args.policy),
             "residency": report,

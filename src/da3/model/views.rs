@@ -505,10 +505,8 @@ impl Session {
         };
         let bconst = BackboneConstants {
             pos_embed: pos,
-            local_y: positions[0].clone(),
-            local_x: positions[1].clone(),
-            global_y: positions[2].clone(),
-            global_x: positions[3].clone(),
+            local_positions: positions[0].clone(),
+            global_positions: positions[1].clone(),
             attention,
             views,
             camera_slots: slots.clone(),
