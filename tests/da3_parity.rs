@@ -259,6 +259,9 @@ fn ggml_ops_path_matches_cpu_kernels() {
         // ...and rotate each head in one vision-mode RoPE node, its quarters reordered at
         // load; the CPU kernels read the file's layout.
         assert_eq!(model.uses_vision_rope(), ggml_ops_only);
+        // ...and compute the QK-norms (blocks 2 and 3) as RMS norms of heads that the QKV
+        // layer centres.
+        assert_eq!(model.uses_centred_qk_heads(), ggml_ops_only);
         let image = synthetic::image(width, height);
         let processed = preprocess(&image, 280).unwrap();
         model.session().unwrap().forward(&processed).unwrap().depth

@@ -190,13 +190,6 @@ impl Block {
     /// Block `i` of a stack shaped by `cfg`, its tensors under `p`.
     fn load_at(l: &mut Loader<'_>, cfg: &VitConfig, p: &str, i: usize) -> Result<Self, Error> {
         let e = cfg.embed_dim;
-        let qk_norm = match cfg.qknorm_start {
-            Some(start) if i >= start => Some((
-                Norm::load(l, &format!("{p}.attn_qnorm"), cfg.head_dim(), cfg.qk_ln_eps)?,
-                Norm::load(l, &format!("{p}.attn_knorm"), cfg.head_dim(), cfg.qk_ln_eps)?,
-            )),
-            _ => None,
-        };
         // Where the loader folds (GPUs), each norm's scale and shift go into the layer after
         // it and each layer scale into the layer before: 3 of a block's kernels instead of 9.
         let (norm1, norm2) = (format!("{p}.norm1"), format!("{p}.norm2"));
@@ -209,6 +202,24 @@ impl Block {
         let qkv = format!("{p}.attn_qkv");
         let proj = format!("{p}.attn_proj");
         let norm1_folded = l.folds_into(&qkv, after(&norm1));
+        // The QK-norm of a folded block is an RMS norm of heads the QKV layer centres: one
+        // fused kernel for each of Q and K on GPUs instead of three.
+        let has_qk_norm = cfg.qknorm_start.is_some_and(|start| i >= start);
+        let centred_heads = has_qk_norm && norm1_folded && l.centres_qk_heads();
+        let qkv_folded = match centred_heads {
+            true => after(&norm1).centring(2 * e, cfg.head_dim()),
+            false => after(&norm1),
+        };
+        let qk_norm = match has_qk_norm {
+            true => {
+                let (d, eps) = (cfg.head_dim(), cfg.qk_ln_eps);
+                Some((
+                    Norm::load_centred(l, &format!("{p}.attn_qnorm"), d, eps, centred_heads)?,
+                    Norm::load_centred(l, &format!("{p}.attn_knorm"), d, eps, centred_heads)?,
+                ))
+            }
+            false => None,
+        };
         let norm2_folded = l.folds_into(&ffn_in, after(&norm2));
         let ls1_folded = l.folds_into(&proj, before(&ls1));
         let ls2_folded = l.folds_into(&ffn_out, before(&ls2));
@@ -229,7 +240,7 @@ impl Block {
         let rope = RopeLayout::of_block(l, cfg, i);
         let block = Block {
             norm1: Norm::load_unless_folded(l, &norm1, e, cfg.block_ln_eps, norm1_folded)?,
-            attn_qkv: Linear::load_folded(l, &qkv, e, 3 * e, after(&norm1))?,
+            attn_qkv: Linear::load_folded(l, &qkv, e, 3 * e, qkv_folded)?,
             qk_norm,
             attn_proj: Linear::load_folded(l, &proj, e, e, before(&ls1))?,
             ls1: scale(l, &ls1, ls1_folded)?,

@@ -157,6 +157,13 @@ fn vision_rope_enabled() -> bool {
     std::env::var("DA3_VISION_ROPE").as_deref() != Ok("off")
 }
 
+/// Whether QK-normed heads are centred by the layer computing them off the CPU kernels, their
+/// norms computed as RMS norms ([`Loader::centre_qk_heads`]); `DA3_CENTRE_QK_HEADS=off` keeps
+/// LayerNorms, to measure what the fused kernel saves.
+fn centred_qk_heads_enabled() -> bool {
+    std::env::var("DA3_CENTRE_QK_HEADS").as_deref() != Ok("off")
+}
+
 impl Model {
     /// Opens a model file on the default device (`auto`) with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Model, Error> {
@@ -189,6 +196,7 @@ impl Model {
             .pack_linears(cpu_kernels)
             .fold_affine(!cpu_kernels && fold_norms_enabled())
             .vision_rope(!cpu_kernels && vision_rope_enabled())
+            .centre_qk_heads(!cpu_kernels && centred_qk_heads_enabled())
             // bf16 products sum in f32 and are faster there (DA3-large on an H200: 15.1 ms
             // for an f16 file, 14.6 for the same weights in bf16).
             .half_linears_bf16(device.backend_name() == "CUDA")
@@ -264,6 +272,12 @@ impl Model {
     /// (models not on the CPU kernels; see [`crate::da3::weights::Loader::vision_rope`]).
     pub fn uses_vision_rope(&self) -> bool {
         self.shared.weights.vision_rope()
+    }
+    /// Whether QK-normed heads are centred by the QKV layer and normalised by RMS norms
+    /// (models not on the CPU kernels; see
+    /// [`crate::da3::weights::Loader::centre_qk_heads`]).
+    pub fn uses_centred_qk_heads(&self) -> bool {
+        self.shared.weights.centred_qk_heads()
     }
     /// Whether the convolutions compute with f16 kernels by ggml's direct convolution
     /// ([`LoadOptions::conv_precision`]).

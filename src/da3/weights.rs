@@ -56,17 +56,30 @@ struct Pending {
 /// LayerScale `l` after: `l * (W (n * g + s) + b) = W' n + b'`.
 #[derive(Clone)]
 enum Derive {
-    /// `W'[o][i] = l[o] * W[o][i] * g[i]`.
+    /// `W'[o][i] = l[o] * W[o][i] * g[i]`, then centred where `centred` says.
     Weight {
         input_scale: Option<String>,
         output_scale: Option<String>,
+        centred: Option<CentredOutputs>,
     },
-    /// `b'[o] = l[o] * (b[o] + sum_i W[o][i] * s[i])`, from the file's weight `weight`.
+    /// `b'[o] = l[o] * (b[o] + sum_i W[o][i] * s[i])`, from the file's weight `weight`, then
+    /// centred where `centred` says.
     Bias {
         weight: String,
         input_shift: Option<String>,
         output_scale: Option<String>,
+        centred: Option<CentredOutputs>,
     },
+}
+
+/// Outputs of a linear layer computed with their mean subtracted: the first `rows` outputs,
+/// in runs of `group` (attention heads), each run's mean over its outputs taken out of the
+/// weight and the bias at load. A LayerNorm over such a run then equals an RMS norm of it,
+/// which ggml's GPU backends fuse with the scale and shift after it into one kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CentredOutputs {
+    pub rows: usize,
+    pub group: usize,
 }
 
 /// The layouts of a packed linear weight (see [`Loader::pack_linears`]).
@@ -109,6 +122,7 @@ pub struct Loader<'f> {
     fold_affine: bool,
     half_linears_bf16: bool,
     vision_rope: bool,
+    centre_qk_heads: bool,
     /// Prefixes of the linear layers loaded with a norm or a layer scale folded in.
     folded: HashSet<String>,
     file_shapes: HashMap<String, Vec<usize>>,
@@ -143,6 +157,9 @@ pub struct LoadedWeights {
     folded: HashSet<String>,
     /// Rotated heads are laid out for one vision-mode RoPE node ([`Loader::vision_rope`]).
     vision_rope: bool,
+    /// Normalised query and key heads are centred by the layer computing them
+    /// ([`Loader::centre_qk_heads`]).
+    centred_qk_heads: bool,
     /// Bytes of device memory the shared weights take.
     pub device_bytes: usize,
     /// File tensors the architecture did not use.
@@ -166,6 +183,11 @@ impl LoadedWeights {
     /// ([`Loader::vision_rope`]).
     pub fn vision_rope(&self) -> bool {
         self.vision_rope
+    }
+    /// Whether normalised query and key heads are centred by the layer computing them, their
+    /// LayerNorms computed as RMS norms ([`Loader::centre_qk_heads`]).
+    pub fn centred_qk_heads(&self) -> bool {
+        self.centred_qk_heads
     }
 }
 
@@ -231,6 +253,7 @@ impl<'f> Loader<'f> {
             fold_affine: false,
             half_linears_bf16: false,
             vision_rope: false,
+            centre_qk_heads: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -266,6 +289,7 @@ impl<'f> Loader<'f> {
             fold_affine: false,
             half_linears_bf16: false,
             vision_rope: false,
+            centre_qk_heads: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -328,6 +352,28 @@ impl<'f> Loader<'f> {
             Source::Recording { .. } => false,
             Source::Bound { weights, .. } => weights.vision_rope,
             Source::File(_) => self.vision_rope && !self.pack_linears,
+        }
+    }
+
+    /// Lets a model whose query and key heads are LayerNormed (QK-norm) take each head's mean
+    /// out of the layer computing them ([`CentredOutputs`]), where
+    /// [`Loader::centres_qk_heads`] says so: the norm is then an RMS norm, which ggml's GPU
+    /// backends fuse with its scale and shift (one kernel instead of three for each of Q
+    /// and K). Only where the layer is folded anyway ([`Loader::fold_affine`]).
+    pub fn centre_qk_heads(mut self, on: bool) -> Self {
+        self.centre_qk_heads = on;
+        self
+    }
+
+    /// Whether QK-normed heads are centred by the layer computing them: reading a file, with
+    /// [`Loader::centre_qk_heads`] and [`Loader::fold_affine`] on and linear layers not
+    /// packed; binding loaded weights, as they were loaded; recording, never. The layer must
+    /// also fold ([`Loader::folds_into`]).
+    pub fn centres_qk_heads(&self) -> bool {
+        match &self.source {
+            Source::Recording { .. } => false,
+            Source::Bound { weights, .. } => weights.centred_qk_heads,
+            Source::File(_) => self.centre_qk_heads && self.fold_affine && !self.pack_linears,
         }
     }
 
@@ -396,6 +442,7 @@ impl<'f> Loader<'f> {
             fold_affine: false,
             half_linears_bf16: false,
             vision_rope: false,
+            centre_qk_heads: false,
             folded: HashSet::new(),
             file_shapes: HashMap::new(),
             host_values: HashMap::new(),
@@ -539,17 +586,29 @@ impl<'f> Loader<'f> {
             None => (None, None),
         };
         let output_scale = folded.scale_after.map(str::to_owned);
+        let centred = folded.centred;
+        if let Some(c) = centred {
+            if c.group == 0 || c.rows > n_out || !c.rows.is_multiple_of(c.group) {
+                return Err(Error::Weights(format!(
+                    "linear layer `{prefix}` ({n_out} outputs) cannot centre {} outputs in \
+                     runs of {}",
+                    c.rows, c.group
+                )));
+            }
+        }
         let weight_name = format!("{prefix}.weight");
         let (weight, _) = self.declare(&weight_name, &[n_out, n_in], Role::Matmul, false)?;
         self.derive_last(Derive::Weight {
             input_scale,
             output_scale: output_scale.clone(),
+            centred,
         });
         let (bias, _) = self.declare(&format!("{prefix}.bias"), &[n_out], Role::F32, false)?;
         self.derive_last(Derive::Bias {
             weight: weight_name,
             input_shift,
             output_scale,
+            centred,
         });
         self.folded.insert(prefix.to_owned());
         Ok(Linear {
@@ -872,6 +931,8 @@ impl<'f> Loader<'f> {
             host_values,
             folded,
             vision_rope,
+            centre_qk_heads,
+            fold_affine,
             pack_linears,
             ..
         } = self;
@@ -886,6 +947,7 @@ impl<'f> Loader<'f> {
             packed,
             folded,
             vision_rope: vision_rope && !pack_linears,
+            centred_qk_heads: centre_qk_heads && fold_affine && !pack_linears,
             device_bytes,
             unused,
             bf16_products,
@@ -1007,6 +1069,7 @@ fn derived_values(
         Derive::Weight {
             input_scale,
             output_scale,
+            centred,
         } => {
             if let Some(scale) = input_scale {
                 let g = read(scale)?;
@@ -1015,11 +1078,15 @@ fn derived_values(
                 }
             }
             scale_outputs(&mut own, output_scale, n_in)?;
+            if let Some(c) = centred {
+                centre_runs(&mut own[..c.rows * n_in], c.group, n_in);
+            }
         }
         Derive::Bias {
             weight,
             input_shift,
             output_scale,
+            centred,
         } => {
             if let Some(shift) = input_shift {
                 let s = read(shift)?;
@@ -1030,6 +1097,9 @@ fn derived_values(
                 }
             }
             scale_outputs(&mut own, output_scale, 1)?;
+            if let Some(c) = centred {
+                centre_runs(&mut own[..c.rows], c.group, 1);
+            }
         }
     }
     if let Some(i) = own.iter().position(|x| !x.is_finite()) {
@@ -1041,6 +1111,24 @@ fn derived_values(
     Ok(own)
 }
 
+/// Subtracts from each of the `values`' runs of `group` rows (of `width` values each) the
+/// run's mean row, summed in f64: the outputs the rows compute then have zero mean over each
+/// run, whatever the input.
+fn centre_runs(values: &mut [f32], group: usize, width: usize) {
+    for run in values.chunks_exact_mut(group * width) {
+        let mut mean = vec![0f64; width];
+        for row in run.chunks_exact(width) {
+            mean.iter_mut().zip(row).for_each(|(m, &v)| *m += v as f64);
+        }
+        mean.iter_mut().for_each(|m| *m /= group as f64);
+        for row in run.chunks_exact_mut(width) {
+            row.iter_mut()
+                .zip(&mean)
+                .for_each(|(v, &m)| *v = (*v as f64 - m) as f32);
+        }
+    }
+}
+
 /// What is folded into a linear layer at load where the loader folds
 /// ([`Loader::fold_affine`]): the LayerNorm before it (the prefix of its `.weight` and
 /// `.bias`) and the LayerScale after it (a vector of the outputs).
@@ -1048,6 +1136,8 @@ fn derived_values(
 pub struct Folded<'a> {
     pub norm_before: Option<&'a str>,
     pub scale_after: Option<&'a str>,
+    /// Outputs centred at load (for the LayerNorm after them; see [`CentredOutputs`]).
+    pub centred: Option<CentredOutputs>,
 }
 
 /// Which side of a linear layer a folded vector spans.
@@ -1062,18 +1152,25 @@ impl<'a> Folded<'a> {
     pub fn norm(prefix: &'a str) -> Self {
         Folded {
             norm_before: Some(prefix),
-            scale_after: None,
+            ..Folded::default()
         }
     }
     /// The LayerScale `name` after the layer.
     pub fn scale(name: &'a str) -> Self {
         Folded {
-            norm_before: None,
             scale_after: Some(name),
+            ..Folded::default()
+        }
+    }
+    /// These, and the first `rows` outputs centred in runs of `group`.
+    pub fn centring(self, rows: usize, group: usize) -> Self {
+        Folded {
+            centred: Some(CentredOutputs { rows, group }),
+            ..self
         }
     }
     fn is_empty(&self) -> bool {
-        self.norm_before.is_none() && self.scale_after.is_none()
+        self.norm_before.is_none() && self.scale_after.is_none() && self.centred.is_none()
     }
     /// The folded vectors and the side each spans.
     fn vectors(&self) -> Vec<(String, FoldedLen)> {
@@ -1202,6 +1299,9 @@ pub struct Norm {
     /// Scale and shift; none where they are folded into the next linear layer.
     affine: Option<(Tensor, Tensor)>,
     eps: f32,
+    /// The rows normalised have zero mean already (centred by the layer computing them, see
+    /// [`CentredOutputs`]): an RMS norm computes the LayerNorm.
+    centred_input: bool,
 }
 
 impl Norm {
@@ -1218,7 +1318,11 @@ impl Norm {
         folded: bool,
     ) -> Result<Self, Error> {
         if folded {
-            return Ok(Norm { affine: None, eps });
+            return Ok(Norm {
+                affine: None,
+                eps,
+                centred_input: false,
+            });
         }
         Ok(Norm {
             affine: Some((
@@ -1226,12 +1330,29 @@ impl Norm {
                 l.tensor(&format!("{prefix}.bias"), &[dim], Role::F32)?,
             )),
             eps,
+            centred_input: false,
+        })
+    }
+    /// [`Norm::load`] for rows that the layer computing them centres (see
+    /// [`CentredOutputs`]), where `centred`.
+    pub fn load_centred(
+        l: &mut Loader<'_>,
+        prefix: &str,
+        dim: usize,
+        eps: f32,
+        centred: bool,
+    ) -> Result<Self, Error> {
+        Ok(Norm {
+            centred_input: centred,
+            ..Self::load(l, prefix, dim, eps)?
         })
     }
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        Ok(match &self.affine {
-            Some((weight, bias)) => g.layer_norm(x, weight, bias, self.eps)?,
-            None => g.norm(x, self.eps)?,
+        Ok(match (&self.affine, self.centred_input) {
+            (Some((weight, bias)), true) => g.rms_norm_affine(x, weight, bias, self.eps)?,
+            (Some((weight, bias)), false) => g.layer_norm(x, weight, bias, self.eps)?,
+            (None, true) => g.rms_norm(x, self.eps)?,
+            (None, false) => g.norm(x, self.eps)?,
         })
     }
 }
@@ -1369,11 +1490,13 @@ mod tests {
         let w_derive = Derive::Weight {
             input_scale: Some("n.weight".into()),
             output_scale: Some("ls".into()),
+            centred: None,
         };
         let b_derive = Derive::Bias {
             weight: "w".into(),
             input_shift: Some("n.bias".into()),
             output_scale: Some("ls".into()),
+            centred: None,
         };
         let w2 = derived_values("w", w.clone(), n_in, &w_derive, read).unwrap();
         let b2 = derived_values("b", b.clone(), n_out, &b_derive, read).unwrap();
@@ -1401,6 +1524,66 @@ mod tests {
         };
         let err = derived_values("w", vec![4.0; 15], n_in, &w_derive, huge).unwrap_err();
         assert!(err.to_string().contains("`w`"), "{err}");
+    }
+
+    /// Heads centred at load: a LayerNorm of each head of the file's layer equals an RMS norm
+    /// of the centred layer's head, and outputs past the centred rows (V) are untouched.
+    #[test]
+    fn centred_heads_turn_layer_norm_into_rms_norm() {
+        let (n_in, n_out, head) = (4, 6, 2); // q and k: two heads of 2, then v: 2 outputs
+        let w: Vec<f32> = (0..n_in * n_out).map(|i| (i as f32 * 0.71).cos()).collect();
+        let b: Vec<f32> = (0..n_out).map(|i| 0.3 * i as f32 - 0.4).collect();
+        let g = vec![1.5, -0.5, 2.0, 0.25];
+        let s = vec![0.1, 0.2, -0.3, 0.4];
+        let tensors: HashMap<&str, Vec<f32>> = [("w", w.clone()), ("n.weight", g), ("n.bias", s)]
+            .into_iter()
+            .collect();
+        let read = |name: &str| Ok(tensors[name].clone());
+        let centred = Some(CentredOutputs {
+            rows: 4,
+            group: head,
+        });
+        let w_derive = |centred| Derive::Weight {
+            input_scale: Some("n.weight".into()),
+            output_scale: None,
+            centred,
+        };
+        let b_derive = |centred| Derive::Bias {
+            weight: "w".into(),
+            input_shift: Some("n.bias".into()),
+            output_scale: None,
+            centred,
+        };
+        let layer = |centred| {
+            let w = derived_values("w", w.clone(), n_in, &w_derive(centred), read).unwrap();
+            let b = derived_values("b", b.clone(), n_out, &b_derive(centred), read).unwrap();
+            let x = [0.9f32, -1.3, 0.2, 1.7];
+            (0..n_out)
+                .map(|o| b[o] + (0..n_in).map(|i| w[o * n_in + i] * x[i]).sum::<f32>())
+                .collect::<Vec<f32>>()
+        };
+        let (plain, centred_out) = (layer(None), layer(centred));
+        let eps = 1e-6;
+        for h in 0..2 {
+            let run = |y: &[f32]| y[h * head..][..head].to_vec();
+            let (p, c) = (run(&plain), run(&centred_out));
+            let mean = p.iter().sum::<f32>() / head as f32;
+            let var = p.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / head as f32;
+            let ms = c.iter().map(|v| v * v).sum::<f32>() / head as f32;
+            assert!(
+                c.iter().sum::<f32>().abs() < 1e-5,
+                "head {h} not centred: {c:?}"
+            );
+            for (p, c) in p.iter().zip(&c) {
+                let layer_norm = (p - mean) / (var + eps).sqrt();
+                let rms_norm = c / (ms + eps).sqrt();
+                assert!(
+                    (layer_norm - rms_norm).abs() < 1e-4,
+                    "{layer_norm} vs {rms_norm}"
+                );
+            }
+        }
+        assert_eq!(plain[4..], centred_out[4..]);
     }
 
     #[test]

@@ -155,6 +155,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if model.model().uses_vision_rope() {
         outln!("rope       one vision-mode node per query and key (heads laid out at load)");
     }
+    if model.model().uses_centred_qk_heads() {
+        outln!("qk-norm    RMS norms of heads centred at load (one fused kernel on GPUs)");
+    }
     outln!("load       {:.1} ms", load_s * 1e3);
     outln!(
         "first      {:.1} ms (graph build, allocation, compute)",
@@ -214,6 +217,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "half_convolutions": model.model().uses_half_convolutions(),
             "folded_layers": folded,
             "vision_rope": model.model().uses_vision_rope(),
+            "centred_qk_heads": model.model().uses_centred_qk_heads(),
             "crash_layout": args.crash_layout,
             "policy": format!("{:?}", args.policy),
             "residency": report,
