@@ -102,9 +102,12 @@ impl Conv {
 }
 
 /// Output channels computed together by the convolution kernel, each over `CONV_VECTORS`
-/// vectors of consecutive pixels: 24 accumulators with AVX-512, 12 with AVX2.
-const CONV_CHANNELS: usize = if simd::REGISTERS >= 32 { 8 } else { 4 };
-const CONV_VECTORS: usize = 3;
+/// vectors of consecutive pixels: 24 accumulators with AVX-512, 12 with AVX2. With AVX2's 16
+/// registers the tile is 6 x 2 (12 sums, 2 input vectors, a broadcast), not 4 x 3, which
+/// needed all 16: compiled with LLVM's generic tuning (a build without `target-cpu`) that
+/// spilled on every step and ran at 60-68 GFLOP/s against 104-154 for 6 x 2 (Zen 3, 2 threads).
+const CONV_CHANNELS: usize = if simd::REGISTERS >= 32 { 8 } else { 6 };
+const CONV_VECTORS: usize = if simd::REGISTERS >= 32 { 3 } else { 2 };
 const CONV_SPAN: usize = CONV_VECTORS * LANES;
 
 /// Output channels `channels` (planes of `out`) of a "same" convolution: `srcs` are the
@@ -1101,10 +1104,15 @@ fn q8_tile<const R: usize, const C: usize>(
             && dx.len() >= blocks * R
             && C * LANES <= PANEL
     );
+    let run_steps: Q8TileSteps<R, C> = std::hint::black_box(q8_tile_steps::<R, C>);
     // SAFETY: the assertion is what `q8_tile_steps` needs; the instruction set of this
     // instance is present, since its code runs only inside its `run` functions.
-    unsafe { q8_tile_steps(acc, x, dx, panel, blocks) }
+    unsafe { run_steps(acc, x, dx, panel, blocks) }
 }
+
+/// The type of [`q8_tile_steps`] as a function pointer (called as [`tile`] calls its loop).
+type Q8TileSteps<const R: usize, const C: usize> =
+    unsafe fn(&mut [[[f32; LANES]; C]; R], &[u32], &[f32], &[f32], usize);
 
 instance_features! {
 /// The loop of [`q8_tile`] (a function of its own for the reason `tile_steps` is).
@@ -1231,10 +1239,24 @@ fn tile<P: Products, const R: usize, const C: usize>(
     }
     let last_read = (outer.0 - 1) * outer.1 + (inner.0 - 1) * inner.1 + C * LANES;
     assert!(b.len() >= last_read && a.len() >= steps * R);
+    // Called through an opaque pointer: `#[inline(never)]` alone did not keep the loop out of
+    // line in builds without `target-cpu` (rustc inlined some instances into their kernels,
+    // whose accumulators then spilled: the default build's convolutions ran 2x slower).
+    let run_steps: TileSteps<P, R, C> = std::hint::black_box(tile_steps::<P, R, C>);
     // SAFETY: the assertion is what `tile_steps` needs; the instruction set of this instance
     // is present, since its code runs only inside its `run` functions.
-    unsafe { tile_steps(products, acc, a, b, outer, inner) }
+    unsafe { run_steps(products, acc, a, b, outer, inner) }
 }
+
+/// The type of [`tile_steps`] as a function pointer.
+type TileSteps<P, const R: usize, const C: usize> = unsafe fn(
+    P,
+    &mut [[[f32; LANES]; C]; R],
+    &[<P as Products>::Scalar],
+    &[f32],
+    (usize, usize),
+    (usize, usize),
+);
 
 /// `rows` packed for [`tile`]: `dst[i * R + r] = rows[r][i]` for the first `steps` values
 /// of the `R` rows.
