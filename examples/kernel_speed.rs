@@ -225,10 +225,14 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
 }
 
 fn convolutions(cpu: &Backend) -> Result<(), Box<dyn Error>> {
+    // DA3-small's head, then DA3-base's (the largest of each level).
     for (w, h, ic, oc) in [
         (144i64, 96i64, 64i64, 64i64),
         (288, 192, 64, 32),
         (504, 336, 32, 32),
+        (144, 96, 128, 128),
+        (288, 192, 128, 64),
+        (504, 336, 64, 32),
     ] {
         let ctx = Context::metadata(8)?;
         ctx.use_cpu_kernels(true);

@@ -141,6 +141,14 @@ fn bf16_decision(vendor: Option<&str>, requested: Option<&str>) -> bool {
     }
 }
 
+/// Whether 3x3 f32 convolutions run by Winograd's F(4x4, 3x3) (`cpu_kernels/winograd.rs`: a
+/// quarter of the direct kernel's multiply-adds) rather than the direct kernel:
+/// `DA3_WINOGRAD=off` keeps the direct one, for measuring one against the other.
+pub fn winograd_convolutions() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DA3_WINOGRAD").as_deref() != Ok("off"))
+}
+
 /// The CPUID vendor string ("AuthenticAMD", "GenuineIntel", ...).
 fn cpu_vendor() -> Option<String> {
     #[cfg(target_arch = "x86_64")]
@@ -172,7 +180,7 @@ pub(super) const ATTENTION_DV_MULTIPLE: usize = 16;
 /// one kernel instance, whose code runs only inside that instance's `run` functions.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_vectors {
-    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $mul:ident, $load:ident, $store:ident) => {
+    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $mul:ident, $add:ident, $sub:ident, $load:ident, $store:ident) => {
         use std::arch::x86_64::*;
         pub type F = $f;
         pub const LANES: usize = $lanes;
@@ -193,6 +201,16 @@ macro_rules! x86_vectors {
         pub fn mul(a: F, b: F) -> F {
             // SAFETY: as for `splat`.
             unsafe { $mul(a, b) }
+        }
+        #[inline(always)]
+        pub fn add(a: F, b: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $add(a, b) }
+        }
+        #[inline(always)]
+        pub fn sub(a: F, b: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $sub(a, b) }
         }
         // The lanes of a vector and back: for the bf16 fallback, which the AVX-512 set lacks.
         #[allow(dead_code)]
@@ -252,6 +270,9 @@ macro_rules! entries {
     ($attr:meta) => {
         pub(super) mod run {
             use super::*;
+            // The direct convolution whatever the kernel's size, beside Winograd's.
+            #[cfg(test)]
+            entries!(@each $attr; conv_direct_planes);
             entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
                 bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
                 attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows
@@ -285,9 +306,51 @@ mod avx512 {
             _mm512_set1_ps,
             _mm512_fmadd_ps,
             _mm512_mul_ps,
+            _mm512_add_ps,
+            _mm512_sub_ps,
             _mm512_loadu_ps,
             _mm512_storeu_ps
         );
+        /// Values `4 i + j` of `src` (`4 * LANES` of them) as vector `j`, the `i`s in the
+        /// lane order 0 4 8 12 1 5 9 13 2 6 10 14 3 7 11 15 (a 4 x 4 transpose per 128-bit
+        /// quarter; see the AVX2 set's).
+        #[inline(always)]
+        pub fn deinterleave4(src: &[f32]) -> [F; 4] {
+            assert!(src.len() >= 4 * LANES);
+            // SAFETY: the assertion covers the four loads; the instruction set as for `splat`.
+            unsafe {
+                let [a, b, c, d] = [0, 1, 2, 3].map(|i| _mm512_loadu_ps(src.as_ptr().add(16 * i)));
+                transpose_quarters(a, b, c, d)
+            }
+        }
+        /// The inverse of [`deinterleave4`]: `dst[4 i + j]` is lane `i` of `v[j]`.
+        #[inline(always)]
+        pub fn interleave4(v: [F; 4], dst: &mut [f32]) {
+            assert!(dst.len() >= 4 * LANES);
+            let [a, b, c, d] = v;
+            // SAFETY: the assertion covers the four stores; the instruction set as for `splat`.
+            unsafe {
+                let rows = transpose_quarters(a, b, c, d);
+                for (i, r) in rows.into_iter().enumerate() {
+                    _mm512_storeu_ps(dst.as_mut_ptr().add(16 * i), r);
+                }
+            }
+        }
+        /// A 4 x 4 transpose of each 128-bit quarter of four vectors (its own inverse).
+        #[inline(always)]
+        fn transpose_quarters(a: F, b: F, c: F, d: F) -> [F; 4] {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe {
+                let (ab_lo, ab_hi) = (_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+                let (cd_lo, cd_hi) = (_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+                [
+                    _mm512_shuffle_ps::<0x44>(ab_lo, cd_lo),
+                    _mm512_shuffle_ps::<0xEE>(ab_lo, cd_lo),
+                    _mm512_shuffle_ps::<0x44>(ab_hi, cd_hi),
+                    _mm512_shuffle_ps::<0xEE>(ab_hi, cd_hi),
+                ]
+            }
+        }
         pub type Bf16Splat = __m512bh;
         #[inline(always)]
         pub fn bf16_splat(x: u32) -> __m512bh {
@@ -371,6 +434,7 @@ mod avx512 {
         ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx512vnni,avx2,fma")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
+    include!("cpu_kernels/winograd.rs");
     entries!(target_feature(
         enable = "avx512f,avx512bf16,avx512vnni,avx2,fma"
     ));
@@ -388,10 +452,54 @@ macro_rules! avx2_vectors {
             _mm256_set1_ps,
             _mm256_fmadd_ps,
             _mm256_mul_ps,
+            _mm256_add_ps,
+            _mm256_sub_ps,
             _mm256_loadu_ps,
             _mm256_storeu_ps
         );
         bf16_by_lanes!();
+        /// Values `4 i + j` of `src` (`4 * LANES` of them) as vector `j`, the `i`s in the
+        /// lane order 0 2 4 6 1 3 5 7 (two 4 x 4 transposes, one per 128-bit half; the
+        /// Winograd transforms treat lanes alike, so their order does not matter as long as
+        /// [`interleave4`] undoes it).
+        #[inline(always)]
+        pub fn deinterleave4(src: &[f32]) -> [F; 4] {
+            assert!(src.len() >= 4 * LANES);
+            // SAFETY: the assertion covers the four loads; the instruction set as for `splat`.
+            unsafe {
+                let [a, b, c, d] = [0, 1, 2, 3].map(|i| _mm256_loadu_ps(src.as_ptr().add(8 * i)));
+                transpose_halves(a, b, c, d)
+            }
+        }
+        /// The inverse of [`deinterleave4`]: `dst[4 i + j]` is lane `i` of `v[j]`.
+        #[inline(always)]
+        pub fn interleave4(v: [F; 4], dst: &mut [f32]) {
+            assert!(dst.len() >= 4 * LANES);
+            let [a, b, c, d] = v;
+            // SAFETY: the assertion covers the four stores; the instruction set as for `splat`.
+            unsafe {
+                let rows = transpose_halves(a, b, c, d);
+                for (i, r) in rows.into_iter().enumerate() {
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(8 * i), r);
+                }
+            }
+        }
+        /// A 4 x 4 transpose of each 128-bit half of four vectors, which
+        /// [`deinterleave4`] and [`interleave4`] share (it is its own inverse).
+        #[inline(always)]
+        fn transpose_halves(a: F, b: F, c: F, d: F) -> [F; 4] {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe {
+                let (ab_lo, ab_hi) = (_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+                let (cd_lo, cd_hi) = (_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+                [
+                    _mm256_shuffle_ps::<0x44>(ab_lo, cd_lo),
+                    _mm256_shuffle_ps::<0xEE>(ab_lo, cd_lo),
+                    _mm256_shuffle_ps::<0x44>(ab_hi, cd_hi),
+                    _mm256_shuffle_ps::<0xEE>(ab_hi, cd_hi),
+                ]
+            }
+        }
         #[inline(always)]
         pub fn q8_splat(x: u32) -> __m256i {
             // SAFETY: the instruction set as for `splat`.
@@ -492,6 +600,7 @@ mod avx2 {
         ($($item:tt)*) => { #[target_feature(enable = "avx2,fma")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
+    include!("cpu_kernels/winograd.rs");
     entries!(target_feature(enable = "avx2,fma"));
 }
 
@@ -533,6 +642,7 @@ mod avx2vnni {
         ($($item:tt)*) => { #[target_feature(enable = "avx2,fma,avxvnni")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
+    include!("cpu_kernels/winograd.rs");
     entries!(target_feature(enable = "avx2,fma,avxvnni"));
 }
 
@@ -562,6 +672,14 @@ mod portable {
             std::array::from_fn(|i| a[i] * b[i])
         }
         #[inline(always)]
+        pub fn add(a: F, b: F) -> F {
+            std::array::from_fn(|i| a[i] + b[i])
+        }
+        #[inline(always)]
+        pub fn sub(a: F, b: F) -> F {
+            std::array::from_fn(|i| a[i] - b[i])
+        }
+        #[inline(always)]
         pub fn fma(a: F, b: F, c: F) -> F {
             std::array::from_fn(|i| {
                 if FMA {
@@ -586,6 +704,20 @@ mod portable {
             unsafe { std::ptr::write_unaligned(p as *mut F, v) }
         }
         bf16_by_lanes!();
+        /// Values `4 i + j` of `src` (`4 * LANES` of them) as vector `j`, in order.
+        #[inline(always)]
+        pub fn deinterleave4(src: &[f32]) -> [F; 4] {
+            std::array::from_fn(|j| std::array::from_fn(|i| src[4 * i + j]))
+        }
+        /// The inverse of [`deinterleave4`]: `dst[4 i + j]` is lane `i` of `v[j]`.
+        #[inline(always)]
+        pub fn interleave4(v: [F; 4], dst: &mut [f32]) {
+            for (i, dst) in dst[..4 * LANES].chunks_exact_mut(4).enumerate() {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = v[j][i];
+                }
+            }
+        }
         // int8 products lane by lane, signed bytes without offset.
         pub type I = [i32; LANES];
         pub type Q8Weights = [u32; LANES];
@@ -637,6 +769,7 @@ mod portable {
         ($($item:tt)*) => { $($item)* };
     }
     include!("cpu_kernels/body.rs");
+    include!("cpu_kernels/winograd.rs");
     entries!(inline);
 }
 
@@ -911,6 +1044,86 @@ mod tests {
         avx512_conv = avx512::conv_same_planes;
         avx512_conv_bf16 = avx512::conv_same_planes_bf16;
         avx512_linear = avx512::linear_bias_rows;
+        avx2_conv_direct = avx2::conv_direct_planes;
+        avx2vnni_conv_direct = avx2vnni::conv_direct_planes;
+        avx512_conv_direct = avx512::conv_direct_planes;
+    }
+
+    /// Each instance's convolution entry (Winograd's for 3x3 kernels) and its direct kernel.
+    fn convolution_instances() -> Vec<(&'static str, Entry, Entry)> {
+        let mut sets: Vec<(&'static str, Entry, Entry)> = vec![(
+            "portable",
+            super::portable::run::conv_same_planes,
+            super::portable::run::conv_direct_planes,
+        )];
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() != KernelSet::Portable {
+            sets.push(("avx2", avx2_conv, avx2_conv_direct));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::avx2_vnni_detected() {
+            sets.push(("avx2vnni", avx2vnni_conv, avx2vnni_conv_direct));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() == KernelSet::Avx512Bf16 {
+            sets.push(("avx512bf16", avx512_conv, avx512_conv_direct));
+        }
+        sets
+    }
+
+    /// Winograd's F(4x4, 3x3) against the direct kernel, in every instance: images narrower
+    /// than a tile, than a vector of tiles and wider than a block, heights that end inside a
+    /// tile, one input channel and several, channel ranges that start past 0 and leave partial
+    /// groups (what a thread's share is), with and without a bias.
+    #[test]
+    fn every_instance_winograd_matches_the_direct_convolution() {
+        assert!(
+            super::winograd_convolutions(),
+            "DA3_WINOGRAD=off in the environment"
+        );
+        let shapes = [
+            (1, 1, 1, 1),
+            (3, 5, 2, 3),
+            (17, 6, 3, 7),
+            (33, 9, 8, 13),
+            (70, 13, 5, 9),
+            (203, 4, 4, 8),
+        ];
+        for (w, h, ic, oc) in shapes {
+            let (kernel, input, bias) = (
+                values(9 * ic * oc, 11),
+                values(w * h * ic, 12),
+                values(oc, 13),
+            );
+            let with_bias = [
+                src(&kernel, [3, 3, ic, oc]),
+                src(&input, [w, h, ic, 1]),
+                src(&bias, [oc, 1, 1, 1]),
+            ];
+            for srcs in [&with_bias[..], &with_bias[..2]] {
+                for channels in [0..oc, oc / 3..oc] {
+                    let ne = [w, h, oc, 1];
+                    let run = |entry: Entry| {
+                        let mut out = vec![f32::NAN; w * h * channels.len()];
+                        entry(srcs, &mut out, ne, channels.clone(), 0.0);
+                        out
+                    };
+                    for (set, winograd, direct) in convolution_instances() {
+                        let (fast, reference) = (run(winograd), run(direct));
+                        assert!(reference.iter().all(|x| x.is_finite()));
+                        // Relative to the largest output: F(4x4, 3x3)'s transforms round
+                        // at about 1e-6 of it in f32 (the direct kernel at 1e-7).
+                        let largest = reference.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                        let diff = max_abs_difference(&reference, &fast) / largest;
+                        assert!(
+                            diff < 1e-5,
+                            "{set}: {w}x{h} {ic}->{oc}, channels {channels:?}, bias {}: {diff}",
+                            srcs.len() == 3
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Values in [-1, 1) from a seed: [`super::super::cpu_ops::tests::values`] halved.

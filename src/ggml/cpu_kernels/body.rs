@@ -120,6 +120,25 @@ fn conv_same_planes(
     channels: Range<usize>,
     _param: f32,
 ) {
+    let [kw, kh, ..] = srcs[0].ne;
+    if (kw, kh) == (3, 3) && super::winograd_convolutions() {
+        conv3x3_winograd_planes(srcs, out, channels)
+    } else {
+        conv_planes(srcs, out, channels, false)
+    }
+}
+
+/// [`conv_same_planes`] by the direct kernel whatever the kernel's size (for the tests that
+/// set it beside Winograd's).
+#[cfg(test)]
+#[inline(always)]
+fn conv_direct_planes(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    _ne: [usize; 4],
+    channels: Range<usize>,
+    _param: f32,
+) {
     conv_planes(srcs, out, channels, false)
 }
 
@@ -1239,9 +1258,10 @@ fn tile<P: Products, const R: usize, const C: usize>(
     }
     let last_read = (outer.0 - 1) * outer.1 + (inner.0 - 1) * inner.1 + C * LANES;
     assert!(b.len() >= last_read && a.len() >= steps * R);
-    // Called through an opaque pointer: `#[inline(never)]` alone did not keep the loop out of
-    // line in builds without `target-cpu` (rustc inlined some instances into their kernels,
-    // whose accumulators then spilled: the default build's convolutions ran 2x slower).
+    // Called through an opaque pointer: `#[inline(never)]` alone did not keep every instance
+    // out of line in builds without `target-cpu` (`nm` showed 2 of about 10 left), and the
+    // reason for a loop of its own (sums not competing with the kernel's registers) then
+    // no longer held. One indirect call per tile, against hundreds of steps inside it.
     let run_steps: TileSteps<P, R, C> = std::hint::black_box(tile_steps::<P, R, C>);
     // SAFETY: the assertion is what `tile_steps` needs; the instruction set of this instance
     // is present, since its code runs only inside its `run` functions.
@@ -1293,18 +1313,33 @@ unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
         let mut c: [[simd::F; C]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
         let mut ap = a.as_ptr();
-        for o in 0..outer {
-            let mut bp = b.as_ptr().add(o * outer_stride);
-            for _ in 0..inner {
-                let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
-                for (r, c) in c.iter_mut().enumerate() {
-                    let x = P::splat(*ap.add(r));
-                    for (c, &bv) in c.iter_mut().zip(&bv) {
-                        *c = P::madd(*c, x, bv);
-                    }
+        // One step: C vectors of `b` at `bp` by the R values at `ap`.
+        let step = |c: &mut [[simd::F; C]; R], ap: *const P::Scalar, bp: *const f32| {
+            let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
+            for (r, c) in c.iter_mut().enumerate() {
+                let x = P::splat(*ap.add(r));
+                for (c, &bv) in c.iter_mut().zip(&bv) {
+                    *c = P::madd(*c, x, bv);
                 }
-                bp = bp.add(inner_stride);
+            }
+        };
+        if inner == 1 {
+            // Matrix products: one loop, not a loop of one-step loops (whose bookkeeping
+            // cost as many instructions as the step's multiply-adds).
+            let mut bp = b.as_ptr();
+            for _ in 0..outer {
+                step(&mut c, ap, bp);
+                bp = bp.add(outer_stride);
                 ap = ap.add(R);
+            }
+        } else {
+            for o in 0..outer {
+                let mut bp = b.as_ptr().add(o * outer_stride);
+                for _ in 0..inner {
+                    step(&mut c, ap, bp);
+                    bp = bp.add(inner_stride);
+                    ap = ap.add(R);
+                }
             }
         }
         for (acc, c) in acc.iter_mut().zip(&c) {

@@ -1,0 +1,303 @@
+// The 3x3 "same" convolution by Winograd's minimal filtering, F(4x4, 3x3) (Lavin and Gray,
+// "Fast Algorithms for Convolutional Neural Networks", 2015), compiled once per instruction set
+// beside `body.rs`, whose register tile runs its products.
+//
+// A 6x6 patch of input `d` and a 3x3 kernel `g` give a 4x4 block of outputs as
+// `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A`: 36 multiplications where the direct convolution takes 144.
+// Summed over input channels, the element-wise products become 36 matrix products (one per
+// point of the 6x6 transform) of the transformed kernels [OC x IC] by the transformed patches
+// [IC x tiles]: the register tile's work, at 4x fewer multiply-adds than the direct kernel.
+// The transforms are additions and small multiples, vectorised over tiles; for the head's
+// channel counts (32 to 256) they cost a fraction of the products they save. The points
+// 0, ±1, ±2 keep the transforms' constants small: f32 results stay within 3e-6 of the largest
+// output of the direct convolution's (the direct kernel's own rounding is about 1e-7), and
+// DA3's depth within 2e-5 of the official code's, as before.
+
+/// Output pixels per tile side, and the input patch side (`WINO_OUT + 3 - 1`).
+const WINO_OUT: usize = 4;
+const WINO_IN: usize = 6;
+/// Points of the transform: one matrix product each.
+const WINO_POINTS: usize = WINO_IN * WINO_IN;
+/// Tiles transformed and multiplied together: the register tile's columns, so that one
+/// product of a point covers them.
+const WINO_TILES: usize = CONV_SPAN;
+
+/// `Bᵀ d` on one axis of the patches of a vector of tiles.
+#[inline(always)]
+fn wino_input_1d([d0, d1, d2, d3, d4, d5]: [simd::F; WINO_IN]) -> [simd::F; WINO_IN] {
+    use simd::{add, fma, splat, sub};
+    let (a, b) = (sub(d3, d1), sub(d4, d2));
+    [
+        fma(splat(4.0), d0, fma(splat(-5.0), d2, d4)),
+        fma(splat(-4.0), add(d1, d2), add(d3, d4)),
+        fma(splat(4.0), sub(d1, d2), sub(d4, d3)),
+        fma(splat(2.0), a, b),
+        fma(splat(-2.0), a, b),
+        fma(splat(4.0), d1, fma(splat(-5.0), d3, d5)),
+    ]
+}
+
+/// `Aᵀ m` on one axis of the transformed blocks of a vector of tiles.
+#[inline(always)]
+fn wino_output_1d([m0, m1, m2, m3, m4, m5]: [simd::F; WINO_IN]) -> [simd::F; WINO_OUT] {
+    use simd::{add, fma, splat, sub};
+    let (s12, d12, s34, d34) = (add(m1, m2), sub(m1, m2), add(m3, m4), sub(m3, m4));
+    [
+        add(add(m0, s12), s34),
+        fma(splat(2.0), d34, d12),
+        fma(splat(4.0), s34, s12),
+        add(fma(splat(8.0), d34, d12), m5),
+    ]
+}
+
+/// A vector of `values` (at least LANES of them).
+#[inline(always)]
+fn vector_of(values: &[f32]) -> simd::F {
+    let mut lanes = [0.0f32; LANES];
+    lanes.copy_from_slice(&values[..LANES]);
+    simd::from_lanes(lanes)
+}
+
+/// `G g` on one axis of a kernel.
+#[inline(always)]
+fn wino_kernel_1d([g0, g1, g2]: [f32; 3]) -> [f32; WINO_IN] {
+    [
+        g0 / 4.0,
+        -(g0 + g1 + g2) / 6.0,
+        -(g0 - g1 + g2) / 6.0,
+        g0 / 24.0 + g1 / 12.0 + g2 / 6.0,
+        g0 / 24.0 - g1 / 12.0 + g2 / 6.0,
+        g2,
+    ]
+}
+
+/// `G g Gᵀ` of a 3x3 kernel (`g[ky * 3 + kx]`), point `l * 6 + k` for row point `l`.
+#[inline(always)]
+fn wino_kernel(g: &[f32]) -> [f32; WINO_POINTS] {
+    let rows = [0, 1, 2].map(|ky| wino_kernel_1d([g[3 * ky], g[3 * ky + 1], g[3 * ky + 2]]));
+    let mut u = [0.0; WINO_POINTS];
+    for k in 0..WINO_IN {
+        let column = wino_kernel_1d([rows[0][k], rows[1][k], rows[2][k]]);
+        for (l, &x) in column.iter().enumerate() {
+            u[l * WINO_IN + k] = x;
+        }
+    }
+    u
+}
+
+/// The values of one point (or pixel column) for the tiles of a block.
+type Lanes = [f32; WINO_TILES];
+/// Vectors of tiles per block.
+const WINO_VECTORS: usize = WINO_TILES / LANES;
+/// Where each vector of a block's tiles starts, (tile row, tile column), or None past the
+/// last tile.
+type WinoBlock = [Option<(usize, usize)>; WINO_VECTORS];
+
+/// Scratch rows of the transforms of one vector of tiles (written before read).
+struct WinoScratch {
+    /// One input row's pixels from x0 - 1: patch t reads span[4t..4t + 6].
+    span: [f32; WINO_OUT * LANES + WINO_OUT],
+    /// The patches transformed along x: `along_x[k][i]` for row `i`.
+    along_x: [[simd::F; WINO_IN]; WINO_IN],
+    /// One output row, pixel 4t + b.
+    pixels: [f32; WINO_OUT * LANES],
+}
+
+/// Output channels `channels` (planes of `out`) of a 3x3 "same" convolution by F(4x4, 3x3):
+/// `srcs` as [`conv_same_planes`]'s (kernel [3, 3, IC, OC], input [W, H, IC, 1], optional
+/// bias [OC]).
+///
+/// The tiles go in row-major order over a grid whose rows are padded to whole vectors, so
+/// that a vector of tiles never spans two tile rows, and a block of `WINO_TILES` tiles may
+/// (a block per row end would waste up to a block per row: a quarter of the work at 144
+/// pixels wide).
+#[inline(always)]
+fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>) {
+    let (kernel, input) = (&srcs[0], &srcs[1]);
+    let [w, h, ic, _] = input.ne;
+    debug_assert!(kernel.ne[..3] == [3, 3, ic]);
+    let plane_len = w * h;
+    let oc = channels.len();
+    // The channels in groups for the register tile, as in `conv_planes`.
+    let mut groups = Vec::new();
+    let mut o = 0;
+    while o < oc {
+        let r = [CONV_CHANNELS, 4, 2, 1]
+            .into_iter()
+            .find(|&r| oc - o >= r)
+            .unwrap_or(1);
+        groups.push((o, r));
+        o += r;
+    }
+    // Transformed kernels, point by point, each group's rows packed for the tile:
+    // u[(p * oc + i) * ic + c * r + row] for the group (i, r).
+    let mut u = vec![0.0f32; WINO_POINTS * oc * ic];
+    for &(i, r) in &groups {
+        for row in 0..r {
+            let o = channels.start + i + row;
+            for c in 0..ic {
+                let t = wino_kernel(&kernel.data[(o * ic + c) * 9..][..9]);
+                for (p, &x) in t.iter().enumerate() {
+                    u[(p * oc + i) * ic + c * r + row] = x;
+                }
+            }
+        }
+    }
+    // One block of tiles: the transformed patches [point][channel], then one group's
+    // products [point][row].
+    let mut v = vec![[0.0f32; WINO_TILES]; WINO_POINTS * ic];
+    let mut m = vec![[0.0f32; WINO_TILES]; WINO_POINTS * CONV_CHANNELS];
+    let mut scratch = WinoScratch {
+        span: [0.0; WINO_OUT * LANES + WINO_OUT],
+        along_x: [[simd::splat(0.0); WINO_IN]; WINO_IN],
+        pixels: [0.0; WINO_OUT * LANES],
+    };
+    let tiles_x = w.div_ceil(WINO_OUT).div_ceil(LANES) * LANES;
+    let tiles = tiles_x * h.div_ceil(WINO_OUT);
+    for first in (0..tiles).step_by(WINO_TILES) {
+        let block: WinoBlock = std::array::from_fn(|g| {
+            let tile = first + g * LANES;
+            (tile < tiles).then(|| (tile / tiles_x, tile % tiles_x))
+        });
+        for c in 0..ic {
+            let plane = &input.data[c * plane_len..][..plane_len];
+            for (g, &at) in block.iter().enumerate() {
+                let at = at.map(|(ty, tx)| (w, h, ty, tx));
+                wino_patches(plane, at, g, &mut scratch, &mut v[c..], ic);
+            }
+        }
+        let v = v.as_flattened();
+        for &(i, r) in &groups {
+            let bias = |row: usize| srcs.get(2).map_or(0.0, |b| b.data[channels.start + i + row]);
+            let planes = &mut out[i * plane_len..];
+            let u = (&u[i * ic..], oc * ic);
+            let s = &mut scratch;
+            let block = ((w, h), block);
+            if r == CONV_CHANNELS {
+                wino_group::<CONV_CHANNELS>(u, v, ic, &mut m, planes, &bias, block, s);
+            } else if r == 4 {
+                wino_group::<4>(u, v, ic, &mut m, planes, &bias, block, s);
+            } else if r == 2 {
+                wino_group::<2>(u, v, ic, &mut m, planes, &bias, block, s);
+            } else {
+                wino_group::<1>(u, v, ic, &mut m, planes, &bias, block, s);
+            }
+        }
+    }
+}
+
+/// The transformed patches `Bᵀ d B` of the vector `g` of a block's tiles, which start at tile
+/// `tx0` of tile row `ty` of one input channel (`plane`, `w` x `h`): point `p` into lanes
+/// `g * LANES..` of `v[p * stride]` (the channel's slot of each point's rows). Pixels
+/// outside the plane (the padding, and tiles past the edge) are 0, and so is a vector past
+/// the last tile (`None`).
+#[inline(always)]
+fn wino_patches(
+    plane: &[f32],
+    at: Option<(usize, usize, usize, usize)>,
+    g: usize,
+    s: &mut WinoScratch,
+    v: &mut [Lanes],
+    stride: usize,
+) {
+    let Some((w, h, ty, tx0)) = at else {
+        for p in 0..WINO_POINTS {
+            v[p * stride][g * LANES..][..LANES].fill(0.0);
+        }
+        return;
+    };
+    let x0 = WINO_OUT * tx0;
+    let span_len = s.span.len();
+    for i in 0..WINO_IN {
+        let iy = (WINO_OUT * ty + i).wrapping_sub(1);
+        if iy >= h {
+            for k in 0..WINO_IN {
+                s.along_x[k][i] = simd::splat(0.0);
+            }
+            continue;
+        }
+        let row = &plane[iy * w..][..w];
+        let span: &[f32] = if x0 >= 1 && x0 - 1 + span_len <= w {
+            &row[x0 - 1..][..span_len]
+        } else {
+            // The first and last vectors of a row: zeros where the span leaves the row.
+            s.span.fill(0.0);
+            let first = x0.saturating_sub(1).min(w);
+            let skip = first + 1 - x0.min(first + 1);
+            let n = (w - first).min(span_len - skip);
+            s.span[skip..][..n].copy_from_slice(&row[first..][..n]);
+            &s.span
+        };
+        // Columns 4 and 5 of a patch are columns 0 and 1 of the next tile's.
+        let [d0, d1, d2, d3] = simd::deinterleave4(span);
+        let [d4, d5, _, _] = simd::deinterleave4(&span[WINO_OUT..]);
+        for (k, x) in wino_input_1d([d0, d1, d2, d3, d4, d5]).into_iter().enumerate() {
+            s.along_x[k][i] = x;
+        }
+    }
+    for k in 0..WINO_IN {
+        for (l, x) in wino_input_1d(s.along_x[k]).into_iter().enumerate() {
+            v[(l * WINO_IN + k) * stride][g * LANES..][..LANES].copy_from_slice(&simd::to_lanes(x));
+        }
+    }
+}
+
+/// The `R` output channels of one group for one block of tiles: the 36 products of the
+/// group's transformed kernels (`u`, packed, point `p` at `p * u_stride`) by the block's
+/// patches (`v`, [point][IC][tile]), then `Aᵀ m A` plus the bias into the first `R` planes
+/// of `planes` (`w` x `h`), each vector of tiles at its place (`block`, as for
+/// [`wino_patches`]).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn wino_group<const R: usize>(
+    (u, u_stride): (&[f32], usize),
+    v: &[f32],
+    ic: usize,
+    m: &mut [Lanes],
+    planes: &mut [f32],
+    bias: &impl Fn(usize) -> f32,
+    ((w, h), block): ((usize, usize), WinoBlock),
+    s: &mut WinoScratch,
+) {
+    for p in 0..WINO_POINTS {
+        let mut acc = [[[0.0f32; LANES]; CONV_VECTORS]; R];
+        let patches = &v[p * ic * WINO_TILES..];
+        tile(F32, &mut acc, &u[p * u_stride..][..R * ic], patches, (ic, WINO_TILES), (1, 0));
+        for (row, acc) in acc.iter().enumerate() {
+            m[p * R + row].copy_from_slice(acc.as_flattened());
+        }
+    }
+    let plane_len = w * h;
+    for (g, at) in block.iter().enumerate() {
+        let Some((ty, tx0)) = *at else { break };
+        let x0 = WINO_OUT * tx0;
+        if x0 >= w {
+            continue;
+        }
+        let width = (w - x0).min(WINO_OUT * LANES);
+        for row in 0..R {
+            let bias = simd::splat(bias(row));
+            let plane = &mut planes[row * plane_len..][..plane_len];
+            // Along y: along_y[a][k].
+            let mut along_y = [[simd::splat(0.0); WINO_IN]; WINO_OUT];
+            for k in 0..WINO_IN {
+                let points = std::array::from_fn(|l| {
+                    vector_of(&m[(l * WINO_IN + k) * R + row][g * LANES..])
+                });
+                for (a, y) in wino_output_1d(points).into_iter().enumerate() {
+                    along_y[a][k] = y;
+                }
+            }
+            for (a, along_y) in along_y.into_iter().enumerate() {
+                let oy = WINO_OUT * ty + a;
+                if oy >= h {
+                    break;
+                }
+                // Pixel 4t + b is lane t of y[b].
+                let y = wino_output_1d(along_y).map(|y| simd::add(y, bias));
+                simd::interleave4(y, &mut s.pixels);
+                plane[oy * w + x0..][..width].copy_from_slice(&s.pixels[..width]);
+            }
+        }
+    }
+}
