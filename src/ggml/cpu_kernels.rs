@@ -949,6 +949,24 @@ mod tests {
         }
     }
 
+    /// The f32 attention's 2^t: within 5e-7 (4 ulp) of f64's down to the clamp at -100, 2^-100
+    /// below it, never subnormal; exactly 1 at 0 (the row's largest score).
+    #[test]
+    fn softmax_exp2_is_accurate_and_clamped() {
+        let mut t = 0.0f32;
+        while t > -130.0 {
+            let ours = super::portable::exp2_softmax_for_tests(t) as f64;
+            let exact = 2f64.powf((t as f64).max(-100.0));
+            assert!(
+                (ours / exact - 1.0).abs() < 5e-7,
+                "2^{t} = {ours}, exact {exact}"
+            );
+            assert!((ours as f32).is_normal(), "2^{t} = {ours} is subnormal");
+            t -= 0.0173;
+        }
+        assert_eq!(super::portable::exp2_softmax_for_tests(0.0), 1.0);
+    }
+
     /// A kernel entry point (every instance's have this type).
     type Entry = fn(&[Src<'_>], &mut [f32], [usize; 4], Range<usize>, f32);
 

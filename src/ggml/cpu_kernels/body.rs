@@ -430,12 +430,24 @@ const VALUE_VECTORS: usize = if simd::REGISTERS >= 32 { 4 } else { 2 };
 /// (6,920 keys) streamed 1.8 MB of keys and of values from L3 for every few queries.
 const KEY_BLOCK: usize = 240;
 const _: () = assert!(KEY_BLOCK.is_multiple_of(SCORE_SPAN));
+/// The f32 kernel's score tile, transposed: `KEY_ROWS` keys by `QUERY_VECTORS` vectors of
+/// queries (6 x 2 = 12 accumulators with AVX2, 8 x 3 = 24 with AVX-512). Scores come out
+/// keys by queries, which is how the weighted values read them (a query per row of the
+/// tile, a key per step) and how the softmax wants them (a vector of queries per key: their
+/// maxima, exponentials and sums are element-wise, with no packing and no reduction across
+/// lanes).
+const KEY_ROWS: usize = if simd::REGISTERS >= 32 { 8 } else { 6 };
+const QUERY_VECTORS: usize = if simd::REGISTERS >= 32 { 3 } else { 2 };
+const QUERY_SPAN: usize = QUERY_VECTORS * LANES;
+const _: () = assert!(KEY_BLOCK.is_multiple_of(KEY_ROWS));
+const _: () = assert!(FLASH_QT.is_multiple_of(QUERY_SPAN) && FLASH_QT.is_multiple_of(VALUE_ROWS));
 
 /// Tokens `tokens` (planes of `out`, each [Dv, H]) of attention over `srcs` q [D, Tq, H],
 /// k [D, Tk, H] and v [Dv, Tk, H] (strided views with contiguous rows): per head and tile of
 /// queries, the keys block by block with a running (online) softmax, as flash attention does:
 /// each block's scores are exponentiated against the largest score so far, and when a later
-/// block raises it, the sums and weighted values so far are rescaled.
+/// block raises it, the sums and weighted values so far are rescaled. Scores are computed
+/// and kept keys by queries ([`KEY_ROWS`]).
 #[inline(always)]
 fn attention_tokens(
     srcs: &[Src<'_>],
@@ -447,25 +459,23 @@ fn attention_tokens(
     let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
     let [d, _, heads, _] = q.ne;
     let [dv, tk, _, _] = v.ne;
-    let scale = 1.0 / (d as f32).sqrt();
-    let blocks = tk.div_ceil(KEY_BLOCK);
-    let block_len = d * KEY_BLOCK;
-    let mut kt = vec![0.0f32; blocks * block_len];
-    let mut scores = vec![0.0f32; FLASH_QT * KEY_BLOCK];
+    let log2_scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+    // Keys of a head packed for the score tile, KEY_ROWS at a time (zeros past the last).
+    let key_groups = tk.div_ceil(KEY_ROWS);
+    let mut keys = vec![0.0f32; key_groups * KEY_ROWS * d];
+    // The tile's queries transposed, [d][FLASH_QT]; a block's scores, then probabilities,
+    // [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
+    let mut queries = vec![0.0f32; d * FLASH_QT];
+    let mut scores = vec![0.0f32; KEY_BLOCK * FLASH_QT];
     let mut acc = vec![0.0f32; FLASH_QT * dv];
-    // The tile's queries and a block's probabilities packed for the products, in groups of
-    // SCORE_ROWS and VALUE_ROWS rows.
-    let mut q_packed = vec![0.0f32; FLASH_QT.div_ceil(SCORE_ROWS) * SCORE_ROWS * d];
-    let p_group = VALUE_ROWS * KEY_BLOCK;
-    let mut p_packed = vec![0.0f32; FLASH_QT.div_ceil(VALUE_ROWS) * p_group];
     for h in 0..heads {
-        // K of this head transposed block by block: block b holds keys from b * KEY_BLOCK
-        // as d rows of KEY_BLOCK, kt[b][i][j] = k[b * KEY_BLOCK + j][i].
-        for j in 0..tk {
-            let row = &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
-            let dst = &mut kt[j / KEY_BLOCK * block_len + j % KEY_BLOCK..];
-            for (i, &x) in row.iter().enumerate() {
-                dst[i * KEY_BLOCK] = x;
+        for (g, dst) in keys.chunks_exact_mut(KEY_ROWS * d).enumerate() {
+            for r in 0..KEY_ROWS {
+                let j = g * KEY_ROWS + r;
+                let row = (j < tk).then(|| &k.data[j * k.nb[1] + h * k.nb[2]..][..d]);
+                for i in 0..d {
+                    dst[i * KEY_ROWS + r] = row.map_or(0.0, |row| row[i]);
+                }
             }
         }
         // The values of this head from their first row: row j at j * nb[1].
@@ -473,51 +483,77 @@ fn attention_tokens(
         let mut t0 = tokens.start;
         while t0 < tokens.end {
             let n = FLASH_QT.min(tokens.end - t0);
-            // Rows past `n` repeat the last one; their results are dropped.
-            let q_row = |r: usize| &q.data[(t0 + r.min(n - 1)) * q.nb[1] + h * q.nb[2]..][..d];
-            for (g, dst) in q_packed
-                .chunks_exact_mut(SCORE_ROWS * d)
-                .take(n.div_ceil(SCORE_ROWS))
-                .enumerate()
-            {
-                let rows: [&[f32]; SCORE_ROWS] = std::array::from_fn(|r| q_row(g * SCORE_ROWS + r));
-                pack_rows(&rows, d, dst);
+            let width = n.div_ceil(QUERY_SPAN) * QUERY_SPAN;
+            queries.fill(0.0);
+            for r in 0..n {
+                let row = &q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d];
+                for (i, &x) in row.iter().enumerate() {
+                    queries[i * FLASH_QT + r] = x;
+                }
             }
             let mut maxima = [f32::NEG_INFINITY; FLASH_QT];
             let mut sums = [0.0f64; FLASH_QT];
-            for (b, keys) in kt.chunks_exact(block_len).enumerate() {
-                let j0 = b * KEY_BLOCK;
+            for j0 in (0..tk).step_by(KEY_BLOCK) {
                 let len = KEY_BLOCK.min(tk - j0);
-                attention_scores(&mut scores, keys, KEY_BLOCK, len, d, n, &q_packed);
-                // A `for` loop, not `map(..).collect()`: the closure of an iterator adapter
-                // is compiled inside the adapter's own (generic, featureless) function when
-                // that is not inlined, so in a baseline build the softmax ran without AVX2 or
-                // FMA, 4x slower (what any heavy closure given to a std adapter risks here).
-                for r in 0..n {
-                    let s = &mut scores[r * KEY_BLOCK..][..len];
-                    let (max, sum) = softmax_block(s, scale, maxima[r]);
-                    if b > 0 && max > maxima[r] {
-                        let rescale = exp((maxima[r] - max) * scale);
-                        sums[r] *= rescale as f64;
-                        for a in &mut acc[r * dv..(r + 1) * dv] {
-                            *a *= rescale;
+                for kg in 0..len.div_ceil(KEY_ROWS) {
+                    let group = &keys[(j0 / KEY_ROWS + kg) * KEY_ROWS * d..][..KEY_ROWS * d];
+                    for c0 in (0..width).step_by(QUERY_SPAN) {
+                        let mut tile_acc = [[[0.0f32; LANES]; QUERY_VECTORS]; KEY_ROWS];
+                        tile(F32, &mut tile_acc, group, &queries[c0..], (d, FLASH_QT), (1, 0));
+                        for (r, t) in tile_acc.iter().enumerate() {
+                            scores[(kg * KEY_ROWS + r) * FLASH_QT + c0..][..QUERY_SPAN]
+                                .copy_from_slice(t.as_flattened());
                         }
                     }
-                    maxima[r] = max;
-                    sums[r] += sum;
                 }
-                for (g, dst) in p_packed
-                    .chunks_exact_mut(p_group)
-                    .take(n.div_ceil(VALUE_ROWS))
-                    .enumerate()
-                {
-                    let rows: [&[f32]; VALUE_ROWS] = std::array::from_fn(|r| {
-                        &scores[(g * VALUE_ROWS + r).min(n - 1) * KEY_BLOCK..][..len]
-                    });
-                    pack_rows(&rows, len, dst);
+                // The block's largest score per query, then the rescaling of what the
+                // earlier blocks summed where it raised the maximum.
+                let mut block_max = maxima;
+                for row in scores.chunks_exact(FLASH_QT).take(len) {
+                    for (m, &x) in block_max.iter_mut().zip(&row[..width]) {
+                        // A plain comparison: `f32::max`'s NaN rule costs a blend per lane.
+                        *m = if x > *m { x } else { *m };
+                    }
                 }
-                let values = (&v_head[j0 * v.nb[1]..], v.nb[1]);
-                attention_values(&mut acc, &p_packed, p_group, len, values, dv, n, b > 0);
+                if j0 > 0 {
+                    for r in 0..n {
+                        if block_max[r] > maxima[r] {
+                            let rescale = exp2_softmax((maxima[r] - block_max[r]) * log2_scale);
+                            sums[r] *= rescale as f64;
+                            for a in &mut acc[r * dv..(r + 1) * dv] {
+                                *a *= rescale;
+                            }
+                        }
+                    }
+                }
+                maxima = block_max;
+                let shift = maxima.map(|m| -m * log2_scale);
+                let mut block_sums = [0.0f32; FLASH_QT];
+                for row in scores.chunks_exact_mut(FLASH_QT).take(len) {
+                    let row = &mut row[..width];
+                    for ((x, &shift), s) in row.iter_mut().zip(&shift).zip(&mut block_sums) {
+                        *x = exp2_softmax(madd(*x, log2_scale, shift));
+                        *s += *x;
+                    }
+                }
+                for (sum, &b) in sums.iter_mut().zip(&block_sums) {
+                    *sum += b as f64;
+                }
+                // The weighted values: a query per tile row, its probabilities FLASH_QT apart.
+                let values = &v_head[j0 * v.nb[1]..];
+                for r0 in (0..n).step_by(VALUE_ROWS) {
+                    let p = (&scores[r0..], FLASH_QT);
+                    let mut c0 = 0;
+                    while c0 < dv {
+                        let accumulate = j0 > 0;
+                        let at = (r0, c0, dv);
+                        c0 += if dv - c0 >= VALUE_VECTORS * LANES {
+                            values_block::<VALUE_VECTORS>(&mut acc, p, (values, v.nb[1]), len, at, accumulate)
+                        } else {
+                            values_block::<1>(&mut acc, p, (values, v.nb[1]), len, at, accumulate)
+                        };
+                    }
+                }
             }
             for (r, &sum) in sums.iter().take(n).enumerate() {
                 let sum = sum as f32;
@@ -662,85 +698,28 @@ fn values_block_bf16<const C: usize>(
     C * LANES
 }
 
-/// `scores[r][j] = q_r · k_j` for the first `n` rows and the first `keys` keys (in whole
-/// spans), keys from `kt` [d][stride], scores rows `stride` apart, the queries packed for the
-/// tile in groups of SCORE_ROWS.
-#[inline(always)]
-fn attention_scores(
-    scores: &mut [f32],
-    kt: &[f32],
-    stride: usize,
-    keys: usize,
-    d: usize,
-    n: usize,
-    q_packed: &[f32],
-) {
-    for (g, r0) in (0..n).step_by(SCORE_ROWS).enumerate() {
-        let rows = &q_packed[g * SCORE_ROWS * d..][..SCORE_ROWS * d];
-        for j0 in (0..keys).step_by(SCORE_SPAN) {
-            let mut acc = [[[0.0f32; LANES]; SCORE_VECTORS]; SCORE_ROWS];
-            tile(F32, &mut acc, rows, &kt[j0..], (d, stride), (1, 0));
-            for (r, acc) in acc.iter().enumerate().take(n - r0) {
-                scores[(r0 + r) * stride + j0..][..SCORE_SPAN].copy_from_slice(acc.as_flattened());
-            }
-        }
-    }
-}
-
-/// `acc[r] (+)= Σ_j p[r][j] v_j` for the first `n` rows of probabilities `p` (`keys` of
-/// them a row, packed for the tile in groups of VALUE_ROWS rows, `group` values apart),
-/// value row `j` of `dv` values at `j * v_stride` of `v`; added to what `acc` holds when
-/// `accumulate`, else replacing it.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn attention_values(
-    acc: &mut [f32],
-    p: &[f32],
-    group: usize,
-    keys: usize,
-    (v, v_stride): (&[f32], usize),
-    dv: usize,
-    n: usize,
-    accumulate: bool,
-) {
-    for (g, r0) in (0..n).step_by(VALUE_ROWS).enumerate() {
-        let rows = &p[g * group..][..VALUE_ROWS * keys];
-        let mut c0 = 0;
-        while c0 < dv {
-            let v = (v, v_stride);
-            c0 += if dv - c0 >= VALUE_VECTORS * LANES {
-                values_block::<VALUE_VECTORS>(acc, rows, keys, v, dv, n, r0, c0, accumulate)
-            } else {
-                values_block::<1>(acc, rows, keys, v, dv, n, r0, c0, accumulate)
-            };
-        }
-    }
-}
-
-/// Rows `r0..r0 + VALUE_ROWS` (probabilities `rows`, packed) and columns `c0..c0 + C * LANES`
-/// of [`attention_values`]; returns the columns done.
-#[allow(clippy::too_many_arguments)]
+/// Rows `r0..r0 + VALUE_ROWS` and columns `c0..c0 + C * LANES` of the weighted values
+/// `acc[r] (+)= Σ_j p[r][j] v_j` over `keys` keys: the probabilities of step j at
+/// `p[j * p_step..]`, value row j at `j * v_stride` of `v`; added to what `acc` holds when
+/// `accumulate`, else replacing it. Returns the columns done.
 #[inline(always)]
 fn values_block<const C: usize>(
     acc: &mut [f32],
-    rows: &[f32],
-    keys: usize,
+    p: (&[f32], usize),
     (v, v_stride): (&[f32], usize),
-    dv: usize,
-    n: usize,
-    r0: usize,
-    c0: usize,
+    keys: usize,
+    (r0, c0, dv): (usize, usize, usize),
     accumulate: bool,
 ) -> usize {
     let mut sums = [[[0.0f32; LANES]; C]; VALUE_ROWS];
     if accumulate {
-        for (r, s) in sums.iter_mut().enumerate().take(n - r0) {
+        for (r, s) in sums.iter_mut().enumerate() {
             s.as_flattened_mut()
                 .copy_from_slice(&acc[(r0 + r) * dv + c0..][..C * LANES]);
         }
     }
-    tile(F32, &mut sums, rows, &v[c0..], (keys, v_stride), (1, 0));
-    for (r, s) in sums.iter().enumerate().take(n - r0) {
+    tile_a_strided(F32, &mut sums, p, &v[c0..], (keys, v_stride), (1, 0));
+    for (r, s) in sums.iter().enumerate() {
         acc[(r0 + r) * dv + c0..][..C * LANES].copy_from_slice(s.as_flattened());
     }
     C * LANES
@@ -790,6 +769,31 @@ fn exp_and_sum(s: &mut [f32], scale: f32, max: f32) -> f64 {
     }
     // The lanes and the tail summed in f64.
     s[whole..].iter().chain(&lanes).map(|&x| x as f64).sum()
+}
+
+/// 2^t for t <= 0, to 5e-7 relative (a degree-5 fit of 2^f on [-1/2, 1/2] and an exponent
+/// built from bits), for the f32 attention's softmax: e^(s (x - m)) is 2^(x c - m c) with
+/// c = s log2(e) folded into one multiply-add per score, half the instructions of [`exp`].
+/// Arguments below -100 give 2^-100 (not 0, and never a subnormal: see
+/// [`EXP_FLUSH_BELOW`]), 1e-30 of the row's largest probability.
+#[inline(always)]
+fn exp2_softmax(t: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    let t = t.max(-100.0);
+    let shifted = t + SHIFT;
+    let f = t - (shifted - SHIFT);
+    let c = [
+        1.326_091_5e-3,
+        9.670_18e-3,
+        5.550_712_3e-2,
+        2.402_222_5e-1,
+        // The fit's linear term was within 2e-7 of ln 2.
+        std::f32::consts::LN_2,
+        1.0,
+    ];
+    let p = c.iter().fold(0.0, |acc, &c| madd(acc, f, c));
+    let n_bits = shifted.to_bits().wrapping_sub(SHIFT.to_bits());
+    p * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 /// Below this, [`exp`] is 0: a softmax probability under e^-60 (1e-26 of the row's largest)
@@ -1252,12 +1256,27 @@ fn tile<P: Products, const R: usize, const C: usize>(
     outer: (usize, usize),
     inner: (usize, usize),
 ) {
+    tile_a_strided(products, acc, (a, R), b, outer, inner)
+}
+
+/// [`tile`] with the `R` row values of step `i` at `a[i * a_step..]`: the packing of `a`
+/// with `a_step` = R, or rows that already lie that way in a wider matrix (attention's
+/// probabilities, keys by queries).
+#[inline(always)]
+fn tile_a_strided<P: Products, const R: usize, const C: usize>(
+    products: P,
+    acc: &mut [[[f32; LANES]; C]; R],
+    (a, a_step): (&[P::Scalar], usize),
+    b: &[f32],
+    outer: (usize, usize),
+    inner: (usize, usize),
+) {
     let steps = outer.0 * inner.0;
     if steps == 0 {
         return;
     }
     let last_read = (outer.0 - 1) * outer.1 + (inner.0 - 1) * inner.1 + C * LANES;
-    assert!(b.len() >= last_read && a.len() >= steps * R);
+    assert!(b.len() >= last_read && a_step >= R && a.len() >= (steps - 1) * a_step + R);
     // Called through an opaque pointer: `#[inline(never)]` alone did not keep every instance
     // out of line in builds without `target-cpu` (`nm` showed 2 of about 10 left), and the
     // reason for a loop of its own (sums not competing with the kernel's registers) then
@@ -1265,14 +1284,14 @@ fn tile<P: Products, const R: usize, const C: usize>(
     let run_steps: TileSteps<P, R, C> = std::hint::black_box(tile_steps::<P, R, C>);
     // SAFETY: the assertion is what `tile_steps` needs; the instruction set of this instance
     // is present, since its code runs only inside its `run` functions.
-    unsafe { run_steps(products, acc, a, b, outer, inner) }
+    unsafe { run_steps(products, acc, (a, a_step), b, outer, inner) }
 }
 
 /// The type of [`tile_steps`] as a function pointer.
 type TileSteps<P, const R: usize, const C: usize> = unsafe fn(
     P,
     &mut [[[f32; LANES]; C]; R],
-    &[<P as Products>::Scalar],
+    (&[<P as Products>::Scalar], usize),
     &[f32],
     (usize, usize),
     (usize, usize),
@@ -1296,19 +1315,19 @@ instance_features! {
 ///
 /// # Safety
 /// `b` holds `(outer - 1) * outer_stride + (inner - 1) * inner_stride + C * LANES` values,
-/// `a` `outer * inner * R` values, and the CPU has this instance's features.
+/// `a` `(outer * inner - 1) * a_step + R` values, and the CPU has this instance's features.
 #[inline(never)]
 unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
     _products: P,
     acc: &mut [[[f32; LANES]; C]; R],
-    a: &[P::Scalar],
+    (a, a_step): (&[P::Scalar], usize),
     b: &[f32],
     (outer, outer_stride): (usize, usize),
     (inner, inner_stride): (usize, usize),
 ) {
-    // SAFETY: as the caller promises, every read is in bounds: step (o, n) loads C vectors
-    // from `b` at o * outer_stride + n * inner_stride and R values below `outer * inner * R`
-    // from `a`; `acc` holds R x C vectors of LANES values.
+    // SAFETY: as the caller promises, every read is in bounds: step i = (o, n) loads C
+    // vectors from `b` at o * outer_stride + n * inner_stride and the R values from
+    // i * a_step of `a`; `acc` holds R x C vectors of LANES values.
     unsafe {
         let mut c: [[simd::F; C]; R] =
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
@@ -1330,7 +1349,7 @@ unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
             for _ in 0..outer {
                 step(&mut c, ap, bp);
                 bp = bp.add(outer_stride);
-                ap = ap.add(R);
+                ap = ap.add(a_step);
             }
         } else {
             for o in 0..outer {
@@ -1338,7 +1357,7 @@ unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
                 for _ in 0..inner {
                     step(&mut c, ap, bp);
                     bp = bp.add(inner_stride);
-                    ap = ap.add(R);
+                    ap = ap.add(a_step);
                 }
             }
         }
@@ -1426,6 +1445,13 @@ fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
         }
     }
     lanes.iter().sum::<f64>() + values[whole..].iter().map(|&v| f(v)).sum::<f64>()
+}
+
+/// [`exp2_softmax`] for the unit tests of `cpu_kernels.rs`.
+#[cfg(test)]
+#[allow(dead_code)]
+pub(super) fn exp2_softmax_for_tests(t: f32) -> f32 {
+    exp2_softmax(t)
 }
 
 /// [`exp`] for the unit tests of `cpu_kernels.rs`.
