@@ -127,6 +127,12 @@ impl BadModelCase {
 
 // --- da3 repro ---------------------------------------------------------------------------------
 
+/// The largest relative difference allowed between the planned path's depth (ggml's ops, on
+/// the RPC server) and the CPU's (this crate's kernels): different kernels, and the CPU's 3x3
+/// convolutions by Winograd's F(4x4, 3x3), which round at 3e-6 of each convolution's largest
+/// output (2e-5 in depth at 504 px, 6e-6 with `DA3_WINOGRAD=off`).
+const CPU_VS_GGML_MAX_REL: f64 = 5e-5;
+
 /// The value after `max rel ` in the planned path's comparison line.
 fn max_rel(stdout: &str) -> f64 {
     let line = stdout
@@ -174,7 +180,11 @@ fn repro_unchecked_child_fails_and_routed_plan_matches_cpu() {
     assert!(run.stdout.contains("policy Route"), "{}", run.context());
     assert_names_crash_tensors(&run);
     let rel = max_rel(&run.stdout);
-    assert!(rel <= 1e-5, "max rel {rel}\n{}", run.context());
+    assert!(
+        rel <= CPU_VS_GGML_MAX_REL,
+        "max rel {rel}\n{}",
+        run.context()
+    );
     assert!(
         run.stdout
             .contains("planned path correct; unchecked path failed"),
@@ -188,7 +198,11 @@ fn repro_with_defaults_runs_the_crash_scenario() {
     let run = da3(&["repro"]);
     assert_success(&run);
     assert!(run.stdout.contains("policy Route"), "{}", run.context());
-    assert!(max_rel(&run.stdout) <= 1e-5, "{}", run.context());
+    assert!(
+        max_rel(&run.stdout) <= CPU_VS_GGML_MAX_REL,
+        "{}",
+        run.context()
+    );
 }
 
 #[test]
@@ -204,7 +218,11 @@ fn repro_mirror_uploads_and_matches_cpu() {
     assert!(decision.contains("-> mirror"), "{}", run.context());
     assert_names_crash_tensors(&run);
     let rel = max_rel(&run.stdout);
-    assert!(rel <= 1e-5, "max rel {rel}\n{}", run.context());
+    assert!(
+        rel <= CPU_VS_GGML_MAX_REL,
+        "max rel {rel}\n{}",
+        run.context()
+    );
 }
 
 #[test]
