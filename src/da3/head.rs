@@ -2,15 +2,77 @@
 //! `[W, H, C, 1]` (ggml order).
 
 use super::config::{HeadConfig, HeadKind};
+use super::preprocess;
 use super::weights::{Conv, ConvTranspose, Linear, Loader, Norm};
 use super::Error;
-use crate::ggml::{Context, Interpolation, Tensor, TensorView};
+use crate::ggml::{Context, DType, Interpolation, Tensor, TensorView};
 
 /// Host-computed inputs that depend only on the resolution: the 0.1 x UV embeddings added
 /// after projection (one per stage, at the patch grid) and at the output resolution.
 pub struct HeadConstants {
     pub stage_uv: Vec<Tensor>,
-    pub output_uv: Option<Tensor>,
+    pub output_uv: Option<UvEmbedding>,
+}
+
+/// The 0.1 x UV embedding of a full-resolution map, kept as its two factors
+/// ([`preprocess::uv_embedding_factors`]): a `[W, 1, C, 1]` and a `[1, H, C, 1]` tensor added
+/// by broadcast, the same values as the `[W, H, C, 1]` map (43 MB for da3-base's output at
+/// 504x336, which the graph's constants would otherwise hold for as long as the graph lives).
+pub struct UvEmbedding {
+    along_x: Tensor,
+    along_y: Tensor,
+    channels: usize,
+}
+
+impl UvEmbedding {
+    /// Declares the factors of a `width x height x channels` map in `ctx` (allocated by the
+    /// caller, then [`write`](Self::write)).
+    pub fn declare(
+        ctx: &Context,
+        width: usize,
+        height: usize,
+        channels: usize,
+    ) -> Result<UvEmbedding, Error> {
+        let c = channels as i64;
+        Ok(UvEmbedding {
+            along_x: ctx.new_tensor(DType::F32, &[width as i64, 1, c, 1])?,
+            along_y: ctx.new_tensor(DType::F32, &[1, height as i64, c, 1])?,
+            channels,
+        })
+    }
+
+    /// Writes the factors for an image of aspect ratio `aspect` (`W / H` of the processed
+    /// image, as the official code passes it).
+    pub fn write(&self, ctx: &Context, aspect: f64) -> Result<(), Error> {
+        let (w, h) = (self.along_x.ne()[0], self.along_y.ne()[1]);
+        let factors =
+            preprocess::uv_embedding_factors(w as usize, h as usize, self.channels, aspect)?;
+        let scaled = |v: Vec<f32>| v.into_iter().map(|v| v * 0.1).collect::<Vec<f32>>();
+        ctx.write(&self.along_x, &scaled(factors.along_x))?;
+        ctx.write(&self.along_y, &scaled(factors.along_y))?;
+        Ok(())
+    }
+
+    /// `map` (`[W, H, C, views]`) plus the embedding.
+    pub fn add_to(&self, g: &Context, map: &Tensor) -> Result<Tensor, Error> {
+        Ok(g.add_separable(map, &self.along_x, &self.along_y)?)
+    }
+
+    /// `map` resized to the embedding's size (bilinear, aligned corners) plus the embedding:
+    /// one pass on the CPU.
+    pub fn resize_and_add(&self, g: &Context, map: &Tensor) -> Result<Tensor, Error> {
+        let [_, _, c, n] = map.ne();
+        let (w, h) = (self.along_x.ne()[0], self.along_y.ne()[1]);
+        Ok(g.interpolate_add_separable(
+            map,
+            [w, h, c, n],
+            Interpolation::Bilinear {
+                align_corners: true,
+            },
+            &self.along_x,
+            &self.along_y,
+        )?)
+    }
 }
 
 /// Residual conv unit: `conv2(relu(conv1(relu(x)))) + x`.
@@ -209,16 +271,16 @@ impl Head {
             .named("fused");
         let out = self.out1.forward(g, &out)?;
         let [_, _, ch, n] = out.ne();
-        let mut out = g.interpolate(
-            &out,
-            [size.0, size.1, ch, n],
-            Interpolation::Bilinear {
-                align_corners: true,
-            },
-        )?;
-        if let (true, Some(uv)) = (self.cfg.pos_embed, &c.output_uv) {
-            out = g.add(&out, uv)?;
-        }
+        let out = match (self.cfg.pos_embed, &c.output_uv) {
+            (true, Some(uv)) => uv.resize_and_add(g, &out)?,
+            _ => g.interpolate(
+                &out,
+                [size.0, size.1, ch, n],
+                Interpolation::Bilinear {
+                    align_corners: true,
+                },
+            )?,
+        };
         let logits = self
             .out2b
             .forward(g, &g.relu(&self.out2a.forward(g, &out)?)?)?;
@@ -377,7 +439,7 @@ impl RayHead {
         &self,
         g: &Context,
         stages: &[Tensor],
-        uv: Option<&Tensor>,
+        uv: Option<&UvEmbedding>,
     ) -> Result<(Tensor, Tensor), Error> {
         let size_of = |t: &Tensor| (t.ne()[0], t.ne()[1]);
         let rn = stages;
@@ -389,7 +451,7 @@ impl RayHead {
             out = conv.forward(g, &out)?;
         }
         if let (true, Some(uv)) = (self.pos_embed, uv) {
-            out = g.add(&out, uv)?;
+            out = uv.add_to(g, &out)?;
         }
         let y = self.out2a.forward(g, &out)?;
         // LayerNorm over the channels: [W, H, C, N] -> [C, W, H, N] and back.

@@ -7,7 +7,7 @@
 
 use super::backbone::{AttentionKernel, Backbone, BackboneConstants, CameraEncoder};
 use super::config::{Config, HeadKind};
-use super::head::{CameraDecoder, Head, HeadConstants, RayHead};
+use super::head::{CameraDecoder, Head, HeadConstants, RayHead, UvEmbedding};
 use super::outputs::{fill_sky, Pose, Prediction};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{ConvKernels, LoadedWeights, Loader};
@@ -394,7 +394,7 @@ struct ResolutionConstants {
     pos: Tensor,
     positions: Vec<Tensor>,
     stage_uv: Vec<Tensor>,
-    output_uv: Option<Tensor>,
+    output_uv: Option<UvEmbedding>,
 }
 
 struct ResolutionGraph {
@@ -606,8 +606,7 @@ impl Session {
                 .iter()
                 .map(|&c| ctx.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
                 .collect::<Result<_, _>>()?;
-            let half = head.features as i64 / 2;
-            let output = ctx.new_tensor(DType::F32, &[width as i64, height as i64, half, 1])?;
+            let output = UvEmbedding::declare(&ctx, width, height, head.features / 2)?;
             (stages, Some(output))
         } else {
             (Vec::new(), None)
@@ -640,8 +639,7 @@ impl Session {
             c.ctx.write(t, &scaled_uv(gw, gh, channels, aspect)?)?;
         }
         if let Some(uv) = &c.output_uv {
-            c.ctx
-                .write(uv, &scaled_uv(width, height, head.features / 2, aspect)?)?;
+            uv.write(&c.ctx, aspect)?;
         }
         Ok(())
     }

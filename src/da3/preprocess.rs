@@ -1278,6 +1278,46 @@ pub fn uv_embedding_with_aspect(
     channels: usize,
     aspect_ratio: f64,
 ) -> Result<Vec<f32>, PreprocessError> {
+    let len = width
+        .checked_mul(height)
+        .and_then(|n| n.checked_mul(channels))
+        .ok_or(PreprocessError::TooLarge { width, height })?;
+    let UvFactors { along_x, along_y } =
+        uv_embedding_factors(width, height, channels, aspect_ratio)?;
+    let mut out = Vec::with_capacity(len);
+    for c in 0..channels {
+        if c < channels / 2 {
+            let row = &along_x[c * width..][..width];
+            for _ in 0..height {
+                out.extend_from_slice(row);
+            }
+        } else {
+            for &p in &along_y[c * height..][..height] {
+                out.extend(std::iter::repeat_n(p, width));
+            }
+        }
+    }
+    debug_assert_eq!(out.len(), len);
+    Ok(out)
+}
+
+/// [`uv_embedding_with_aspect`] as its two factors: the first half of its channels varies only
+/// along x and the second only along y, so the map is `along_x[c][x] + along_y[c][y]`.
+/// `along_x` is `[channels, width]` and `along_y` `[channels, height]` (channel-major), each
+/// zero in the other's half of the channels, so that two broadcast adds give the map's values
+/// exactly without a `width x height x channels` array.
+pub struct UvFactors {
+    pub along_x: Vec<f32>,
+    pub along_y: Vec<f32>,
+}
+
+/// The factors of [`uv_embedding_with_aspect`] (same arguments and errors).
+pub fn uv_embedding_factors(
+    width: usize,
+    height: usize,
+    channels: usize,
+    aspect_ratio: f64,
+) -> Result<UvFactors, PreprocessError> {
     if width == 0 || height == 0 {
         return Err(PreprocessError::EmptyImage { width, height });
     }
@@ -1287,11 +1327,9 @@ pub fn uv_embedding_with_aspect(
     if !(aspect_ratio.is_finite() && aspect_ratio > 0.0) {
         return Err(PreprocessError::UvAspect { aspect_ratio });
     }
-    let len = width
-        .checked_mul(height)
-        .and_then(|n| n.checked_mul(channels))
-        .filter(|_| width <= MAX_SIDE && height <= MAX_SIDE)
-        .ok_or(PreprocessError::TooLarge { width, height })?;
+    if width > MAX_SIDE || height > MAX_SIDE {
+        return Err(PreprocessError::TooLarge { width, height });
+    }
 
     let diag = (aspect_ratio * aspect_ratio + 1.0).powf(0.5);
     let (span_x, span_y) = (aspect_ratio / diag, 1.0 / diag);
@@ -1313,8 +1351,8 @@ pub fn uv_embedding_with_aspect(
     let sin = |a: f32| f64::from(a).sin() as f32;
     let cos = |a: f32| f64::from(a).cos() as f32;
 
-    let plane = width * height;
-    let mut out = Vec::with_capacity(len);
+    let mut along_x = vec![0.0; channels * width];
+    let mut along_y = vec![0.0; channels * height];
     for c in 0..channels {
         let (half, k) = (c / (2 * quarter), c % (2 * quarter));
         let (f, w): (fn(f32) -> f32, f32) = if k < quarter {
@@ -1322,19 +1360,16 @@ pub fn uv_embedding_with_aspect(
         } else {
             (cos, omega[k - quarter])
         };
-        if half == 0 {
-            let row: Vec<f32> = u.iter().map(|&p| f(p * w)).collect();
-            for _ in 0..height {
-                out.extend_from_slice(&row);
-            }
+        let (coords, factor, n) = if half == 0 {
+            (&u, &mut along_x, width)
         } else {
-            for &p in &v {
-                out.extend(std::iter::repeat_n(f(p * w), width));
-            }
+            (&v, &mut along_y, height)
+        };
+        for (out, &p) in factor[c * n..][..n].iter_mut().zip(coords) {
+            *out = f(p * w);
         }
     }
-    debug_assert_eq!(out.len(), plane * channels);
-    Ok(out)
+    Ok(UvFactors { along_x, along_y })
 }
 
 #[cfg(test)]
@@ -1656,6 +1691,27 @@ mod tests {
         // Same size: the official code returns the grid untouched.
         let same = resample_pos_embed(&grid, dim, sh, sw, sh, sw, 0.1).unwrap();
         assert_eq!(same, grid);
+    }
+
+    #[test]
+    fn uv_factors_add_up_to_the_embedding() {
+        for (w, h, ch, aspect) in [(7, 5, 8, 1.4), (36, 24, 32, 1.5), (5, 9, 4, 0.25)] {
+            let full = uv_embedding_with_aspect(w, h, ch, aspect).unwrap();
+            let UvFactors { along_x, along_y } = uv_embedding_factors(w, h, ch, aspect).unwrap();
+            for c in 0..ch {
+                for y in 0..h {
+                    for x in 0..w {
+                        let (ax, ay) = (along_x[c * w + x], along_y[c * h + y]);
+                        // Each factor is zero in the other's half, so the sum is exact.
+                        assert_eq!(if c < ch / 2 { ay } else { ax }, 0.0);
+                        assert_eq!(ax + ay, full[(c * h + y) * w + x], "c {c} y {y} x {x}");
+                    }
+                }
+            }
+        }
+        assert!(uv_embedding_factors(4, 3, 6, 1.0).is_err());
+        assert!(uv_embedding_factors(0, 3, 8, 1.0).is_err());
+        assert!(uv_embedding_factors(4, 3, 8, 0.0).is_err());
     }
 
     #[test]

@@ -645,9 +645,22 @@ impl Context {
 
     /// Bilinear resampling with aligned corners of the planes of `a` to `w` x `h`, as ggml's
     /// kernel computes it but with the per-column coordinates worked out once, not per value.
-    pub(super) fn cpu_bilinear_align_corners(&self, a: &Tensor, w: i64, h: i64) -> Result<Tensor> {
+    /// `a` resampled to `w` x `h` (bilinear, aligned corners; copied at its own size), plus
+    /// the separable `offset` (along x, along y) when given, in one pass. The offset's shapes
+    /// are the caller's to check ([`Context::interpolate_add_separable`]).
+    pub(super) fn cpu_bilinear_align_corners(
+        &self,
+        a: &Tensor,
+        w: i64,
+        h: i64,
+        offset: Option<(&Tensor, &Tensor)>,
+    ) -> Result<Tensor> {
         let ne = a.ne();
-        self.cpu_op("interpolate", &BILINEAR_ALIGNED, &[a], [w, h, ne[2], ne[3]])
+        let ne = [w, h, ne[2], ne[3]];
+        match offset {
+            Some((x, y)) => self.cpu_op("interpolate_add", &BILINEAR_ALIGNED, &[a, x, y], ne),
+            None => self.cpu_op("interpolate", &BILINEAR_ALIGNED, &[a], ne),
+        }
     }
 
     /// Whether [`Context::cpu_conv_2d_same`] computes this convolution.
@@ -1219,5 +1232,64 @@ pub(super) mod tests {
             });
             assert!(diff < 1e-6, "{from:?} -> {to:?}: {diff}");
         }
+    }
+
+    /// The fused resize-and-offset kernel against ggml's resampling and two broadcast adds:
+    /// a resize, a map of the target's own size (the offset alone), and a batch of two items
+    /// sharing one offset.
+    #[test]
+    fn separable_offset_matches_ggml_adds() {
+        let (c, mode) = (
+            4,
+            Interpolation::Bilinear {
+                align_corners: true,
+            },
+        );
+        for (from, to, n) in [
+            ([7, 5], [13, 9], 1),
+            ([13, 9], [13, 9], 1),
+            ([6, 4], [11, 7], 2),
+        ] {
+            let shapes: [&[i64]; 3] = [
+                &[from[0], from[1], c, n],
+                &[to[0], 1, c, 1],
+                &[1, to[1], c, 1],
+            ];
+            let diff = max_difference(&shapes, |g, t| {
+                g.interpolate_add_separable(&t[0], [to[0], to[1], c, n], mode, &t[1], &t[2])
+            });
+            assert!(diff < 1e-6, "{from:?} -> {to:?} x {n}: {diff}");
+        }
+        let shapes: [&[i64]; 3] = [&[5, 3, c, 1], &[5, 1, c, 1], &[1, 3, c, 1]];
+        let diff = max_difference(&shapes, |g, t| g.add_separable(&t[0], &t[1], &t[2]));
+        assert_eq!(diff, 0.0, "an add on both paths");
+    }
+
+    #[test]
+    fn separable_offset_checks_its_factors() {
+        let ctx = Context::metadata(8).unwrap();
+        ctx.use_cpu_kernels(true);
+        let map = ctx.new_tensor(DType::F32, &[5, 3, 4, 1]).unwrap();
+        let x = ctx.new_tensor(DType::F32, &[5, 1, 4, 1]).unwrap();
+        let wrong_y = ctx.new_tensor(DType::F32, &[1, 4, 4, 1]).unwrap();
+        let err = ctx
+            .add_separable(&map, &x, &wrong_y)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("interpolate_add_separable") && err.contains("[1, 3, 4, 1]"),
+            "{err}"
+        );
+        // The kernel path is one custom node; without the kernels, two of ggml's adds.
+        let y = ctx.new_tensor(DType::F32, &[1, 3, 4, 1]).unwrap();
+        assert_eq!(
+            ctx.add_separable(&map, &x, &y).unwrap().name(),
+            "interpolate_add"
+        );
+        ctx.use_cpu_kernels(false);
+        assert_ne!(
+            ctx.add_separable(&map, &x, &y).unwrap().name(),
+            "interpolate_add"
+        );
     }
 }

@@ -1435,6 +1435,66 @@ impl Context {
         self.result(raw, "pool_2d", &[a])
     }
 
+    /// `a` [W, H, C, N] plus a separable offset: `along_x` [W, 1, C, 1] added along each row
+    /// and `along_y` [1, H, C, 1] along each column, the same for every item of the batch.
+    /// On the CPU kernels one pass over `a` (two broadcast adds of ggml's would run its
+    /// one-value-per-call path for `along_y`); elsewhere two broadcast adds.
+    pub fn add_separable(&self, a: &Tensor, along_x: &Tensor, along_y: &Tensor) -> Result<Tensor> {
+        self.interpolate_add_separable(
+            a,
+            a.ne(),
+            Interpolation::Bilinear {
+                align_corners: true,
+            },
+            along_x,
+            along_y,
+        )
+    }
+
+    /// [`interpolate`](Self::interpolate) to `ne`, then [`add_separable`](Self::add_separable)
+    /// of `along_x` [ne0, 1, ne2, 1] and `along_y` [1, ne1, ne2, 1]; fused into the resampling
+    /// on the CPU kernels' bilinear path. A target of `a`'s own size adds without resampling.
+    pub fn interpolate_add_separable(
+        &self,
+        a: &Tensor,
+        ne: [i64; 4],
+        mode: Interpolation,
+        along_x: &Tensor,
+        along_y: &Tensor,
+    ) -> Result<Tensor> {
+        let op = "interpolate_add_separable";
+        require_dtype(op, a, &[DType::F32])?;
+        for (factor, want) in [
+            (along_x, [ne[0], 1, ne[2], 1]),
+            (along_y, [1, ne[1], ne[2], 1]),
+        ] {
+            require_dtype(op, factor, &[DType::F32])?;
+            if factor.ne() != want {
+                let reason = format!("an offset factor should be {want:?} for a result of {ne:?}");
+                return Err(mismatch(op, reason, &[a, factor]));
+            }
+        }
+        let bilinear = mode
+            == Interpolation::Bilinear {
+                align_corners: true,
+            };
+        let same_size = ne == a.ne();
+        if self.cpu_kernels()
+            && (bilinear || same_size)
+            && ne[2] == a.ne()[2]
+            && ne[3] == a.ne()[3]
+            && [a, along_x, along_y].iter().all(|t| t.is_contiguous())
+        {
+            return self.cpu_bilinear_align_corners(a, ne[0], ne[1], Some((along_x, along_y)));
+        }
+        let resampled = if same_size {
+            a.clone()
+        } else {
+            self.interpolate(a, ne, mode)?
+        };
+        self.add(&self.add(&resampled, along_x)?, along_y)
+    }
+
     /// Resamples an f32 tensor to `ne`.
     pub fn interpolate(&self, a: &Tensor, ne: [i64; 4], mode: Interpolation) -> Result<Tensor> {
         require_dtype("interpolate", a, &[DType::F32])?;
@@ -1454,7 +1514,7 @@ impl Context {
             && resizes_planes
             && a.is_contiguous()
         {
-            return self.cpu_bilinear_align_corners(a, ne[0], ne[1]);
+            return self.cpu_bilinear_align_corners(a, ne[0], ne[1], None);
         }
         let flag = sys::GGML_SCALE_FLAG_ALIGN_CORNERS;
         let mode = match mode {

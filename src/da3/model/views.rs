@@ -439,11 +439,7 @@ impl Session {
         let (aw, ah) = (8 * gw, 8 * gh);
         let half = shared.config.head.features / 2;
         let ray_uv = if with_rays && shared.config.head.pos_embed {
-            Some(
-                constants
-                    .ctx
-                    .new_tensor(DType::F32, &[aw as i64, ah as i64, half as i64, 1])?,
-            )
+            Some(UvEmbedding::declare(&constants.ctx, aw, ah, half)?)
         } else {
             None
         };
@@ -451,8 +447,7 @@ impl Session {
             .ctx
             .allocate_on(self.executor.device(), BufferUsage::Any)?;
         if let Some(uv) = &ray_uv {
-            let aspect = width as f64 / height as f64;
-            constants.ctx.write(uv, &scaled_uv(aw, ah, half, aspect)?)?;
+            uv.write(&constants.ctx, width as f64 / height as f64)?;
         }
         self.write_constants(&constants, width, height, views)?;
         let ResolutionConstants {

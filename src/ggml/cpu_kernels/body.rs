@@ -337,7 +337,10 @@ fn bilinear_taps(out_len: usize, in_len: usize) -> Vec<(usize, usize, f32)> {
 }
 
 /// Planes `planes` of a bilinear resampling with aligned corners (`srcs[0]` [W, H, C, N] to
-/// `ne`), value for value the formula of ggml's upscale kernel.
+/// `ne`), value for value the formula of ggml's upscale kernel; a map of the output's size is
+/// copied. With `srcs[1]` [W', 1, C, 1] and `srcs[2]` [1, H', C, 1] (the output's W' and H'),
+/// each plane of channel `c` then gets `srcs[1]`'s value of its column and `srcs[2]`'s of its
+/// row added (a separable offset such as DA3's UV embedding), in the same pass.
 #[inline(always)]
 fn bilinear_align_corners_planes(
     srcs: &[Src<'_>],
