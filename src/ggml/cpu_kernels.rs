@@ -270,9 +270,10 @@ macro_rules! entries {
     ($attr:meta) => {
         pub(super) mod run {
             use super::*;
-            // The direct convolution whatever the kernel's size, beside Winograd's.
+            // The direct convolution whatever the kernel's size, and Winograd's whatever the
+            // map's, for the tests that compare them.
             #[cfg(test)]
-            entries!(@each $attr; conv_direct_planes);
+            entries!(@each $attr; conv_direct_planes conv_winograd_planes);
             entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
                 bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
                 attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows
@@ -1065,26 +1066,29 @@ mod tests {
         avx2_conv_direct = avx2::conv_direct_planes;
         avx2vnni_conv_direct = avx2vnni::conv_direct_planes;
         avx512_conv_direct = avx512::conv_direct_planes;
+        avx2_conv_winograd = avx2::conv_winograd_planes;
+        avx2vnni_conv_winograd = avx2vnni::conv_winograd_planes;
+        avx512_conv_winograd = avx512::conv_winograd_planes;
     }
 
-    /// Each instance's convolution entry (Winograd's for 3x3 kernels) and its direct kernel.
+    /// Each instance's Winograd convolution and its direct kernel.
     fn convolution_instances() -> Vec<(&'static str, Entry, Entry)> {
         let mut sets: Vec<(&'static str, Entry, Entry)> = vec![(
             "portable",
-            super::portable::run::conv_same_planes,
+            super::portable::run::conv_winograd_planes,
             super::portable::run::conv_direct_planes,
         )];
         #[cfg(target_arch = "x86_64")]
         if KernelSet::detect() != KernelSet::Portable {
-            sets.push(("avx2", avx2_conv, avx2_conv_direct));
+            sets.push(("avx2", avx2_conv_winograd, avx2_conv_direct));
         }
         #[cfg(target_arch = "x86_64")]
         if super::avx2_vnni_detected() {
-            sets.push(("avx2vnni", avx2vnni_conv, avx2vnni_conv_direct));
+            sets.push(("avx2vnni", avx2vnni_conv_winograd, avx2vnni_conv_direct));
         }
         #[cfg(target_arch = "x86_64")]
         if KernelSet::detect() == KernelSet::Avx512Bf16 {
-            sets.push(("avx512bf16", avx512_conv, avx512_conv_direct));
+            sets.push(("avx512bf16", avx512_conv_winograd, avx512_conv_direct));
         }
         sets
     }
@@ -1141,6 +1145,34 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The convolution entry runs Winograd only on maps of at least `WINO_MIN_TILES` tiles
+    /// (here 130x40: 330 or more once rows are padded to vectors) and the direct kernel on
+    /// smaller ones (17x6: 5 to 16), where transforming the kernels costs more than it saves.
+    #[test]
+    fn convolutions_take_winograd_only_on_large_maps() {
+        let (ic, oc) = (3, 5);
+        let kernel = values(9 * ic * oc, 21);
+        for (w, h, large) in [(17, 6, false), (130, 40, true)] {
+            let input = values(w * h * ic, 22);
+            let srcs = [src(&kernel, [3, 3, ic, oc]), src(&input, [w, h, ic, 1])];
+            let run = |entry: Entry| {
+                let mut out = vec![f32::NAN; w * h * oc];
+                entry(&srcs, &mut out, [w, h, oc, 1], 0..oc, 0.0);
+                out
+            };
+            let same = run(super::portable::run::conv_same_planes);
+            let (winograd, direct) = (
+                run(super::portable::run::conv_winograd_planes),
+                run(super::portable::run::conv_direct_planes),
+            );
+            assert_ne!(
+                winograd, direct,
+                "the two must differ in rounding to tell them apart"
+            );
+            assert_eq!(same, if large { winograd } else { direct }, "{w}x{h}");
         }
     }
 

@@ -121,7 +121,8 @@ fn conv_same_planes(
     _param: f32,
 ) {
     let [kw, kh, ..] = srcs[0].ne;
-    if (kw, kh) == (3, 3) && super::winograd_convolutions() {
+    let [w, h, ..] = srcs[1].ne;
+    if (kw, kh) == (3, 3) && super::winograd_convolutions() && winograd_pays(w, h) {
         conv3x3_winograd_planes(srcs, out, channels)
     } else {
         conv_planes(srcs, out, channels, false)
@@ -140,6 +141,20 @@ fn conv_direct_planes(
     _param: f32,
 ) {
     conv_planes(srcs, out, channels, false)
+}
+
+/// [`conv_same_planes`] of a 3x3 kernel by Winograd whatever the map's size (for the tests
+/// that set it beside the direct kernel).
+#[cfg(test)]
+#[inline(always)]
+fn conv_winograd_planes(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    _ne: [usize; 4],
+    channels: Range<usize>,
+    _param: f32,
+) {
+    conv3x3_winograd_planes(srcs, out, channels)
 }
 
 /// [`conv_same_planes`] with bf16 products: the input rows of each pair of (channel, ky)
@@ -352,20 +367,37 @@ fn bilinear_align_corners_planes(
     let [iw, ih, _, _] = srcs[0].ne;
     let (ow, oh) = (ne[0], ne[1]);
     let (xs, ys) = (bilinear_taps(ow, iw), bilinear_taps(oh, ih));
+    let offset = match srcs {
+        [_, along_x, along_y] => Some((along_x.data, along_y.data, along_x.ne[2])),
+        _ => None,
+    };
     // Separable: every input row resampled across once (the gathers), then each output row
     // is a blend of two of those rows, a loop that vectorises.
-    let mut across = vec![0.0f32; ih * ow];
+    let mut across = vec![0.0f32; if (iw, ih) == (ow, oh) { 0 } else { ih * ow }];
     for (plane, out) in planes.zip(out.chunks_exact_mut(ow * oh)) {
         let src = &srcs[0].data[plane * iw * ih..][..iw * ih];
-        for (row, dst) in src.chunks_exact(iw).zip(across.chunks_exact_mut(ow)) {
-            for (&(x0, x1, dx), d) in xs.iter().zip(dst) {
-                *d = madd(row[x1] - row[x0], dx, row[x0]);
+        if (iw, ih) == (ow, oh) {
+            out.copy_from_slice(src);
+        } else {
+            for (row, dst) in src.chunks_exact(iw).zip(across.chunks_exact_mut(ow)) {
+                for (&(x0, x1, dx), d) in xs.iter().zip(dst) {
+                    *d = madd(row[x1] - row[x0], dx, row[x0]);
+                }
+            }
+            for (&(y0, y1, dy), out) in ys.iter().zip(out.chunks_exact_mut(ow)) {
+                let (r0, r1) = (&across[y0 * ow..][..ow], &across[y1 * ow..][..ow]);
+                for ((o, &a), &b) in out.iter_mut().zip(r0).zip(r1) {
+                    *o = madd(b - a, dy, a);
+                }
             }
         }
-        for (&(y0, y1, dy), out) in ys.iter().zip(out.chunks_exact_mut(ow)) {
-            let (r0, r1) = (&across[y0 * ow..][..ow], &across[y1 * ow..][..ow]);
-            for ((o, &a), &b) in out.iter_mut().zip(r0).zip(r1) {
-                *o = madd(b - a, dy, a);
+        if let Some((along_x, along_y, channels)) = offset {
+            let c = plane % channels;
+            let (along_x, along_y) = (&along_x[c * ow..][..ow], &along_y[c * oh..][..oh]);
+            for (out, &y) in out.chunks_exact_mut(ow).zip(along_y) {
+                for (o, &x) in out.iter_mut().zip(along_x) {
+                    *o = *o + x + y;
+                }
             }
         }
     }

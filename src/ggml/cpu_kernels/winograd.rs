@@ -22,6 +22,20 @@ const WINO_POINTS: usize = WINO_IN * WINO_IN;
 /// product of a point covers them.
 const WINO_TILES: usize = CONV_SPAN;
 
+/// Tiles (vector-padded, see [`conv3x3_winograd_planes`]) from which a map's convolution runs
+/// faster by Winograd than by the direct kernel. Below, transforming every kernel (36 values
+/// per input and output channel, per call) and the padding of short rows to whole vectors
+/// cost more than the products save: on DA3's head at 504x336 (2 threads, AVX-512 Zen 4) the
+/// 18x12 maps (48 tiles) ran 2.3x slower than direct and the 36x24 ones (96 tiles) 1.3x
+/// slower, while 72x48 (384 tiles) ran 1.4x faster.
+const WINO_MIN_TILES: usize = 256;
+
+/// Whether a `w` x `h` map is large enough for [`conv3x3_winograd_planes`] to pay.
+#[inline(always)]
+fn winograd_pays(w: usize, h: usize) -> bool {
+    w.div_ceil(WINO_OUT).div_ceil(LANES) * LANES * h.div_ceil(WINO_OUT) >= WINO_MIN_TILES
+}
+
 /// `Bᵀ d` on one axis of the patches of a vector of tiles.
 #[inline(always)]
 fn wino_input_1d([d0, d1, d2, d3, d4, d5]: [simd::F; WINO_IN]) -> [simd::F; WINO_IN] {
@@ -58,15 +72,21 @@ fn vector_of(values: &[f32]) -> simd::F {
     simd::from_lanes(lanes)
 }
 
-/// `G g` on one axis of a kernel.
+/// `G g` on one axis of a kernel. Multiplications by the rounded reciprocals, not divisions:
+/// a division by 6, 12 or 24 is not a multiplication in f32, and the compiler keeps it a
+/// division (several cycles each, not pipelined): with divisions, transforming the kernels took
+/// about 90 ns per (input, output) channel pair, more than the products on the head's
+/// smallest maps.
 #[inline(always)]
 fn wino_kernel_1d([g0, g1, g2]: [f32; 3]) -> [f32; WINO_IN] {
+    const SIXTH: f32 = 1.0 / 6.0;
+    let (a, b) = (g0 * (1.0 / 24.0) + g2 * SIXTH, g1 * (1.0 / 12.0));
     [
-        g0 / 4.0,
-        -(g0 + g1 + g2) / 6.0,
-        -(g0 - g1 + g2) / 6.0,
-        g0 / 24.0 + g1 / 12.0 + g2 / 6.0,
-        g0 / 24.0 - g1 / 12.0 + g2 / 6.0,
+        g0 * 0.25,
+        -(g0 + g1 + g2) * SIXTH,
+        -(g0 - g1 + g2) * SIXTH,
+        a + b,
+        a - b,
         g2,
     ]
 }
@@ -74,7 +94,14 @@ fn wino_kernel_1d([g0, g1, g2]: [f32; 3]) -> [f32; WINO_IN] {
 /// `G g Gᵀ` of a 3x3 kernel (`g[ky * 3 + kx]`), point `l * 6 + k` for row point `l`.
 #[inline(always)]
 fn wino_kernel(g: &[f32]) -> [f32; WINO_POINTS] {
-    let rows = [0, 1, 2].map(|ky| wino_kernel_1d([g[3 * ky], g[3 * ky + 1], g[3 * ky + 2]]));
+    // Plain calls, not `[0, 1, 2].map(..)`: the closure of `map` is compiled outside the
+    // instruction set's `target_feature` context and called per kernel, with a `vzeroupper`
+    // and a stall on its result each time (most of a small map's convolution on AVX-512).
+    let rows = [
+        wino_kernel_1d([g[0], g[1], g[2]]),
+        wino_kernel_1d([g[3], g[4], g[5]]),
+        wino_kernel_1d([g[6], g[7], g[8]]),
+    ];
     let mut u = [0.0; WINO_POINTS];
     for k in 0..WINO_IN {
         let column = wino_kernel_1d([rows[0][k], rows[1][k], rows[2][k]]);
@@ -131,11 +158,13 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
     }
     // Transformed kernels, point by point, each group's rows packed for the tile:
     // u[(p * oc + i) * ic + c * r + row] for the group (i, r).
+    // The rows of a group innermost, so that each point's `r` values of a channel, adjacent
+    // in `u`, are written together (a whole cache line per point, not one value per pass).
     let mut u = vec![0.0f32; WINO_POINTS * oc * ic];
     for &(i, r) in &groups {
-        for row in 0..r {
-            let o = channels.start + i + row;
-            for c in 0..ic {
+        for c in 0..ic {
+            for row in 0..r {
+                let o = channels.start + i + row;
                 let t = wino_kernel(&kernel.data[(o * ic + c) * 9..][..9]);
                 for (p, &x) in t.iter().enumerate() {
                     u[(p * oc + i) * ic + c * r + row] = x;
