@@ -225,9 +225,15 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
 }
 
 fn convolutions(cpu: &Backend) -> Result<(), Box<dyn Error>> {
+    // The small maps of DA3-base's head (stages 4 and 3 at 504x336: layer_rn, fusion), then
     // DA3-small's head, then DA3-base's (the largest of each level).
     for (w, h, ic, oc) in [
-        (144i64, 96i64, 64i64, 64i64),
+        (18i64, 12i64, 768i64, 128i64),
+        (18, 12, 128, 128),
+        (36, 24, 384, 128),
+        (36, 24, 128, 128),
+        (72, 48, 128, 128),
+        (144, 96, 64, 64),
         (288, 192, 64, 32),
         (504, 336, 32, 32),
         (144, 96, 128, 128),
