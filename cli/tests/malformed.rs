@@ -182,18 +182,22 @@ fn replacing_an_output_keeps_its_permissions() {
     assert_eq!(entries(&case.path("out")), ["d.pfm"], "no temporary left");
 }
 
-/// An interrupted run dies of its signal (not a panic) and leaves no file behind.
+/// An interrupted run dies of its signal (not a panic) and leaves no file behind. The signal
+/// goes once the run has logged its residency plan, i.e. with the graph built and the compute
+/// of a 2048-px image (over a second on any machine) ahead: a fixed delay raced the run on
+/// fast CPUs, which finished da3-tiny at 1400 px in 1.1 s.
 #[cfg(unix)]
 #[test]
 fn sigint_during_a_run_leaves_no_file() {
+    use std::io::BufRead;
     let case = Case::new();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
         .args([
             "depth",
             "--device",
             "cpu",
             "--process-res",
-            "1400",
+            "2048",
             "--pfm",
             "out/d.pfm",
             "--png",
@@ -204,16 +208,32 @@ fn sigint_during_a_run_leaves_no_file() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let (planned, plan_logged) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            if line.contains("residency:") {
+                let _ = planned.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    plan_logged
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the run logs its residency plan before computing");
     let status = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let exit = child.wait().unwrap();
+    let stderr = reader.join().unwrap();
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(out.status.signal(), Some(2), "died of SIGINT: {stderr}");
+    assert_eq!(exit.signal(), Some(2), "died of SIGINT: {stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(entries(&case.path("out")), Vec::<String>::new());
 }
