@@ -16,14 +16,32 @@ const CHAINS: usize = 12;
 fn chains<const W: usize>(iters: usize) -> f32 {
     let mut acc = [[1.0f32; W]; CHAINS];
     let (x, y) = (black_box([0.999_999f32; W]), black_box([1e-7f32; W]));
+    // Each chain a variable of its own, updated as a whole array: with a loop over an array
+    // of chains updated in place, LLVM's Zen 4 tuning vectorised across the chains with
+    // gathers and scatters (3 GFLOP/s instead of about 190).
+    let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7, mut a8, mut a9, mut a10, mut a11] =
+        acc;
     for _ in 0..iters {
-        for a in acc.iter_mut() {
-            for ((a, &x), &y) in a.iter_mut().zip(&x).zip(&y) {
-                *a = a.mul_add(x, y);
-            }
-        }
+        a0 = fma_lanes(a0, &x, &y);
+        a1 = fma_lanes(a1, &x, &y);
+        a2 = fma_lanes(a2, &x, &y);
+        a3 = fma_lanes(a3, &x, &y);
+        a4 = fma_lanes(a4, &x, &y);
+        a5 = fma_lanes(a5, &x, &y);
+        a6 = fma_lanes(a6, &x, &y);
+        a7 = fma_lanes(a7, &x, &y);
+        a8 = fma_lanes(a8, &x, &y);
+        a9 = fma_lanes(a9, &x, &y);
+        a10 = fma_lanes(a10, &x, &y);
+        a11 = fma_lanes(a11, &x, &y);
     }
+    acc = [a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11];
     acc.iter().flatten().sum()
+}
+
+#[inline(always)]
+fn fma_lanes<const W: usize>(a: [f32; W], x: &[f32; W], y: &[f32; W]) -> [f32; W] {
+    std::array::from_fn(|i| a[i].mul_add(x[i], y[i]))
 }
 
 fn gflops<const W: usize>(threads: usize, iters: usize) -> f64 {
