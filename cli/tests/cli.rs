@@ -702,6 +702,42 @@ fn devices_lists_the_cpu() {
     );
 }
 
+/// `da3 bench` on the built-in model: the thread count it reports (text and JSON) is the one
+/// it ran with, resolved from `--threads 0` (one per physical core) too, and two runs of one
+/// image agree.
+#[test]
+fn bench_reports_its_threads_and_stable_depth() {
+    let dir = tempfile::tempdir().unwrap();
+    let physical = da3::ggml::default_threads();
+    for (asked, used) in [("0", physical), ("1", 1)] {
+        let json = dir.path().join(format!("bench-{asked}.json"));
+        let run = da3(&[
+            "bench",
+            "--device",
+            "cpu",
+            "--process-res",
+            "140",
+            "--runs",
+            "1",
+            "--threads",
+            asked,
+            "--json",
+            path_str(&json),
+        ]);
+        assert_success(&run);
+        assert!(
+            run.stdout.contains(&format!("CPU, {used} threads,")),
+            "{}",
+            run.context()
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(report["threads"], used, "{report}");
+        assert_eq!(report["depth_drift_first_to_last"], 0.0, "{report}");
+        assert!(report["median_ms"].as_f64().unwrap() > 0.0, "{report}");
+    }
+}
+
 /// A mono-style model (DPT head with a sky head; tiny backbone so that the test is quick):
 /// `da3 depth` and the library's `predict` give the same post-processed depth bit for bit
 /// (the sky rule lives in the library, not in the CLI).

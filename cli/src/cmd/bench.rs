@@ -131,9 +131,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.model.describe(),
         model.model().config().name
     );
+    // `--threads 0` means one per physical core: say how many that was.
+    let threads = match args.device.threads {
+        0 => da3::ggml::default_threads(),
+        n => n,
+    };
     outln!(
-        "device     {device_name}, {} threads, {}x{} -> {}x{}",
-        args.device.threads,
+        "device     {device_name}, {threads} threads, {}x{} -> {}x{}",
         image.width,
         image.height,
         processed.width,
@@ -201,7 +205,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "depth_mean": depth_mean,
             "depth_drift_first_to_last": drift,
             "device": device_name,
-            "threads": args.device.threads,
+            "threads": threads,
             "cpu": da3::ggml::cpu_features(),
             "input": [image.width, image.height],
             "views": args.views,
