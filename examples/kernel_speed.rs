@@ -1,7 +1,8 @@
 //! The CPU kernels on DA3-small's shapes: the matrix products of a block, ggml's `mul_mat`
 //! against the packed-panel kernel (`Context::linear_panels`) in f32 and for q8_0 weights
 //! (int8 products), and the head's 3x3
-//! convolutions (the direct kernel of `Context::conv_2d_bias`), and attention of one view's
+//! convolutions (`Context::conv_2d_bias`: Winograd's F(4x4, 3x3) on maps of 256 tiles or more,
+//! the direct kernel below that or with `DA3_WINOGRAD=off`), and attention of one view's
 //! queries against the keys of 1 to 8 views (DA3-base's heads, the global blocks of a scene):
 //! `cargo run --release --example kernel_speed [threads] [products|convolutions|norms|attention]`.
 //! Medians of 20 computes (5 for attention).
