@@ -21,7 +21,6 @@ pub struct HeadConstants {
 pub struct UvEmbedding {
     along_x: Tensor,
     along_y: Tensor,
-    channels: usize,
 }
 
 impl UvEmbedding {
@@ -37,16 +36,15 @@ impl UvEmbedding {
         Ok(UvEmbedding {
             along_x: ctx.new_tensor(DType::F32, &[width as i64, 1, c, 1])?,
             along_y: ctx.new_tensor(DType::F32, &[1, height as i64, c, 1])?,
-            channels,
         })
     }
 
     /// Writes the factors for an image of aspect ratio `aspect` (`W / H` of the processed
     /// image, as the official code passes it).
     pub fn write(&self, ctx: &Context, aspect: f64) -> Result<(), Error> {
-        let (w, h) = (self.along_x.ne()[0], self.along_y.ne()[1]);
-        let factors =
-            preprocess::uv_embedding_factors(w as usize, h as usize, self.channels, aspect)?;
+        let [w, _, channels, _] = self.along_x.ne().map(|d| d as usize);
+        let h = self.along_y.ne()[1] as usize;
+        let factors = preprocess::uv_embedding_factors(w, h, channels, aspect)?;
         let scaled = |v: Vec<f32>| v.into_iter().map(|v| v * 0.1).collect::<Vec<f32>>();
         ctx.write(&self.along_x, &scaled(factors.along_x))?;
         ctx.write(&self.along_y, &scaled(factors.along_y))?;

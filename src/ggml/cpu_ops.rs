@@ -643,11 +643,11 @@ impl Context {
             && scale == 1.0 / (qn[0] as f32).sqrt()
     }
 
-    /// Bilinear resampling with aligned corners of the planes of `a` to `w` x `h`, as ggml's
-    /// kernel computes it but with the per-column coordinates worked out once, not per value.
-    /// `a` resampled to `w` x `h` (bilinear, aligned corners; copied at its own size), plus
-    /// the separable `offset` (along x, along y) when given, in one pass. The offset's shapes
-    /// are the caller's to check ([`Context::interpolate_add_separable`]).
+    /// Bilinear resampling with aligned corners of the planes of `a` to `w` x `h` (a copy at
+    /// its own size), as ggml's kernel computes it but with the per-column coordinates worked
+    /// out once, not per value; plus the separable `offset` (along x, along y) when given, in
+    /// the same pass. The offset's shapes are the caller's to check
+    /// ([`Context::interpolate_add_separable`]).
     pub(super) fn cpu_bilinear_align_corners(
         &self,
         a: &Tensor,

@@ -72,21 +72,15 @@ fn vector_of(values: &[f32]) -> simd::F {
     simd::from_lanes(lanes)
 }
 
-/// `G g` on one axis of a kernel. Multiplications by the rounded reciprocals, not divisions:
-/// a division by 6, 12 or 24 is not a multiplication in f32, and the compiler keeps it a
-/// division (several cycles each, not pipelined): with divisions, transforming the kernels took
-/// about 90 ns per (input, output) channel pair, more than the products on the head's
-/// smallest maps.
+/// `G g` on one axis of a kernel.
 #[inline(always)]
 fn wino_kernel_1d([g0, g1, g2]: [f32; 3]) -> [f32; WINO_IN] {
-    const SIXTH: f32 = 1.0 / 6.0;
-    let (a, b) = (g0 * (1.0 / 24.0) + g2 * SIXTH, g1 * (1.0 / 12.0));
     [
-        g0 * 0.25,
-        -(g0 + g1 + g2) * SIXTH,
-        -(g0 - g1 + g2) * SIXTH,
-        a + b,
-        a - b,
+        g0 / 4.0,
+        -(g0 + g1 + g2) / 6.0,
+        -(g0 - g1 + g2) / 6.0,
+        g0 / 24.0 + g1 / 12.0 + g2 / 6.0,
+        g0 / 24.0 - g1 / 12.0 + g2 / 6.0,
         g2,
     ]
 }
@@ -158,13 +152,11 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
     }
     // Transformed kernels, point by point, each group's rows packed for the tile:
     // u[(p * oc + i) * ic + c * r + row] for the group (i, r).
-    // The rows of a group innermost, so that each point's `r` values of a channel, adjacent
-    // in `u`, are written together (a whole cache line per point, not one value per pass).
     let mut u = vec![0.0f32; WINO_POINTS * oc * ic];
     for &(i, r) in &groups {
-        for c in 0..ic {
-            for row in 0..r {
-                let o = channels.start + i + row;
+        for row in 0..r {
+            let o = channels.start + i + row;
+            for c in 0..ic {
                 let t = wino_kernel(&kernel.data[(o * ic + c) * 9..][..9]);
                 for (p, &x) in t.iter().enumerate() {
                     u[(p * oc + i) * ic + c * r + row] = x;
