@@ -7,8 +7,8 @@
 //! `cargo run --release --example kernel_speed [threads] [products|convolutions|norms|attention]`.
 //! Medians of 20 computes (5 for attention).
 use da3::ggml::{
-    pack_linear_panels, pack_linear_panels_q8, quantize, Allocation, Backend, BufferUsage, Context,
-    DType, Gallocr, TensorView,
+    amx_bf16_tiles, pack_linear_panels, pack_linear_panels_bf16, pack_linear_panels_q8, quantize,
+    Allocation, Backend, BufferUsage, Context, DType, Gallocr, TensorView,
 };
 use std::error::Error;
 use std::time::Instant;
@@ -70,9 +70,12 @@ fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
     for views in [1i64, 2, 4, 8] {
         let tk = TQ * views;
         let mut results = Vec::new();
-        for fused in [true, false] {
+        // The fused kernel in f32, ggml's, then the fused kernel in bf16 (on AMX tiles, or
+        // vector products where they pay; f32 where neither).
+        for (fused, bf16) in [(true, false), (false, false), (true, true)] {
             let ctx = Context::metadata(8)?;
             ctx.use_cpu_kernels(true);
+            ctx.use_bf16_products(bf16);
             let q = ctx.new_tensor(DType::F32, &[D, TQ, HEADS])?;
             let k = ctx.new_tensor(DType::F32, &[D, tk, HEADS])?;
             let v = ctx.new_tensor(DType::F32, &[D, tk, HEADS])?;
@@ -102,13 +105,18 @@ fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
             let flop = 4.0 * (TQ * tk * D * HEADS) as f64;
             println!(
                 "attention [64 x 865 x 12] over {tk:5} keys ({views} views): {:<15} {ms:8.2} ms {:6.1} GFLOP/s",
-                if fused { "fused kernel" } else { "flash_attn_ext" },
+                match (fused, bf16) {
+                    (true, false) => "fused kernel",
+                    (false, _) => "flash_attn_ext",
+                    (true, true) => "fused bf16",
+                },
                 flop / ms / 1e6
             );
         }
         println!(
-            "  max difference {:.2e}",
-            max_difference(&results[0], &results[1])
+            "  max difference {:.2e}, bf16 against f32 {:.2e}",
+            max_difference(&results[0], &results[1]),
+            max_difference(&results[0], &results[2])
         );
     }
     Ok(())
@@ -171,24 +179,35 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
         let (packed, panel_shape) = pack_linear_panels(&weight, k, n)?;
         let q8 = quantize(DType::Q8_0, &weight, k)?;
         let (packed_q8, q8_shape) = pack_linear_panels_q8(&q8, k, n)?;
-        let w = Context::metadata(5)?;
+        let (packed_bf16, bf16_shape) = pack_linear_panels_bf16(&weight, k, n)?;
+        let w = Context::metadata(6)?;
         let a = w.new_tensor(DType::F32, &[k as i64, n as i64])?;
         let p = w.new_tensor(DType::F32, &panel_shape)?;
         let a_q8 = w.new_tensor(DType::Q8_0, &[k as i64, n as i64])?;
         let p_q8 = w.new_tensor(DType::I8, &q8_shape)?;
+        let p_bf16 = w.new_tensor(DType::I32, &bf16_shape)?;
         let bias = w.new_tensor(DType::F32, &[n as i64])?;
         w.allocate_on(cpu, BufferUsage::Weights)?;
         w.write(&a, &weight)?;
         w.write(&p, &packed)?;
         w.write_bytes(&a_q8, &q8)?;
         w.write_bytes(&p_q8, &packed_q8)?;
+        w.write(&p_bf16, &packed_bf16)?;
         w.write(&bias, &vec![0.25f32; n])?;
         let mut results = Vec::new();
+        // bf16 panels run on AMX tiles where the CPU has them, else on vectors (whether or
+        // not vector bf16 products pay on this CPU).
+        let bf16_name = if amx_bf16_tiles() {
+            "bf16 AMX"
+        } else {
+            "bf16 panels"
+        };
         for (name, weight, panels) in [
             ("ggml mul_mat", &a, false),
             ("linear_panels", &p, true),
             ("ggml q8_0", &a_q8, false),
             ("int8 panels", &p_q8, true),
+            (bf16_name, &p_bf16, true),
         ] {
             let ctx = Context::metadata(8)?;
             ctx.use_cpu_kernels(true);
@@ -216,10 +235,11 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
             );
         }
         println!(
-            "  max difference: f32 {:.2e}, q8_0 {:.2e}, q8_0 against f32 {:.2e}",
+            "  max difference: f32 {:.2e}, q8_0 {:.2e}, q8_0 against f32 {:.2e}, bf16 against f32 {:.2e}",
             max_difference(&results[0], &results[1]),
             max_difference(&results[2], &results[3]),
-            max_difference(&results[0], &results[3])
+            max_difference(&results[0], &results[3]),
+            max_difference(&results[0], &results[4])
         );
     }
     Ok(())

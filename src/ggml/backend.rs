@@ -407,11 +407,16 @@ pub fn ggml_version() -> String {
 pub fn cpu_features() -> String {
     let set = super::kernel_set();
     let kernels = if set.beats_ggml() {
+        let bf16 = if super::amx_bf16_tiles() {
+            "bf16 products on AMX tiles for f16 files' linear layers"
+        } else {
+            "bf16 products for f16 files"
+        };
         let products = match (super::linear_bf16(), super::linear_q8()) {
-            (true, true) => " (bf16 products for f16 files, int8 for quantised ones)",
-            (false, true) => " (int8 products for quantised files)",
-            (true, false) => " (bf16 products for f16 files)",
-            (false, false) => "",
+            (true, true) => format!(" ({bf16}, int8 for quantised ones)"),
+            (false, true) => " (int8 products for quantised files)".to_string(),
+            (true, false) => format!(" ({bf16})"),
+            (false, false) => String::new(),
         };
         format!("{}{products}", set.name())
     } else {

@@ -182,13 +182,21 @@ impl Context {
         self.inner.cpu_kernels.get()
     }
     /// Lets the CPU kernels built from now on (attention, convolution) multiply in bf16 with f32 sums
-    /// where the CPU has bf16 products ([`crate::ggml::linear_bf16`]): about twice as fast,
-    /// with about 2^-9 relative error per product. Has no effect elsewhere.
+    /// where that pays: attention on AMX tiles or where the CPU's vector bf16 products pay
+    /// (AMD's AVX512_BF16; Intel's issue at half the f32 rate), convolutions only in the
+    /// latter case. About twice as fast or more, with about 2^-9 relative error per product.
+    /// Has no effect elsewhere.
     pub fn use_bf16_products(&self, on: bool) {
         self.inner.bf16_products.set(on);
     }
-    pub(crate) fn bf16_products(&self) -> bool {
-        self.inner.bf16_products.get() && super::cpu_ops::linear_bf16()
+    /// Whether attention multiplies in bf16: on AMX tiles, or with vector products that pay.
+    pub(crate) fn bf16_attention(&self) -> bool {
+        self.inner.bf16_products.get()
+            && (super::cpu_ops::vector_bf16() || super::cpu_ops::amx_bf16_tiles())
+    }
+    /// Whether convolutions multiply in bf16 (vector products only, where they pay).
+    pub(crate) fn bf16_convolutions(&self) -> bool {
+        self.inner.bf16_products.get() && super::cpu_ops::vector_bf16()
     }
     /// Whether tensor data lives outside the pool.
     pub fn is_metadata_only(&self) -> bool {

@@ -9,6 +9,9 @@
 //! ([`kernel_set`]), not from the features the crate was built with. So a build for the
 //! baseline x86-64 target runs the AVX2 or AVX-512 kernels on a CPU that has them.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
+
 use super::cpu_ops::Src;
 use super::dtype::DType;
 use std::ops::Range;
@@ -130,6 +133,20 @@ pub fn bf16_products_pay() -> bool {
             std::env::var("DA3_BF16_PRODUCTS").ok().as_deref(),
         )
     })
+}
+
+/// Whether the linear layers' bf16 products run on AMX tiles (`cpu_kernels/amx.rs`): where
+/// the CPU has AMX-BF16, the OS grants the tile state and `DA3_AMX` is not `off`. The
+/// products of attention and convolutions stay vector ones ([`bf16_products_pay`]).
+pub fn amx_bf16_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        amx::bf16_tiles()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// [`bf16_products_pay`] from the CPU vendor string and the override.
@@ -312,6 +329,32 @@ mod avx512 {
             _mm512_loadu_ps,
             _mm512_storeu_ps
         );
+        /// The bf16 linear products run on AMX tiles where the CPU has them
+        /// ([`super::super::amx::bf16_tiles`]): every AMX CPU has this set's features.
+        pub const AMX_TILES: bool = true;
+        /// [`super::super::to_bf16_pairs`] 16 values per `vcvtneps2bf16`, which rounds to
+        /// nearest even as well (and flushes subnormals to zero).
+        #[inline(always)]
+        pub fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
+            let whole = src.len() / LANES * LANES;
+            for (chunk, words) in src[..whole]
+                .chunks_exact(LANES)
+                .zip(dst.chunks_exact_mut(LANES / 2))
+            {
+                // SAFETY: the load reads the 16 values of `chunk`, the store writes the 8
+                // words of `words`; the instruction set (avx512bf16) as for `splat`.
+                unsafe {
+                    let pairs = _mm512_cvtneps_pbh(_mm512_loadu_ps(chunk.as_ptr()));
+                    _mm256_storeu_si256(
+                        words.as_mut_ptr() as *mut __m256i,
+                        std::mem::transmute::<__m256bh, __m256i>(pairs),
+                    );
+                }
+            }
+            if let Some(rest) = dst.get_mut(whole / 2..) {
+                super::super::to_bf16_pairs(&src[whole..], rest);
+            }
+        }
         /// Values `4 i + j` of `src` (`4 * LANES` of them) as vector `j`, the `i`s in the
         /// lane order 0 4 8 12 1 5 9 13 2 6 10 14 3 7 11 15 (a 4 x 4 transpose per 128-bit
         /// quarter; see the AVX2 set's).
@@ -459,6 +502,9 @@ macro_rules! avx2_vectors {
             _mm256_storeu_ps
         );
         bf16_by_lanes!();
+        /// AMX tiles only with the AVX-512 set (every AMX CPU has it).
+        pub const AMX_TILES: bool = false;
+        pub(super) use super::super::to_bf16_pairs;
         /// Values `4 i + j` of `src` (`4 * LANES` of them) as vector `j`, the `i`s in the
         /// lane order 0 2 4 6 1 3 5 7 (two 4 x 4 transposes, one per 128-bit half; the
         /// Winograd transforms treat lanes alike, so their order does not matter as long as
@@ -653,6 +699,8 @@ mod portable {
         pub type F = [f32; LANES];
         pub const LANES: usize = 8;
         pub const REGISTERS: usize = 16;
+        pub const AMX_TILES: bool = false;
+        pub(super) use super::super::to_bf16_pairs;
         /// `mul_add` is one instruction only where the target has FMA (elsewhere a slow
         /// library call).
         pub const FMA: bool = cfg!(any(target_feature = "fma", target_arch = "aarch64"));
@@ -877,7 +925,7 @@ fn bf16_bits(x: f32) -> u32 {
 /// the same bits as converting the values in order, written word by word. Branch-free over
 /// whole pairs, so the loop vectorises.
 #[inline(always)]
-fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
+pub(super) fn to_bf16_pairs(src: &[f32], dst: &mut [u32]) {
     let whole = src.len() / 2;
     for (w, pair) in dst.iter_mut().zip(src.chunks_exact(2)) {
         *w = bf16_bits(pair[0]) | bf16_bits(pair[1]) << 16;

@@ -297,11 +297,24 @@ fn check_linear_weight(op: &'static str, w: &[f32], k: usize, n: usize) -> Resul
 }
 
 /// Whether this process computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
-/// where the CPU kernels are the AVX-512 BF16 set ([`kernel_set`]) and its bf16 products are
-/// faster than its f32 ones ([`cpu_kernels::bf16_products_pay`]). Decided at run time,
-/// whatever the build's target features.
+/// where the CPU kernels are the AVX-512 BF16 set ([`kernel_set`]) and either its vector bf16
+/// products are faster than its f32 ones ([`vector_bf16`]) or it multiplies on AMX tiles
+/// ([`amx_bf16_tiles`]). Decided at run time, whatever the build's target features.
 pub fn linear_bf16() -> bool {
+    kernel_set().has_bf16_products() && (cpu_kernels::bf16_products_pay() || amx_bf16_tiles())
+}
+
+/// Whether the vector kernels (attention, convolutions, and linear layers without AMX) gain
+/// by multiplying in bf16 on this CPU ([`cpu_kernels::bf16_products_pay`]): on AMD's
+/// AVX512_BF16, not on Intel's.
+pub(crate) fn vector_bf16() -> bool {
     kernel_set().has_bf16_products() && cpu_kernels::bf16_products_pay()
+}
+
+/// Whether the linear layers' bf16 products run on AMX tiles (Intel Xeons since Sapphire
+/// Rapids; `DA3_AMX=off` keeps the vector kernels).
+pub fn amx_bf16_tiles() -> bool {
+    kernel_set().has_bf16_products() && cpu_kernels::amx_bf16_tiles()
 }
 
 /// The CPU kernel set of this process (see [`KernelSet`]).
@@ -613,7 +626,7 @@ impl Context {
     /// Only for the cases [`Context::cpu_attention_applies`] accepts.
     pub(super) fn cpu_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let (qn, vn) = (q.ne(), v.ne());
-        let kernel = if self.bf16_products() {
+        let kernel = if self.bf16_attention() {
             &ATTENTION_BF16
         } else {
             &ATTENTION
@@ -696,7 +709,7 @@ impl Context {
         let (kn, inp) = (kernel.ne(), input.ne());
         let mut srcs = vec![kernel, input];
         srcs.extend(bias);
-        let kernel = if self.bf16_products() {
+        let kernel = if self.bf16_convolutions() {
             &CONV_SAME_BF16
         } else {
             &CONV_SAME
@@ -1187,9 +1200,10 @@ pub(super) mod tests {
         })
     }
 
-    /// Within `bound` of f32 where the CPU has bf16 products; identical where it has none.
-    fn assert_bf16_close(diff: f32, bound: f32, what: &str) {
-        if super::linear_bf16() {
+    /// Within `bound` of f32 where the op multiplies in bf16 on this CPU (`applies`);
+    /// identical where it does not.
+    fn assert_bf16_close(diff: f32, bound: f32, applies: bool, what: &str) {
+        if applies {
             assert!(diff > 0.0 && diff < bound, "{what}: {diff}");
         } else {
             assert_eq!(diff, 0.0, "{what}");
@@ -1202,7 +1216,9 @@ pub(super) mod tests {
         let (d, tq, tk, heads) = (64, 30, 61, 2);
         let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
         let diff = bf16_difference(&shapes, |g, t| g.attention(&t[0], &t[1], &t[2], 0.125));
-        assert_bf16_close(diff, 3e-2, "attention");
+        // On AMX tiles, or with vector products where those pay.
+        let applies = super::vector_bf16() || super::amx_bf16_tiles();
+        assert_bf16_close(diff, 3e-2, applies, "attention");
     }
 
     /// Odd tap counts leave a half-empty last pair; sums of up to 27 products.
@@ -1214,7 +1230,9 @@ pub(super) mod tests {
             let diff = bf16_difference(&shapes, |g, t| {
                 g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), (pad, pad), (1, 1))
             });
-            assert_bf16_close(diff, 0.1, &format!("{w}x{h}x{ic} -> {oc}, {k}x{k}"));
+            let what = format!("{w}x{h}x{ic} -> {oc}, {k}x{k}");
+            // Vector products only, where they pay (AMX tiles take no convolutions).
+            assert_bf16_close(diff, 0.1, super::vector_bf16(), &what);
         }
     }
 

@@ -51,8 +51,8 @@ pub use backend::{
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
 pub use cpu_ops::{
-    kernel_set, linear_bf16, linear_q8, pack_linear_panels, pack_linear_panels_bf16,
-    pack_linear_panels_q8, KernelSet, LINEAR_PANEL, LINEAR_Q8_RECORD,
+    amx_bf16_tiles, kernel_set, linear_bf16, linear_q8, pack_linear_panels,
+    pack_linear_panels_bf16, pack_linear_panels_q8, KernelSet, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};

@@ -4,7 +4,7 @@
 // is compiled inside those functions (with their features), not on its own for the baseline.
 
 use super::{
-    bf16_bits, bf16_pair, to_bf16_pairs, DType, Src, PANEL, Q8_BLOCK, Q8_CORRECTIONS, Q8_RECORD,
+    bf16_bits, bf16_pair, DType, Src, PANEL, Q8_BLOCK, Q8_CORRECTIONS, Q8_RECORD,
     Q8_SCALES,
 };
 use std::ops::Range;
@@ -615,6 +615,16 @@ fn attention_tokens_bf16(
     let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
     let [d, _, heads, _] = q.ne;
     let [dv, tk, _, _] = v.ne;
+    // AMX tiles take heads that fill whole tiles (DA3's heads of 64 do).
+    #[cfg(target_arch = "x86_64")]
+    if simd::AMX_TILES
+        && d.is_multiple_of(2 * super::amx::TILE_PAIRS)
+        && dv.is_multiple_of(super::amx::BLOCK)
+    {
+        if let Some(tiles) = super::amx::Tiles::configure() {
+            return attention_tokens_amx(&tiles, srcs, out, tokens);
+        }
+    }
     let (d2, tk2) = (d.div_ceil(2), tk.div_ceil(2));
     let scale = 1.0 / (d as f32).sqrt();
     let tk_pad = tk.div_ceil(SCORE_SPAN) * SCORE_SPAN;
@@ -649,7 +659,7 @@ fn attention_tokens_bf16(
         while t0 < tokens.end {
             let n = QT.min(tokens.end - t0);
             for (r, dst) in qp.chunks_exact_mut(d2).take(n).enumerate() {
-                to_bf16_pairs(&q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d], dst);
+                simd::to_bf16_pairs(&q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d], dst);
             }
             for r0 in (0..n).step_by(SCORE_ROWS) {
                 let rows: [&[u32]; SCORE_ROWS] =
@@ -679,7 +689,7 @@ fn attention_tokens_bf16(
                 .enumerate()
             {
                 sums[r] = softmax_in_place(&mut s[..tk], scale);
-                to_bf16_pairs(&s[..tk], dst);
+                simd::to_bf16_pairs(&s[..tk], dst);
             }
             for r0 in (0..n).step_by(VALUE_ROWS) {
                 let rows: [&[u32]; VALUE_ROWS] =
@@ -709,6 +719,83 @@ fn attention_tokens_bf16(
                 }
             }
             t0 += n;
+        }
+    }
+}
+
+/// [`attention_tokens_bf16`] on AMX tiles, for heads of a multiple of 32 values and value
+/// rows of a multiple of 32: per head, the keys transposed and the values paired once, as
+/// the vector kernel does (padded with zeros to blocks of 32 keys); per tile of 32 queries,
+/// their scores against every block of keys from the tiles, an exact softmax in f32, the
+/// probabilities as bf16 pairs (zero past the last key), and the weighted values from the
+/// tiles. Queries past the end of `tokens` repeat the last one; their results are dropped.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn attention_tokens_amx(
+    tiles: &super::amx::Tiles,
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    tokens: Range<usize>,
+) {
+    use super::amx::BLOCK;
+    let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
+    let [d, _, heads, _] = q.ne;
+    let [dv, tk, _, _] = v.ne;
+    let (d2, tk_pad) = (d / 2, tk.div_ceil(BLOCK) * BLOCK);
+    let tk2 = tk_pad / 2;
+    let log2_scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
+    // Words of bf16 pairs, in f32 slots for the tiles: kt[i][j] = (k_j[2i], k_j[2i + 1]),
+    // vp[j][c] = (v_2j[c], v_2j+1[c]); keys past `tk` are never written and stay zero.
+    let mut kt = vec![0.0f32; d2 * tk_pad];
+    let mut vp = vec![0.0f32; tk2 * dv];
+    let (mut qp, mut key) = (vec![0u32; BLOCK * d2], vec![0u32; d2]);
+    // Probabilities as bf16 pairs: pairs past the last key are never written and stay zero.
+    let mut pp = vec![0u32; BLOCK * tk2];
+    let mut scores = vec![0.0f32; BLOCK * tk_pad];
+    let mut acc = vec![0.0f32; BLOCK * dv];
+    for h in 0..heads {
+        for j in 0..tk {
+            simd::to_bf16_pairs(&k.data[j * k.nb[1] + h * k.nb[2]..][..d], &mut key);
+            for (i, &word) in key.iter().enumerate() {
+                kt[i * tk_pad + j] = f32::from_bits(word);
+            }
+        }
+        let v_row = |j: usize| &v.data[j * v.nb[1] + h * v.nb[2]..][..dv];
+        for (j2, dst) in vp.chunks_exact_mut(dv).take(tk.div_ceil(2)).enumerate() {
+            let (lo, hi) = (v_row(2 * j2), (2 * j2 + 1 < tk).then(|| v_row(2 * j2 + 1)));
+            for (c, w) in dst.iter_mut().enumerate() {
+                *w = f32::from_bits(bf16_pair(lo[c], hi.map_or(0.0, |hi| hi[c])));
+            }
+        }
+        for t0 in tokens.clone().step_by(BLOCK) {
+            let n = BLOCK.min(tokens.end - t0);
+            for (r, dst) in qp.chunks_exact_mut(d2).enumerate() {
+                let token = t0 + r.min(n - 1);
+                simd::to_bf16_pairs(&q.data[token * q.nb[1] + h * q.nb[2]..][..d], dst);
+            }
+            for j0 in (0..tk_pad).step_by(BLOCK) {
+                let keys = (&kt[j0..], tk_pad);
+                tiles.product_32x32((&qp, d2), keys, d2, (&mut scores[j0..], tk_pad));
+            }
+            let mut sums = [0.0f32; BLOCK];
+            for (r, (s, dst)) in scores
+                .chunks_exact(tk_pad)
+                .zip(pp.chunks_exact_mut(tk2))
+                .take(n)
+                .enumerate()
+            {
+                sums[r] = softmax_to_bf16_pairs(&s[..tk], log2_scale, dst);
+            }
+            for c0 in (0..dv).step_by(BLOCK) {
+                let values = (&vp[c0..], dv);
+                tiles.product_32x32((&pp, tk2), values, tk2, (&mut acc[c0..], dv));
+            }
+            for (r, sum) in sums.iter().enumerate().take(n) {
+                let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
+                for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
+                    *o = a / sum;
+                }
+            }
         }
     }
 }
@@ -779,6 +866,43 @@ fn softmax_block(s: &mut [f32], scale: f32, max: f32) -> (f32, f64) {
         .copied()
         .fold(max, f32::max);
     (max, exp_and_sum(s, scale, max))
+}
+
+/// The softmax of a row of scores, `p = 2^(log2_scale (s - max s))` by [`exp2_softmax`]
+/// (the probabilities are rounded to bf16, far coarser than its 5e-7), written as bf16
+/// pairs into `dst` (the last pair of an odd row zero in its high half); returns the sum of
+/// the f32 probabilities. One pass for the maximum, one for the rest.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn softmax_to_bf16_pairs(s: &[f32], log2_scale: f32, dst: &mut [u32]) -> f32 {
+    let whole = s.len() / V * V;
+    let mut lanes = [f32::NEG_INFINITY; V];
+    for chunk in s[..whole].chunks_exact(V) {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane = if x > *lane { x } else { *lane };
+        }
+    }
+    let max = s[whole..]
+        .iter()
+        .chain(&lanes)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let shift = -max * log2_scale;
+    let mut sums = [0.0f32; V];
+    for (chunk, words) in s[..whole].chunks_exact(V).zip(dst.chunks_exact_mut(V / 2)) {
+        let p: [f32; V] = std::array::from_fn(|i| exp2_softmax(madd(chunk[i], log2_scale, shift)));
+        for (sum, &p) in sums.iter_mut().zip(&p) {
+            *sum += p;
+        }
+        simd::to_bf16_pairs(&p, words);
+    }
+    let tail: Vec<f32> = s[whole..]
+        .iter()
+        .map(|&x| exp2_softmax(madd(x, log2_scale, shift)))
+        .collect();
+    simd::to_bf16_pairs(&tail, &mut dst[whole / 2..]);
+    let total: f64 = tail.iter().chain(&sums).map(|&x| x as f64).sum();
+    total as f32
 }
 
 /// `s = exp(scale (s - max s))` in place; returns the sum.
@@ -905,18 +1029,86 @@ fn linear_rows(
     // with a weight of bf16 pairs (and the pairs of one group before packing).
     let bf16 = srcs[0].dtype == DType::I32;
     let depth = if bf16 { k / 2 } else { k };
+    // AMX tiles take a bf16 weight whose depth fills whole tiles (every DA3 layer's does).
+    #[cfg(target_arch = "x86_64")]
+    let tiles = if bf16 && simd::AMX_TILES && depth.is_multiple_of(super::amx::TILE_PAIRS) {
+        super::amx::Tiles::configure()
+    } else {
+        None
+    };
+    #[cfg(target_arch = "x86_64")]
+    let vectors = tiles.is_none();
+    #[cfg(not(target_arch = "x86_64"))]
+    let vectors = true;
     let len = LINEAR_ROW_BLOCK.min(rows.len()).div_ceil(GEMM_ROWS) * GEMM_ROWS * depth;
     let mut packed = PackedRows {
         f32: vec![0.0; if bf16 { 0 } else { len }],
-        pairs: vec![0; if bf16 { len } else { 0 }],
-        group_pairs: vec![0; if bf16 { GEMM_ROWS * depth } else { 0 }],
+        pairs: vec![0; if bf16 && vectors { len } else { 0 }],
+        group_pairs: vec![0; if bf16 && vectors { GEMM_ROWS * depth } else { 0 }],
     };
     let mut start = rows.start;
     while start < rows.end {
         let end = (start + LINEAR_ROW_BLOCK).min(rows.end);
         let block = &mut out[(start - rows.start) * n..(end - rows.start) * n];
+        #[cfg(target_arch = "x86_64")]
+        if let Some(tiles) = &tiles {
+            linear_block_amx(tiles, srcs, block, ne, start..end, epilogue, &mut packed.pairs);
+            start = end;
+            continue;
+        }
         linear_block(srcs, block, ne, start..end, epilogue, &mut packed);
         start = end;
+    }
+}
+
+/// [`linear_block`] on AMX tiles, for a bf16 weight whose depth is a multiple of
+/// [`super::amx::TILE_PAIRS`]: the block's input rows as bf16 pairs, row by row, in groups
+/// of 32 (rows past the end repeat the last one; their results are dropped); per panel (32
+/// columns) and group, a 32 x 32 block of sums from the tiles, then the bias and the
+/// epilogue. `pairs` is the buffer the rows are converted into.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn linear_block_amx(
+    tiles: &super::amx::Tiles,
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    rows: Range<usize>,
+    epilogue: Epilogue,
+    pairs: &mut Vec<u32>,
+) {
+    use super::amx::BLOCK;
+    const _: () = assert!(PANEL == BLOCK, "a panel is one block of tile columns");
+    let (panels, x, bias) = (&srcs[0], &srcs[1], &srcs[2].data);
+    let (k, n, count) = (x.ne[0], ne[0], rows.len());
+    if count == 0 {
+        return;
+    }
+    let depth = k / 2;
+    let groups = count.div_ceil(BLOCK);
+    pairs.resize(groups * BLOCK * depth, 0);
+    for (r, row) in pairs.chunks_exact_mut(depth).enumerate() {
+        let source = rows.start + r.min(count - 1);
+        simd::to_bf16_pairs(&x.data[source * x.nb[1]..][..k], row);
+    }
+    let mut sums = [0.0f32; BLOCK * BLOCK];
+    // Each panel stays in L1/L2 while the block's groups of rows pass over it.
+    for (p, panel) in panels.data.chunks_exact(depth * PANEL).enumerate() {
+        let col = p * PANEL;
+        let bias = &bias[col..col + PANEL];
+        for g in 0..groups {
+            let group = &pairs[g * BLOCK * depth..][..BLOCK * depth];
+            tiles.product_32x32((group, depth), (panel, PANEL), depth, (&mut sums, BLOCK));
+            for r in 0..BLOCK.min(count - g * BLOCK) {
+                let acc = &mut sums[r * BLOCK..][..BLOCK];
+                for (a, &b) in acc.iter_mut().zip(bias) {
+                    *a += b;
+                }
+                let row = g * BLOCK + r;
+                apply_epilogue(epilogue, acc, srcs, rows.start + row, col);
+                out[row * n + col..][..PANEL].copy_from_slice(acc);
+            }
+        }
     }
 }
 
@@ -970,7 +1162,7 @@ fn linear_block(
             .enumerate()
         {
             for (r, row) in pairs.chunks_exact_mut(depth.max(1)).enumerate() {
-                to_bf16_pairs(x_row(last(g * GEMM_ROWS + r)), row);
+                simd::to_bf16_pairs(x_row(last(g * GEMM_ROWS + r)), row);
             }
             let rows: [&[u32]; GEMM_ROWS] = std::array::from_fn(|r| &pairs[r * depth..]);
             pack_rows(&rows, depth, dst);

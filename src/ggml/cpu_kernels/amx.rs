@@ -1,0 +1,243 @@
+//! Intel AMX tiles for the bf16 products of the linear layers (Sapphire Rapids and later
+//! Xeons). One `tdpbf16ps` multiplies a 16 x 32 block of bf16 by a 32 x 16 one into 16 x 16
+//! f32 sums: 8,192 multiply-adds, 16 times those of a 512-bit `vdpbf16ps`, which on these
+//! Xeons issues at half the f32 FMA rate and so gains nothing over f32
+//! ([`super::bf16_products_pay`]). The tiles make bf16 weights (an f16 file's fast mode) pay
+//! on Intel too.
+//!
+//! The tile state is per thread and off by default: Linux hands a process the tile data only
+//! after it asks (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and each thread loads a tile
+//! configuration before its first tile instruction ([`Tiles::configure`]). Rust has no stable
+//! AMX intrinsics, so the few instructions are inline assembly.
+
+use std::arch::asm;
+use std::arch::x86_64::{__cpuid, __cpuid_count};
+use std::marker::PhantomData;
+use std::sync::OnceLock;
+
+/// Whether this process computes bf16 products on AMX tiles: the CPU has AMX-TILE and
+/// AMX-BF16, the operating system grants the process the tile state (Linux only), and the
+/// environment variable `DA3_AMX` is not `off` (which keeps the vector kernels, to compare
+/// the two). Decided on first use, then fixed.
+pub fn bf16_tiles() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("DA3_AMX").as_deref() != Ok("off") && cpu_has_amx_bf16() && os_grants_tiles()
+    })
+}
+
+/// CPUID leaf 7's AMX-BF16 (EDX bit 22) and AMX-TILE (EDX bit 24).
+fn cpu_has_amx_bf16() -> bool {
+    // SAFETY: CPUID leaf 0 exists on every x86-64 CPU and only reads registers.
+    #[allow(unused_unsafe)]
+    let max_leaf = unsafe { __cpuid(0) }.eax;
+    if max_leaf < 7 {
+        return false;
+    }
+    // SAFETY: leaf 7 exists (max_leaf >= 7); CPUID only reads registers.
+    #[allow(unused_unsafe)]
+    let edx = unsafe { __cpuid_count(7, 0) }.edx;
+    edx & (1 << 22) != 0 && edx & (1 << 24) != 0
+}
+
+/// Asks Linux for the tile data state (XFEATURE_XTILEDATA, 18) of this process; false where
+/// the kernel refuses (too old, or the state disabled), and on other systems, where this
+/// crate does not know how to ask.
+#[cfg(target_os = "linux")]
+fn os_grants_tiles() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, n) takes two integers and reads no memory of
+    // ours; it only enlarges the process's XSAVE state (and signal frames) to hold the tiles.
+    unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn os_grants_tiles() -> bool {
+    false
+}
+
+/// Rows of A (and of the result) per tile; columns of B per tile are 16 as well.
+const TILE_ROWS: usize = 16;
+/// bf16 pairs per row of an A tile (and rows of a B tile): 64 bytes.
+pub const TILE_PAIRS: usize = 16;
+/// Result rows and columns of [`Tiles::product_32x32`].
+pub const BLOCK: usize = 2 * TILE_ROWS;
+
+/// Palette 1 with eight tiles of 16 rows of 64 bytes: tmm0-3 the 2 x 2 blocks of 16 x 16 f32
+/// sums, tmm4-5 two 16-row blocks of A, tmm6-7 two 16-column blocks of B. The layout is the
+/// 64-byte operand of `ldtilecfg`: palette, start row, 14 reserved bytes, 16 column widths in
+/// bytes (u16), 16 row counts (u8).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const TILE_CONFIG: TileConfig = {
+    let mut bytes = [0u8; 64];
+    bytes[0] = 1;
+    let mut tile = 0;
+    while tile < 8 {
+        bytes[16 + 2 * tile] = 64;
+        bytes[48 + tile] = TILE_ROWS as u8;
+        tile += 1;
+    }
+    TileConfig(bytes)
+};
+
+/// The calling thread's tiles, configured for [`Tiles::product_32x32`] and released when
+/// dropped. Not `Send`: the configuration belongs to the thread that loaded it.
+pub struct Tiles(PhantomData<*const ()>);
+
+impl Tiles {
+    /// Configures this thread's tiles, or `None` where [`bf16_tiles`] is false.
+    pub fn configure() -> Option<Tiles> {
+        if !bf16_tiles() {
+            return None;
+        }
+        // SAFETY: the CPU has AMX-TILE and the OS granted this process the tile state
+        // (bf16_tiles); ldtilecfg reads the 64 aligned bytes of TILE_CONFIG, a valid palette-1
+        // configuration (every tile 16 rows of 64 bytes, within palette 1's limits).
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) &TILE_CONFIG, options(nostack, readonly));
+        }
+        Some(Tiles(PhantomData))
+    }
+
+    /// `c` = 32 rows of `a` times 32 columns of `b` over `pairs` pairs of inputs, in f32 sums
+    /// (tile order): row `r` of A is the `pairs` words from `a[r * a_stride]`, each a pair of
+    /// bf16 (the earlier input in the low half); row `i` of B, from `b[i * b_stride]`, holds
+    /// 32 words, word `j` the bf16 pair of inputs `2i` and `2i + 1` of column `j` (a panel of
+    /// [`super::pack_panels_bf16`], read as words); row `r` of the result is stored at
+    /// `c[r * c_stride..][..32]`.
+    ///
+    /// # Panics
+    /// Unless `pairs` is a positive multiple of 16, the strides hold a row each and the
+    /// slices hold what is read and written.
+    pub fn product_32x32(
+        &self,
+        (a, a_stride): (&[u32], usize),
+        (b, b_stride): (&[f32], usize),
+        pairs: usize,
+        (c, c_stride): (&mut [f32], usize),
+    ) {
+        assert!(pairs > 0 && pairs.is_multiple_of(TILE_PAIRS) && a_stride >= pairs);
+        assert!(b_stride >= BLOCK && c_stride >= BLOCK);
+        assert!(a.len() >= (BLOCK - 1) * a_stride + pairs, "A holds 32 rows");
+        assert!(
+            b.len() >= (pairs - 1) * b_stride + BLOCK,
+            "B holds `pairs` rows"
+        );
+        assert!(c.len() >= (BLOCK - 1) * c_stride + BLOCK, "C holds 32 rows");
+        let (a, c) = (a.as_ptr(), c.as_mut_ptr());
+        // SAFETY: the tiles are configured on this thread (`self`, not Send, exists only
+        // after `configure`) with tmm0-7 each 16 rows of 64 bytes. Step s < pairs / 16 reads
+        // 16 rows of 64 bytes of A at words r * a_stride + 16 s (rows 0-15 from `a`, 16-31
+        // from `a_high`), within `a` by the asserts, and rows 16 s .. 16 s + 16 of B
+        // (b_stride words apart, 64 bytes each from words 0 and 16), within `b`; the stores
+        // write 32 rows of 128 bytes c_stride words apart, within `c`. tmm0-7 are declared
+        // clobbered.
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "2:",
+                "tileloadd tmm4, [{a} + {a_bytes} * 1]",
+                "tileloadd tmm5, [{a_high} + {a_bytes} * 1]",
+                "tileloadd tmm6, [{b} + {b_bytes} * 1]",
+                "tileloadd tmm7, [{b} + {b_bytes} * 1 + 64]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                "add {a}, 64",
+                "add {a_high}, 64",
+                "add {b}, {b_step}",
+                "dec {steps}",
+                "jnz 2b",
+                "tilestored [{c} + {c_bytes} * 1], tmm0",
+                "tilestored [{c} + {c_bytes} * 1 + 64], tmm1",
+                "tilestored [{c_high} + {c_bytes} * 1], tmm2",
+                "tilestored [{c_high} + {c_bytes} * 1 + 64], tmm3",
+                a = inout(reg) a => _,
+                a_high = inout(reg) a.add(TILE_ROWS * a_stride) => _,
+                b = inout(reg) b.as_ptr() => _,
+                steps = inout(reg) pairs / TILE_PAIRS => _,
+                a_bytes = in(reg) a_stride * 4,
+                b_bytes = in(reg) b_stride * 4,
+                b_step = in(reg) TILE_PAIRS * b_stride * 4,
+                c = in(reg) c,
+                c_high = in(reg) c.add(TILE_ROWS * c_stride),
+                c_bytes = in(reg) c_stride * 4,
+                out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+                out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+                options(nostack),
+            );
+        }
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: the tiles were configured on this thread (`configure`); tilerelease returns
+        // them to the initial state and touches no memory.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 32 x 32 block against the same sums in f64 of the bf16 values (exact products, f32
+    /// sums, so within f32 rounding of the sums), with strides wider than a row everywhere.
+    #[test]
+    fn tiles_multiply_bf16_blocks() {
+        let Some(tiles) = Tiles::configure() else {
+            // Without the tiles (a CPU without AMX, or DA3_AMX=off), none may be configured;
+            // the vector kernels' tests cover the products then.
+            assert!(!cpu_has_amx_bf16() || !bf16_tiles());
+            return;
+        };
+        let (pairs, a_stride) = (48, 50);
+        let bf16 = |i: usize, seed: usize| -> u32 {
+            let x = (((i * 7 + seed * 13) % 29) as f32 - 14.0) / 8.0;
+            x.to_bits() >> 16
+        };
+        let a: Vec<u32> = (0..BLOCK * a_stride)
+            .map(|i| bf16(2 * i, 1) | bf16(2 * i + 1, 1) << 16)
+            .collect();
+        let b: Vec<f32> = (0..pairs * BLOCK)
+            .map(|i| f32::from_bits(bf16(2 * i, 2) | bf16(2 * i + 1, 2) << 16))
+            .collect();
+        let (b_stride, c_stride) = (BLOCK + 3, BLOCK + 5);
+        let b: Vec<f32> = (0..pairs * b_stride)
+            .map(|i| b[(i / b_stride) * BLOCK + (i % b_stride) % BLOCK])
+            .collect();
+        let mut c = vec![f32::NAN; BLOCK * c_stride];
+        tiles.product_32x32((&a, a_stride), (&b, b_stride), pairs, (&mut c, c_stride));
+        let half =
+            |w: u32, high: bool| f32::from_bits(if high { w & 0xffff_0000 } else { w << 16 });
+        for r in 0..BLOCK {
+            for col in 0..BLOCK {
+                let mut sum = 0.0f64;
+                for i in 0..pairs {
+                    let (x, w) = (a[r * a_stride + i], b[i * b_stride + col].to_bits());
+                    sum += (half(x, false) * half(w, false)) as f64;
+                    sum += (half(x, true) * half(w, true)) as f64;
+                }
+                let got = c[r * c_stride + col] as f64;
+                assert!(
+                    (got - sum).abs() <= 1e-5 * (1.0 + sum.abs()),
+                    "({r}, {col}): {got} against {sum}"
+                );
+            }
+        }
+    }
+}
