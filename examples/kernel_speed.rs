@@ -261,8 +261,21 @@ fn convolutions(cpu: &Backend) -> Result<(), Box<dyn Error>> {
         (288, 192, 128, 64),
         (504, 336, 64, 32),
     ] {
+        // f32, then bf16 products (on AMX tiles where the channels fit them, or vector ones
+        // where those pay; f32 again where neither).
+        for bf16 in [false, true] {
+            convolution(cpu, [w, h, ic, oc], bf16)?;
+        }
+    }
+    Ok(())
+}
+
+/// One 3x3 convolution of [`convolutions`], in f32 or with bf16 products.
+fn convolution(cpu: &Backend, [w, h, ic, oc]: [i64; 4], bf16: bool) -> Result<(), Box<dyn Error>> {
+    {
         let ctx = Context::metadata(8)?;
         ctx.use_cpu_kernels(true);
+        ctx.use_bf16_products(bf16);
         let kernel = ctx.new_tensor(DType::F32, &[3, 3, ic, oc])?;
         let input = ctx.new_tensor(DType::F32, &[w, h, ic, 1])?;
         let bias = ctx.new_tensor(DType::F32, &[oc])?;
@@ -287,7 +300,8 @@ fn convolutions(cpu: &Backend) -> Result<(), Box<dyn Error>> {
         let ms = median_ms(&run, cpu)?;
         let flop = 2.0 * (w * h * ic * oc * 9) as f64;
         println!(
-            "{w}x{h} {ic}->{oc} 3x3: {ms:6.2} ms {:6.1} GFLOP/s",
+            "{w}x{h} {ic}->{oc} 3x3 {}: {ms:6.2} ms {:6.1} GFLOP/s",
+            if bf16 { "bf16" } else { "f32 " },
             flop / ms / 1e6
         );
     }

@@ -182,9 +182,9 @@ impl Context {
         self.inner.cpu_kernels.get()
     }
     /// Lets the CPU kernels built from now on (attention, convolution) multiply in bf16 with f32 sums
-    /// where that pays: attention on AMX tiles or where the CPU's vector bf16 products pay
-    /// (AMD's AVX512_BF16; Intel's issue at half the f32 rate), convolutions only in the
-    /// latter case. About twice as fast or more, with about 2^-9 relative error per product.
+    /// where that pays: on AMX tiles (attention, and convolutions whose channels fill them) or
+    /// where the CPU's vector bf16 products pay (AMD's AVX512_BF16; Intel's issue at half the
+    /// f32 rate). About twice as fast or more, with about 2^-9 relative error per product.
     /// Has no effect elsewhere.
     pub fn use_bf16_products(&self, on: bool) {
         self.inner.bf16_products.set(on);
@@ -194,9 +194,10 @@ impl Context {
         self.inner.bf16_products.get()
             && (super::cpu_ops::vector_bf16() || super::cpu_ops::amx_bf16_tiles())
     }
-    /// Whether convolutions multiply in bf16 (vector products only, where they pay).
-    pub(crate) fn bf16_convolutions(&self) -> bool {
-        self.inner.bf16_products.get() && super::cpu_ops::vector_bf16()
+    /// Whether a convolution multiplies in bf16: on AMX tiles where its shape fits them
+    /// (`on_tiles`), or with vector products that pay.
+    pub(crate) fn bf16_convolutions(&self, on_tiles: bool) -> bool {
+        self.inner.bf16_products.get() && (super::cpu_ops::vector_bf16() || on_tiles)
     }
     /// Whether tensor data lives outside the pool.
     pub fn is_metadata_only(&self) -> bool {

@@ -149,6 +149,13 @@ pub fn amx_bf16_tiles() -> bool {
     }
 }
 
+/// Whether a convolution kernel [KW, KH, IC, OC] runs on AMX tiles where the process has
+/// them ([`amx_bf16_tiles`]): its (channel, ky) taps must fill whole tiles of pairs (IC * KH
+/// a multiple of 32), and its output channels a good part of a 32-row block (16 or more).
+pub fn amx_convolution_fits([_, kh, ic, oc]: [usize; 4]) -> bool {
+    (ic * kh).is_multiple_of(32) && ic * kh > 0 && oc >= 16
+}
+
 /// [`bf16_products_pay`] from the CPU vendor string and the override.
 fn bf16_decision(vendor: Option<&str>, requested: Option<&str>) -> bool {
     match requested {
@@ -1314,6 +1321,48 @@ mod tests {
                 diff < 1e-5,
                 "{set}: int8 products differ from portable by {diff}"
             );
+        }
+    }
+
+    /// Convolutions whose taps fill AMX tiles (where the CPU has them, the AVX-512 instance
+    /// computes these on the tiles): every instance's bf16 kernel agrees with the portable
+    /// one, the same bf16 products summed in another order, over all the channels at once
+    /// and split as two threads would take them (partial blocks of 32 channels), with rows
+    /// of pixels that end in a partial block of 32.
+    #[test]
+    fn every_instance_computes_the_same_bf16_convolutions() {
+        for (w, h, ic, oc, k) in [(37, 5, 32, 40, 3), (20, 3, 64, 16, 1)] {
+            assert!(super::amx_convolution_fits([k, k, ic, oc]));
+            let (kernel, input, bias) = (
+                values(k * k * ic * oc, 11),
+                values(w * h * ic, 12),
+                values(oc, 13),
+            );
+            let srcs = [
+                src(&kernel, [k, k, ic, oc]),
+                src(&input, [w, h, ic, 1]),
+                src(&bias, [oc, 1, 1, 1]),
+            ];
+            let ne = [w, h, oc, 1];
+            let run = |entry: Entry, split: usize| {
+                let mut out = vec![f32::NAN; w * h * oc];
+                let (first, second) = out.split_at_mut(split * w * h);
+                entry(&srcs, first, ne, 0..split, 0.0);
+                entry(&srcs, second, ne, split..oc, 0.0);
+                out
+            };
+            let sets = instances();
+            let reference = run(sets[0].1[3], oc);
+            assert!(reference.iter().all(|x| x.is_finite()));
+            for (set, entries) in &sets {
+                for split in [oc, oc * 3 / 5] {
+                    let diff = max_abs_difference(&reference, &run(entries[3], split));
+                    assert!(
+                        diff < 1e-3,
+                        "{set} {w}x{h}x{ic} -> {oc}, {k}x{k}, split at {split}: {diff}"
+                    );
+                }
+            }
         }
     }
 

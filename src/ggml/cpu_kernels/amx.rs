@@ -115,6 +115,8 @@ impl Tiles {
     /// [`super::pack_panels_bf16`], read as words); row `r` of the result is stored at
     /// `c[r * c_stride..][..32]`.
     ///
+    /// With `accumulate`, the sums start from what `c` holds instead of zero.
+    ///
     /// # Panics
     /// Unless `pairs` is a positive multiple of 16, the strides hold a row each and the
     /// slices hold what is read and written.
@@ -124,6 +126,7 @@ impl Tiles {
         (b, b_stride): (&[f32], usize),
         pairs: usize,
         (c, c_stride): (&mut [f32], usize),
+        accumulate: bool,
     ) {
         assert!(pairs > 0 && pairs.is_multiple_of(TILE_PAIRS) && a_stride >= pairs);
         assert!(b_stride >= BLOCK && c_stride >= BLOCK);
@@ -139,10 +142,18 @@ impl Tiles {
         // 16 rows of 64 bytes of A at words r * a_stride + 16 s (rows 0-15 from `a`, 16-31
         // from `a_high`), within `a` by the asserts, and rows 16 s .. 16 s + 16 of B
         // (b_stride words apart, 64 bytes each from words 0 and 16), within `b`; the stores
-        // write 32 rows of 128 bytes c_stride words apart, within `c`. tmm0-7 are declared
-        // clobbered.
+        // write (and with `accumulate` the first loads read) 32 rows of 128 bytes c_stride
+        // words apart, within `c`. tmm0-7 are declared clobbered.
         unsafe {
             asm!(
+                "test {accumulate}, {accumulate}",
+                "jz 3f",
+                "tileloadd tmm0, [{c} + {c_bytes} * 1]",
+                "tileloadd tmm1, [{c} + {c_bytes} * 1 + 64]",
+                "tileloadd tmm2, [{c_high} + {c_bytes} * 1]",
+                "tileloadd tmm3, [{c_high} + {c_bytes} * 1 + 64]",
+                "jmp 2f",
+                "3:",
                 "tilezero tmm0",
                 "tilezero tmm1",
                 "tilezero tmm2",
@@ -175,6 +186,7 @@ impl Tiles {
                 c = in(reg) c,
                 c_high = in(reg) c.add(TILE_ROWS * c_stride),
                 c_bytes = in(reg) c_stride * 4,
+                accumulate = in(reg) accumulate as usize,
                 out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
                 out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
                 options(nostack),
@@ -196,7 +208,8 @@ mod tests {
     use super::*;
 
     /// A 32 x 32 block against the same sums in f64 of the bf16 values (exact products, f32
-    /// sums, so within f32 rounding of the sums), with strides wider than a row everywhere.
+    /// sums, so within f32 rounding of the sums), with strides wider than a row everywhere;
+    /// then accumulated onto itself.
     #[test]
     fn tiles_multiply_bf16_blocks() {
         let Some(tiles) = Tiles::configure() else {
@@ -221,7 +234,31 @@ mod tests {
             .map(|i| b[(i / b_stride) * BLOCK + (i % b_stride) % BLOCK])
             .collect();
         let mut c = vec![f32::NAN; BLOCK * c_stride];
-        tiles.product_32x32((&a, a_stride), (&b, b_stride), pairs, (&mut c, c_stride));
+        tiles.product_32x32(
+            (&a, a_stride),
+            (&b, b_stride),
+            pairs,
+            (&mut c, c_stride),
+            false,
+        );
+        let once = c.clone();
+        // Again onto the first result: twice the sums.
+        tiles.product_32x32(
+            (&a, a_stride),
+            (&b, b_stride),
+            pairs,
+            (&mut c, c_stride),
+            true,
+        );
+        for r in 0..BLOCK {
+            for (twice, once) in c[r * c_stride..][..BLOCK].iter().zip(&once[r * c_stride..]) {
+                assert!(
+                    (twice - 2.0 * once).abs() <= 1e-5 * (1.0 + once.abs()),
+                    "row {r}"
+                );
+            }
+        }
+        let c = once;
         let half =
             |w: u32, high: bool| f32::from_bits(if high { w & 0xffff_0000 } else { w << 16 });
         for r in 0..BLOCK {

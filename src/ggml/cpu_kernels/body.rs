@@ -167,7 +167,76 @@ fn conv_same_planes_bf16(
     channels: Range<usize>,
     _param: f32,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::AMX_TILES && super::amx_convolution_fits(srcs[0].ne) {
+        if let Some(tiles) = super::amx::Tiles::configure() {
+            return conv_planes_amx(&tiles, srcs, out, channels);
+        }
+    }
     conv_planes(srcs, out, channels, true)
+}
+
+/// [`conv_same_planes_bf16`] on AMX tiles, for kernels that [`super::amx_convolution_fits`]:
+/// per output row, the pair band ([`Conv::fill_pair_band`], padded to blocks of 32 pixels);
+/// per block of 32 channels (the weights as bf16 pairs of consecutive (channel, ky) taps at
+/// one kx, zero rows past the last channel) and 32 pixels, one product per kx, each over a
+/// band shifted by kx, summed in the tiles' f32.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn conv_planes_amx(
+    tiles: &super::amx::Tiles,
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    channels: Range<usize>,
+) {
+    use super::amx::BLOCK;
+    let (kernel, input) = (&srcs[0], &srcs[1]);
+    let bias = |o: usize| srcs.get(2).map_or(0.0, |b| b.data[o]);
+    let mut conv = Conv::new(kernel, input);
+    conv.padded_w = conv.w.div_ceil(BLOCK) * BLOCK + conv.kw - 1;
+    let (plane_len, kw) = (conv.w * conv.h, conv.kw);
+    let pair_rows = conv.k_len / kw / 2;
+    // Row of channel o: kw runs of pair_rows words, run kx the pairs of taps at that kx.
+    let row_len = kw * pair_rows;
+    let groups = channels.len().div_ceil(BLOCK);
+    let mut weights = vec![0u32; groups * BLOCK * row_len];
+    for (o, row) in channels.clone().zip(weights.chunks_exact_mut(row_len)) {
+        let w = &kernel.data[o * conv.k_len..][..conv.k_len];
+        for (kx, run) in row.chunks_exact_mut(pair_rows).enumerate() {
+            for (p, word) in run.iter_mut().enumerate() {
+                *word = bf16_pair(w[2 * p * kw + kx], w[(2 * p + 1) * kw + kx]);
+            }
+        }
+    }
+    let mut band = vec![0.0f32; conv.padded_w * pair_rows];
+    let mut sums = [0.0f32; BLOCK * BLOCK];
+    for oy in 0..conv.h {
+        conv.fill_pair_band(&mut band, input.data, oy);
+        for g in 0..groups {
+            let block = &weights[g * BLOCK * row_len..][..BLOCK * row_len];
+            let count = BLOCK.min(channels.len() - g * BLOCK);
+            for x0 in (0..conv.w).step_by(BLOCK) {
+                for kx in 0..kw {
+                    tiles.product_32x32(
+                        (&block[kx * pair_rows..], row_len),
+                        (&band[x0 + kx..], conv.padded_w),
+                        pair_rows,
+                        (&mut sums, BLOCK),
+                        kx > 0,
+                    );
+                }
+                let n = BLOCK.min(conv.w - x0);
+                for (r, sums) in sums.chunks_exact(BLOCK).take(count).enumerate() {
+                    let c = g * BLOCK + r;
+                    let b = bias(channels.start + c);
+                    let dst = &mut out[c * plane_len + oy * conv.w + x0..][..n];
+                    for (d, &s) in dst.iter_mut().zip(sums) {
+                        *d = s + b;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A kernel row's operands: f32 weights over an f32 band, or bf16 pairs over a pair band.
@@ -775,7 +844,7 @@ fn attention_tokens_amx(
             }
             for j0 in (0..tk_pad).step_by(BLOCK) {
                 let keys = (&kt[j0..], tk_pad);
-                tiles.product_32x32((&qp, d2), keys, d2, (&mut scores[j0..], tk_pad));
+                tiles.product_32x32((&qp, d2), keys, d2, (&mut scores[j0..], tk_pad), false);
             }
             let mut sums = [0.0f32; BLOCK];
             for (r, (s, dst)) in scores
@@ -788,7 +857,7 @@ fn attention_tokens_amx(
             }
             for c0 in (0..dv).step_by(BLOCK) {
                 let values = (&vp[c0..], dv);
-                tiles.product_32x32((&pp, tk2), values, tk2, (&mut acc[c0..], dv));
+                tiles.product_32x32((&pp, tk2), values, tk2, (&mut acc[c0..], dv), false);
             }
             for (r, sum) in sums.iter().enumerate().take(n) {
                 let dst = &mut out[((t0 - tokens.start + r) * heads + h) * dv..][..dv];
@@ -1098,7 +1167,7 @@ fn linear_block_amx(
         let bias = &bias[col..col + PANEL];
         for g in 0..groups {
             let group = &pairs[g * BLOCK * depth..][..BLOCK * depth];
-            tiles.product_32x32((group, depth), (panel, PANEL), depth, (&mut sums, BLOCK));
+            tiles.product_32x32((group, depth), (panel, PANEL), depth, (&mut sums, BLOCK), false);
             for r in 0..BLOCK.min(count - g * BLOCK) {
                 let acc = &mut sums[r * BLOCK..][..BLOCK];
                 for (a, &b) in acc.iter_mut().zip(bias) {
