@@ -172,6 +172,8 @@ fn products(cpu: &Backend) -> Result<(), Box<dyn Error>> {
         (384usize, 1536usize, 865usize),
         (1536, 384, 865),
         (384, 1152, 865),
+        (768, 3072, 865),
+        (3072, 768, 865),
     ] {
         let weight: Vec<f32> = (0..k * n)
             .map(|i| ((i % 97) as f32 - 48.0) * 1e-3)

@@ -6,8 +6,8 @@ use super::Error;
 use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
     dequantize, linear_bf16, linear_q8, pack_linear_panels, pack_linear_panels_bf16,
-    pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device, SharedContext, Tensor,
-    TensorView, LINEAR_PANEL, LINEAR_Q8_RECORD,
+    pack_linear_panels_f16, pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device,
+    SharedContext, Tensor, TensorView, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -87,6 +87,9 @@ pub struct CentredOutputs {
 enum Packing {
     F32,
     Bf16,
+    /// An f16 weight kept in f16, widened to f32 as the products load it (CPUs without
+    /// bf16 products: half the memory traffic of f32 panels).
+    F16,
     /// A q8_0 weight for int8 products.
     Q8,
 }
@@ -705,6 +708,7 @@ impl<'f> Loader<'f> {
             (&[_, n_in], DType::F16 | DType::BF16) if linear_bf16() && n_in % 2 == 0 => {
                 Some(Packing::Bf16)
             }
+            ([_, _], DType::F16) => Some(Packing::F16),
             // Other quantised types are decoded and stored as q8_0 for the int8 products:
             // a second rounding far finer than theirs (a q4_k step is 8 of q8_0's), for the
             // speed of int8 products over ggml's quantised ones.
@@ -720,6 +724,7 @@ impl<'f> Loader<'f> {
                 let (dtype, row, depth) = match packing {
                     Packing::F32 => (DType::F32, LINEAR_PANEL, n_in),
                     Packing::Bf16 => (DType::I32, LINEAR_PANEL, n_in / 2),
+                    Packing::F16 => (DType::F16, LINEAR_PANEL, n_in),
                     Packing::Q8 => (DType::I8, LINEAR_Q8_RECORD, n_in / DType::Q8_0.block_size()),
                 };
                 (
@@ -868,6 +873,10 @@ impl<'f> Loader<'f> {
                     Packing::Bf16 => {
                         let plain = to_f32(&p.name, info.dtype, data)?;
                         ctx.write(&p.tensor, &pack_linear_panels_bf16(&plain, n_in, n_out)?.0)?
+                    }
+                    Packing::F16 => {
+                        let plain = to_f32(&p.name, info.dtype, data)?;
+                        ctx.write(&p.tensor, &pack_linear_panels_f16(&plain, n_in, n_out)?.0)?
                     }
                     Packing::Q8 if info.dtype == DType::Q8_0 => {
                         ctx.write_bytes(&p.tensor, &pack_linear_panels_q8(data, n_in, n_out)?.0)?

@@ -26,7 +26,7 @@ pub enum KernelSet {
     /// AVX2 vectors with FMA and AVX-VNNI's 256-bit int8 products (Intel Alder Lake and
     /// later without AVX-512, AMD Zen 5).
     Avx2Vnni,
-    /// AVX2 vectors with FMA (x86-64-v3: Intel Haswell, AMD Zen 1 and later).
+    /// AVX2 vectors with FMA and F16C (x86-64-v3: Intel Haswell, AMD Zen 1 and later).
     Avx2,
     /// Plain arrays the compiler may vectorise: correct, not fast. The ops that have a ggml
     /// equivalent use ggml's instead ([`KernelSet::beats_ggml`]).
@@ -69,7 +69,10 @@ impl KernelSet {
             if avx2_vnni_detected() {
                 return KernelSet::Avx2Vnni;
             }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
                 return KernelSet::Avx2;
             }
         }
@@ -82,6 +85,7 @@ impl KernelSet {
 fn avx2_vnni_detected() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
         && is_x86_feature_detected!("avxvnni")
 }
 
@@ -150,10 +154,10 @@ pub fn amx_bf16_tiles() -> bool {
 }
 
 /// Whether a convolution kernel [KW, KH, IC, OC] runs on AMX tiles where the process has
-/// them ([`amx_bf16_tiles`]): its (channel, ky) taps must fill whole tiles of pairs (IC * KH
-/// a multiple of 32), and its output channels a good part of a 32-row block (16 or more).
-pub fn amx_convolution_fits([_, kh, ic, oc]: [usize; 4]) -> bool {
-    (ic * kh).is_multiple_of(32) && ic * kh > 0 && oc >= 16
+/// them ([`amx_bf16_tiles`]): its input channels must fill whole tiles of pairs (a multiple
+/// of 32), and its output channels a good part of a 32-row block (16 or more).
+pub fn amx_convolution_fits([_, _, ic, oc]: [usize; 4]) -> bool {
+    ic.is_multiple_of(32) && ic > 0 && oc >= 16
 }
 
 /// [`bf16_products_pay`] from the CPU vendor string and the override.
@@ -336,6 +340,14 @@ mod avx512 {
             _mm512_loadu_ps,
             _mm512_storeu_ps
         );
+        /// LANES f16 values (bits) from `p`, widened to f32.
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load_f16(p: *const u16) -> F {
+            // SAFETY: as the caller promises (32 bytes); the instruction set as for `splat`.
+            unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)) }
+        }
         /// The bf16 linear products run on AMX tiles where the CPU has them
         /// ([`super::super::amx::bf16_tiles`]): every AMX CPU has this set's features.
         pub const AMX_TILES: bool = true;
@@ -482,12 +494,12 @@ mod avx512 {
         }
     }
     macro_rules! instance_features {
-        ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx512vnni,avx2,fma")] $($item)* };
+        ($($item:tt)*) => { #[target_feature(enable = "avx512f,avx512bf16,avx512vnni,avx2,fma,f16c")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
     include!("cpu_kernels/winograd.rs");
     entries!(target_feature(
-        enable = "avx512f,avx512bf16,avx512vnni,avx2,fma"
+        enable = "avx512f,avx512bf16,avx512vnni,avx2,fma,f16c"
     ));
 }
 
@@ -511,6 +523,15 @@ macro_rules! avx2_vectors {
         bf16_by_lanes!();
         /// AMX tiles only with the AVX-512 set (every AMX CPU has it).
         pub const AMX_TILES: bool = false;
+        /// LANES f16 values (bits) from `p`, widened to f32 (F16C).
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load_f16(p: *const u16) -> F {
+            // SAFETY: as the caller promises (16 bytes); the instruction set (f16c, which
+            // every AVX2 set requires) as for `splat`.
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+        }
         pub(super) use super::super::to_bf16_pairs;
         /// Values `4 i + j` of `src` (`4 * LANES` of them) as vector `j`, the `i`s in the
         /// lane order 0 2 4 6 1 3 5 7 (two 4 x 4 transposes, one per 128-bit half; the
@@ -651,11 +672,11 @@ mod avx2 {
         pub const Q8_TILE: (usize, usize) = (4, 1);
     }
     macro_rules! instance_features {
-        ($($item:tt)*) => { #[target_feature(enable = "avx2,fma")] $($item)* };
+        ($($item:tt)*) => { #[target_feature(enable = "avx2,fma,f16c")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
     include!("cpu_kernels/winograd.rs");
-    entries!(target_feature(enable = "avx2,fma"));
+    entries!(target_feature(enable = "avx2,fma,f16c"));
 }
 
 /// AVX2 with FMA and AVX-VNNI (Intel Alder Lake and later, AMD Zen 5): the AVX2 kernels with
@@ -693,11 +714,11 @@ mod avx2vnni {
         }
     }
     macro_rules! instance_features {
-        ($($item:tt)*) => { #[target_feature(enable = "avx2,fma,avxvnni")] $($item)* };
+        ($($item:tt)*) => { #[target_feature(enable = "avx2,fma,f16c,avxvnni")] $($item)* };
     }
     include!("cpu_kernels/body.rs");
     include!("cpu_kernels/winograd.rs");
-    entries!(target_feature(enable = "avx2,fma,avxvnni"));
+    entries!(target_feature(enable = "avx2,fma,f16c,avxvnni"));
 }
 
 /// Plain arrays, for any target.
@@ -751,6 +772,14 @@ mod portable {
         pub unsafe fn load(p: *const f32) -> F {
             // SAFETY: as the caller promises.
             unsafe { std::ptr::read_unaligned(p as *const F) }
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES values.
+        #[inline(always)]
+        pub unsafe fn load_f16(p: *const u16) -> F {
+            // SAFETY: as the caller promises.
+            let bits = unsafe { std::ptr::read_unaligned(p as *const [u16; LANES]) };
+            bits.map(|b| half::f16::from_bits(b).to_f32())
         }
         /// # Safety
         /// `p` is valid for writing LANES values.
@@ -843,18 +872,20 @@ macro_rules! dispatch {
                 match kernel_set() {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: kernel_set() gives this set only where the CPU has avx512f,
-                    // avx512bf16 and avx512vnni (with avx2 and fma, which every such CPU has).
+                    // avx512bf16 and avx512vnni (with avx2, fma and f16c, which every such CPU
+                    // has).
                     KernelSet::Avx512Bf16 => unsafe {
                         avx512::run::$name(srcs, out, ne, units, param)
                     },
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma and
-                    // avxvnni.
+                    // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma,
+                    // f16c and avxvnni.
                     KernelSet::Avx2Vnni => unsafe {
                         avx2vnni::run::$name(srcs, out, ne, units, param)
                     },
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: kernel_set() gives this set only where the CPU has avx2 and fma.
+                    // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma and
+                    // f16c.
                     KernelSet::Avx2 => unsafe { avx2::run::$name(srcs, out, ne, units, param) },
                     _ => portable::run::$name(srcs, out, ne, units, param),
                 }
@@ -1370,6 +1401,48 @@ mod tests {
     /// within bf16 rounding of its f32 ones: attention over several key blocks and query
     /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
     /// groups.
+    /// f16 panels (CPUs without bf16 products) widen each weight exactly: every instance's
+    /// product over them equals its product over f32 panels of the same f16-rounded weight.
+    #[test]
+    fn every_instance_multiplies_f16_panels_as_their_f32_values() {
+        for (kd, n, t) in [(96usize, 64usize, 13usize), (40, 32, 70)] {
+            let weight: Vec<f32> = values(kd * n, 11)
+                .into_iter()
+                .map(|w| half::f16::from_f32(w).to_f32())
+                .collect();
+            let panels = pack_panels(&weight, kd, n);
+            // Two halves per f32 word of a source, in memory order.
+            let panels_f16: Vec<f32> = panels
+                .chunks(2)
+                .map(|pair| {
+                    let [lo, hi] = [pair[0], pair[1]].map(|w| half::f16::from_f32(w).to_bits());
+                    f32::from_bits(u32::from(lo) | (u32::from(hi) << 16))
+                })
+                .collect();
+            let (x, b) = (values(kd * t, 12), values(n, 13));
+            let linear = [
+                src(&panels, [PANEL, kd, n / PANEL, 1]),
+                src(&x, [kd, t, 1, 1]),
+                src(&b, [n, 1, 1, 1]),
+            ];
+            let mut linear_f16 = linear;
+            linear_f16[0] = src(&panels_f16, [PANEL, kd, n / PANEL, 1]);
+            linear_f16[0].dtype = DType::F16;
+            for (set, entries) in instances() {
+                let mut want = vec![f32::NAN; n * t];
+                let mut got = vec![f32::NAN; n * t];
+                entries[4](&linear, &mut want, [n, t, 1, 1], 0..t, 0.0);
+                entries[4](&linear_f16, &mut got, [n, t, 1, 1], 0..t, 0.0);
+                assert!(want.iter().all(|v| v.is_finite()), "{set}");
+                let diff = max_abs_difference(&want, &got);
+                assert!(
+                    diff <= 1e-6,
+                    "{set} {kd}x{n}x{t}: f16 panels differ by {diff}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_instance_agrees_and_its_bf16_kernels_stay_close() {
         // Attention: q [64, 100, 2], k and v [64, 500, 2] -> [64, 2, 100].

@@ -25,9 +25,18 @@ pub(super) struct Src<'a> {
     pub data: &'a [f32],
     pub ne: [usize; 4],
     pub nb: [usize; 4],
-    /// Only f32, or for a packed weight (read through `data` as words) i32 for pairs of bf16
-    /// or i8 for int8 products.
+    /// Only f32, or for a packed weight (read through `data` as words) i32 for pairs of bf16,
+    /// i8 for int8 products or f16 (two halves per word).
     pub dtype: DType,
+}
+
+impl Src<'_> {
+    /// The data as f16 bits, two per word (a weight packed as f16 panels).
+    pub fn halves(&self) -> &[u16] {
+        // SAFETY: `data` is a live slice of f32, 4-byte aligned and so 2-byte aligned; its
+        // bytes read as twice as many u16 cover exactly the same memory, borrowed as long.
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u16, self.data.len() * 2) }
+    }
 }
 
 /// How a kernel's result is shared between threads: each thread gets a disjoint range of
@@ -345,6 +354,17 @@ pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32
     Ok((cpu_kernels::pack_panels_bf16(w, k, n), shape))
 }
 
+/// As [`pack_linear_panels`], storing the weight as f16 (ggml shape and layout the same,
+/// dtype F16): half the memory of f32 panels for the products of CPUs without bf16 ones,
+/// which widen each weight to f32 as they load it (F16C). Exact for a weight read from an f16
+/// file; the products themselves stay in f32.
+pub fn pack_linear_panels_f16(w: &[f32], k: usize, n: usize) -> Result<(Vec<half::f16>, [i64; 3])> {
+    check_linear_weight("pack_linear_panels_f16", w, k, n)?;
+    let shape = [LINEAR_PANEL as i64, k as i64, (n / LINEAR_PANEL) as i64];
+    let packed = cpu_kernels::pack_panels(w, k, n);
+    Ok((packed.into_iter().map(half::f16::from_f32).collect(), shape))
+}
+
 /// Bytes per (panel, block of 32 inputs) of a weight packed by [`pack_linear_panels_q8`]:
 /// the packed tensor's first dimension.
 pub const LINEAR_Q8_RECORD: usize = cpu_kernels::Q8_RECORD * 4;
@@ -428,7 +448,7 @@ impl Context {
         // Inputs per output: one per row of a panel in f32, two per word in bf16, 32 per
         // record of int8 products.
         let (inputs, row_len) = match panels.dtype() {
-            DType::F32 => (pn[1], LINEAR_PANEL),
+            DType::F32 | DType::F16 => (pn[1], LINEAR_PANEL),
             DType::I32 => (2 * pn[1], LINEAR_PANEL),
             DType::I8 => (cpu_kernels::Q8_BLOCK as i64 * pn[1], LINEAR_Q8_RECORD),
             _ => (0, 0),
@@ -517,7 +537,7 @@ impl Context {
                 op,
                 src,
                 if packed {
-                    &[DType::F32, DType::I32, DType::I8]
+                    &[DType::F32, DType::I32, DType::I8, DType::F16]
                 } else {
                     &[DType::F32]
                 },

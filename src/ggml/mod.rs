@@ -52,7 +52,8 @@ pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
 pub use cpu_ops::{
     amx_bf16_tiles, kernel_set, linear_bf16, linear_q8, pack_linear_panels,
-    pack_linear_panels_bf16, pack_linear_panels_q8, KernelSet, LINEAR_PANEL, LINEAR_Q8_RECORD,
+    pack_linear_panels_bf16, pack_linear_panels_f16, pack_linear_panels_q8, KernelSet,
+    LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};

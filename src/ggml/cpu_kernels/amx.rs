@@ -113,86 +113,160 @@ impl Tiles {
     /// bf16 (the earlier input in the low half); row `i` of B, from `b[i * b_stride]`, holds
     /// 32 words, word `j` the bf16 pair of inputs `2i` and `2i + 1` of column `j` (a panel of
     /// [`super::pack_panels_bf16`], read as words); row `r` of the result is stored at
-    /// `c[r * c_stride..][..32]`.
-    ///
-    /// With `accumulate`, the sums start from what `c` holds instead of zero.
+    /// `c[r * c_stride..][..32]`. With `accumulate`, the sums start from what `c` holds
+    /// instead of zero.
     ///
     /// # Panics
     /// Unless `pairs` is a positive multiple of 16, the strides hold a row each and the
     /// slices hold what is read and written.
     pub fn product_32x32(
         &self,
+        a: (&[u32], usize),
+        b: (&[f32], usize),
+        pairs: usize,
+        c: (&mut [f32], usize),
+        accumulate: bool,
+    ) {
+        self.product_segments(a, b, &[[0, 0]], pairs, c, accumulate);
+    }
+
+    /// [`Tiles::product_32x32`] summed over segments: for each `[a_offset, b_offset]` of
+    /// `segments` (in words), the product of A from `a[a_offset..]` and B from
+    /// `b[b_offset..]` over `pairs` pairs, all summed into one 32 x 32 block of the tiles
+    /// (a convolution's taps: one segment per kernel position).
+    ///
+    /// # Panics
+    /// As [`Tiles::product_32x32`], for every segment.
+    pub fn product_segments(
+        &self,
         (a, a_stride): (&[u32], usize),
         (b, b_stride): (&[f32], usize),
+        segments: &[[usize; 2]],
         pairs: usize,
         (c, c_stride): (&mut [f32], usize),
         accumulate: bool,
     ) {
         assert!(pairs > 0 && pairs.is_multiple_of(TILE_PAIRS) && a_stride >= pairs);
         assert!(b_stride >= BLOCK && c_stride >= BLOCK);
-        assert!(a.len() >= (BLOCK - 1) * a_stride + pairs, "A holds 32 rows");
-        assert!(
-            b.len() >= (pairs - 1) * b_stride + BLOCK,
-            "B holds `pairs` rows"
-        );
         assert!(c.len() >= (BLOCK - 1) * c_stride + BLOCK, "C holds 32 rows");
-        let (a, c) = (a.as_ptr(), c.as_mut_ptr());
-        // SAFETY: the tiles are configured on this thread (`self`, not Send, exists only
-        // after `configure`) with tmm0-7 each 16 rows of 64 bytes. Step s < pairs / 16 reads
-        // 16 rows of 64 bytes of A at words r * a_stride + 16 s (rows 0-15 from `a`, 16-31
-        // from `a_high`), within `a` by the asserts, and rows 16 s .. 16 s + 16 of B
-        // (b_stride words apart, 64 bytes each from words 0 and 16), within `b`; the stores
-        // write (and with `accumulate` the first loads read) 32 rows of 128 bytes c_stride
-        // words apart, within `c`. tmm0-7 are declared clobbered.
-        unsafe {
-            asm!(
-                "test {accumulate}, {accumulate}",
-                "jz 3f",
-                "tileloadd tmm0, [{c} + {c_bytes} * 1]",
-                "tileloadd tmm1, [{c} + {c_bytes} * 1 + 64]",
-                "tileloadd tmm2, [{c_high} + {c_bytes} * 1]",
-                "tileloadd tmm3, [{c_high} + {c_bytes} * 1 + 64]",
-                "jmp 2f",
-                "3:",
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "2:",
-                "tileloadd tmm4, [{a} + {a_bytes} * 1]",
-                "tileloadd tmm5, [{a_high} + {a_bytes} * 1]",
-                "tileloadd tmm6, [{b} + {b_bytes} * 1]",
-                "tileloadd tmm7, [{b} + {b_bytes} * 1 + 64]",
-                "tdpbf16ps tmm0, tmm4, tmm6",
-                "tdpbf16ps tmm1, tmm4, tmm7",
-                "tdpbf16ps tmm2, tmm5, tmm6",
-                "tdpbf16ps tmm3, tmm5, tmm7",
-                "add {a}, 64",
-                "add {a_high}, 64",
-                "add {b}, {b_step}",
-                "dec {steps}",
-                "jnz 2b",
-                "tilestored [{c} + {c_bytes} * 1], tmm0",
-                "tilestored [{c} + {c_bytes} * 1 + 64], tmm1",
-                "tilestored [{c_high} + {c_bytes} * 1], tmm2",
-                "tilestored [{c_high} + {c_bytes} * 1 + 64], tmm3",
-                a = inout(reg) a => _,
-                a_high = inout(reg) a.add(TILE_ROWS * a_stride) => _,
-                b = inout(reg) b.as_ptr() => _,
-                steps = inout(reg) pairs / TILE_PAIRS => _,
-                a_bytes = in(reg) a_stride * 4,
-                b_bytes = in(reg) b_stride * 4,
-                b_step = in(reg) TILE_PAIRS * b_stride * 4,
-                c = in(reg) c,
-                c_high = in(reg) c.add(TILE_ROWS * c_stride),
-                c_bytes = in(reg) c_stride * 4,
-                accumulate = in(reg) accumulate as usize,
-                out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
-                out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
-                options(nostack),
-            );
+        // The assembly's loop over segments runs at least once.
+        assert!(!segments.is_empty(), "no segments");
+        // Each segment's A and B as addresses, checked against the slices, on the stack.
+        let mut addresses = [[0usize; 2]; MAX_SEGMENTS];
+        let mut accumulate = accumulate;
+        for chunk in segments.chunks(MAX_SEGMENTS) {
+            for (address, &[a_offset, b_offset]) in addresses.iter_mut().zip(chunk) {
+                let a_rows = a_offset + (BLOCK - 1) * a_stride + pairs;
+                assert!(a_rows <= a.len(), "A holds 32 rows from {a_offset}");
+                let b_rows = b_offset + (pairs - 1) * b_stride + BLOCK;
+                assert!(b_rows <= b.len(), "B holds `pairs` rows from {b_offset}");
+                *address = [
+                    a[a_offset..].as_ptr() as usize,
+                    b[b_offset..].as_ptr() as usize,
+                ];
+            }
+            let params = Params {
+                b_step: TILE_PAIRS * b_stride * 4,
+                steps: pairs / TILE_PAIRS,
+                c: c.as_mut_ptr(),
+                c_bytes: c_stride * 4,
+                // In bounds: row 16 of the 32 that `c` holds.
+                c_high: c[TILE_ROWS * c_stride..].as_mut_ptr(),
+                accumulate: accumulate as usize,
+            };
+            let segments = addresses[..chunk.len()].as_ptr_range();
+            // SAFETY: the tiles are configured on this thread (`self`, not Send, exists only
+            // after `configure`) with tmm0-7 each 16 rows of 64 bytes. For each segment (its
+            // addresses made from in-bounds offsets of `a` and `b` above), step s < pairs / 16
+            // reads 16 rows of 64 bytes of A at words r * a_stride + 16 s (rows 0-15 from
+            // `a`, 16-31 from `a_high`) and rows 16 s .. 16 s + 16 of B (b_stride words
+            // apart, 64 bytes each from words 0 and 16): within `a` and `b` by the asserts.
+            // The stores write (and with `accumulate` the first loads read) 32 rows of 128
+            // bytes c_stride words apart, within `c`. `params` and `segments` are read only;
+            // the scratch registers are outputs and tmm0-7 are declared clobbered.
+            unsafe {
+                asm!(
+                    "mov {a}, [{p} + 16]",
+                    "mov {a_high}, [{p} + 24]",
+                    "mov {b}, [{p} + 32]",
+                    "cmp qword ptr [{p} + 40], 0",
+                    "je 3f",
+                    "tileloadd tmm0, [{a} + {a_high} * 1]",
+                    "tileloadd tmm1, [{a} + {a_high} * 1 + 64]",
+                    "tileloadd tmm2, [{b} + {a_high} * 1]",
+                    "tileloadd tmm3, [{b} + {a_high} * 1 + 64]",
+                    "jmp 4f",
+                    "3:",
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    // One segment: A and B from its addresses, A's second 16 rows 16 rows on.
+                    "4:",
+                    "mov {a}, [{segment}]",
+                    "mov {b}, [{segment} + 8]",
+                    "mov {a_high}, {a_bytes}",
+                    "shl {a_high}, 4",
+                    "add {a_high}, {a}",
+                    "mov {steps}, [{p} + 8]",
+                    "2:",
+                    "tileloadd tmm4, [{a} + {a_bytes} * 1]",
+                    "tileloadd tmm5, [{a_high} + {a_bytes} * 1]",
+                    "tileloadd tmm6, [{b} + {b_bytes} * 1]",
+                    "tileloadd tmm7, [{b} + {b_bytes} * 1 + 64]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    "add {a}, 64",
+                    "add {a_high}, 64",
+                    "add {b}, [{p}]",
+                    "dec {steps}",
+                    "jnz 2b",
+                    "add {segment}, 16",
+                    "cmp {segment}, {segments_end}",
+                    "jne 4b",
+                    "mov {a}, [{p} + 16]",
+                    "mov {a_high}, [{p} + 24]",
+                    "mov {b}, [{p} + 32]",
+                    "tilestored [{a} + {a_high} * 1], tmm0",
+                    "tilestored [{a} + {a_high} * 1 + 64], tmm1",
+                    "tilestored [{b} + {a_high} * 1], tmm2",
+                    "tilestored [{b} + {a_high} * 1 + 64], tmm3",
+                    p = in(reg) &params,
+                    segment = inout(reg) segments.start => _,
+                    segments_end = in(reg) segments.end,
+                    a_bytes = in(reg) a_stride * 4,
+                    b_bytes = in(reg) b_stride * 4,
+                    a = out(reg) _,
+                    a_high = out(reg) _,
+                    b = out(reg) _,
+                    steps = out(reg) _,
+                    out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+                    out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+                    options(nostack),
+                );
+            }
+            // Later chunks add to the sums stored.
+            accumulate = true;
         }
     }
+}
+
+/// Segments of [`Tiles::product_segments`] passed to the tiles at once (a 3x3 kernel's).
+const MAX_SEGMENTS: usize = 9;
+
+/// What [`Tiles::product_segments`]'s assembly reads besides the segments, at the offsets it
+/// names: bytes to the next 16 rows of B (0), steps of 16 pairs (8), the first row of C (16),
+/// bytes between rows of C (24), row 16 of C (32), whether to start from C (40).
+#[repr(C)]
+struct Params {
+    b_step: usize,
+    steps: usize,
+    c: *mut f32,
+    c_bytes: usize,
+    c_high: *mut f32,
+    accumulate: usize,
 }
 
 impl Drop for Tiles {
@@ -209,7 +283,7 @@ mod tests {
 
     /// A 32 x 32 block against the same sums in f64 of the bf16 values (exact products, f32
     /// sums, so within f32 rounding of the sums), with strides wider than a row everywhere;
-    /// then accumulated onto itself.
+    /// then accumulated onto itself, and two segments against their products one by one.
     #[test]
     fn tiles_multiply_bf16_blocks() {
         let Some(tiles) = Tiles::configure() else {
@@ -230,8 +304,9 @@ mod tests {
             .map(|i| f32::from_bits(bf16(2 * i, 2) | bf16(2 * i + 1, 2) << 16))
             .collect();
         let (b_stride, c_stride) = (BLOCK + 3, BLOCK + 5);
-        let b: Vec<f32> = (0..pairs * b_stride)
-            .map(|i| b[(i / b_stride) * BLOCK + (i % b_stride) % BLOCK])
+        // One row more than a product reads, for a segment one row on.
+        let b: Vec<f32> = (0..(pairs + 1) * b_stride)
+            .map(|i| b[(i / b_stride % pairs) * BLOCK + (i % b_stride) % BLOCK])
             .collect();
         let mut c = vec![f32::NAN; BLOCK * c_stride];
         tiles.product_32x32(
@@ -257,6 +332,27 @@ mod tests {
                     "row {r}"
                 );
             }
+        }
+        // Two segments (A two words on, B one row on) against their products one by one.
+        let (a_offset, b_offset) = (2, b_stride);
+        let mut by_parts = vec![f32::NAN; BLOCK * c_stride];
+        let parts = [(0, 0, false), (a_offset, b_offset, true)];
+        for (a_at, b_at, accumulate) in parts {
+            let (a, b) = ((&a[a_at..], a_stride), (&b[b_at..], b_stride));
+            tiles.product_32x32(a, b, pairs, (&mut by_parts, c_stride), accumulate);
+        }
+        let mut segmented = vec![f32::NAN; BLOCK * c_stride];
+        tiles.product_segments(
+            (&a, a_stride),
+            (&b, b_stride),
+            &[[0, 0], [a_offset, b_offset]],
+            pairs,
+            (&mut segmented, c_stride),
+            false,
+        );
+        for r in 0..BLOCK {
+            let row = |c: &[f32]| c[r * c_stride..][..BLOCK].to_vec();
+            assert_eq!(row(&segmented), row(&by_parts), "row {r}");
         }
         let c = once;
         let half =

@@ -176,11 +176,13 @@ fn conv_same_planes_bf16(
     conv_planes(srcs, out, channels, true)
 }
 
-/// [`conv_same_planes_bf16`] on AMX tiles, for kernels that [`super::amx_convolution_fits`]:
-/// per output row, the pair band ([`Conv::fill_pair_band`], padded to blocks of 32 pixels);
-/// per block of 32 channels (the weights as bf16 pairs of consecutive (channel, ky) taps at
-/// one kx, zero rows past the last channel) and 32 pixels, one product per kx, each over a
-/// band shifted by kx, summed in the tiles' f32.
+/// [`conv_same_planes_bf16`] on AMX tiles, for kernels that [`super::amx_convolution_fits`].
+/// The products pair consecutive input channels: the weights of each output channel as one
+/// run of channel pairs per kernel position (ky, kx), and the input through a ring of KH
+/// rows per channel pair (bf16 pairs, zero-padded to blocks of 32 pixels and the kernel's
+/// reach), each input row converted once as the output rows pass. A block of 32 output
+/// channels by 32 pixels is then one tile product over KH x KW segments, each a position's
+/// weights against the ring shifted by (ky, kx), summed in the tiles' f32.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn conv_planes_amx(
@@ -192,44 +194,74 @@ fn conv_planes_amx(
     use super::amx::BLOCK;
     let (kernel, input) = (&srcs[0], &srcs[1]);
     let bias = |o: usize| srcs.get(2).map_or(0.0, |b| b.data[o]);
-    let mut conv = Conv::new(kernel, input);
-    conv.padded_w = conv.w.div_ceil(BLOCK) * BLOCK + conv.kw - 1;
-    let (plane_len, kw) = (conv.w * conv.h, conv.kw);
-    let pair_rows = conv.k_len / kw / 2;
-    // Row of channel o: kw runs of pair_rows words, run kx the pairs of taps at that kx.
-    let row_len = kw * pair_rows;
+    let [kw, kh, ic, _] = kernel.ne;
+    let [w, h, ..] = input.ne;
+    let (pad_x, pad_y, pairs) = (kw / 2, kh / 2, ic / 2);
+    let (k_len, positions) = (kw * kh * ic, kw * kh);
+    // Row of output channel o: per position (ky, kx), the pairs (w[o][2q][ky][kx],
+    // w[o][2q + 1][ky][kx]); rows past the last channel stay zero.
+    let row_len = positions * pairs;
     let groups = channels.len().div_ceil(BLOCK);
     let mut weights = vec![0u32; groups * BLOCK * row_len];
     for (o, row) in channels.clone().zip(weights.chunks_exact_mut(row_len)) {
-        let w = &kernel.data[o * conv.k_len..][..conv.k_len];
-        for (kx, run) in row.chunks_exact_mut(pair_rows).enumerate() {
-            for (p, word) in run.iter_mut().enumerate() {
-                *word = bf16_pair(w[2 * p * kw + kx], w[(2 * p + 1) * kw + kx]);
+        let w = &kernel.data[o * k_len..][..k_len];
+        for (position, run) in row.chunks_exact_mut(pairs).enumerate() {
+            let (ky, kx) = (position / kw, position % kw);
+            let tap = |c: usize| w[(c * kh + ky) * kw + kx];
+            for (q, word) in run.iter_mut().enumerate() {
+                *word = bf16_pair(tap(2 * q), tap(2 * q + 1));
             }
         }
     }
-    let mut band = vec![0.0f32; conv.padded_w * pair_rows];
+    // The ring: per channel pair, KH rows of `padded_w` words; input row iy (from -pad_y)
+    // in row (iy + pad_y) % KH, pixel x at pad_x + x. Padding is never written.
+    let padded_w = w.div_ceil(BLOCK) * BLOCK + kw - 1;
+    let pair_stride = kh * padded_w;
+    let mut ring = vec![0.0f32; pairs * pair_stride];
+    let mut next_row = 0;
     let mut sums = [0.0f32; BLOCK * BLOCK];
-    for oy in 0..conv.h {
-        conv.fill_pair_band(&mut band, input.data, oy);
-        for g in 0..groups {
-            let block = &weights[g * BLOCK * row_len..][..BLOCK * row_len];
-            let count = BLOCK.min(channels.len() - g * BLOCK);
-            for x0 in (0..conv.w).step_by(BLOCK) {
-                for kx in 0..kw {
-                    tiles.product_32x32(
-                        (&block[kx * pair_rows..], row_len),
-                        (&band[x0 + kx..], conv.padded_w),
-                        pair_rows,
-                        (&mut sums, BLOCK),
-                        kx > 0,
-                    );
+    let mut segments = vec![[0usize; 2]; positions];
+    let plane_len = w * h;
+    for oy in 0..h {
+        // Rows up to oy + KH - 1 - pad_y, counted from -pad_y (row r is input row r - pad_y).
+        while next_row < oy + kh {
+            let slot = next_row % kh;
+            let iy = next_row.wrapping_sub(pad_y);
+            for q in 0..pairs {
+                let dst = &mut ring[q * pair_stride + slot * padded_w + pad_x..][..w];
+                if iy < h {
+                    let lo = &input.data[(2 * q * h + iy) * w..][..w];
+                    let hi = &input.data[((2 * q + 1) * h + iy) * w..][..w];
+                    for ((d, &l), &h) in dst.iter_mut().zip(lo).zip(hi) {
+                        *d = f32::from_bits(bf16_pair(l, h));
+                    }
+                } else {
+                    dst.fill(0.0);
                 }
-                let n = BLOCK.min(conv.w - x0);
+            }
+            next_row += 1;
+        }
+        for g in 0..groups {
+            let count = BLOCK.min(channels.len() - g * BLOCK);
+            for x0 in (0..w).step_by(BLOCK) {
+                for (position, segment) in segments.iter_mut().enumerate() {
+                    let (ky, kx) = (position / kw, position % kw);
+                    let a = g * BLOCK * row_len + position * pairs;
+                    *segment = [a, (oy + ky) % kh * padded_w + x0 + kx];
+                }
+                tiles.product_segments(
+                    (&weights, row_len),
+                    (&ring, pair_stride),
+                    &segments,
+                    pairs,
+                    (&mut sums, BLOCK),
+                    false,
+                );
+                let n = BLOCK.min(w - x0);
                 for (r, sums) in sums.chunks_exact(BLOCK).take(count).enumerate() {
                     let c = g * BLOCK + r;
                     let b = bias(channels.start + c);
-                    let dst = &mut out[c * plane_len + oy * conv.w + x0..][..n];
+                    let dst = &mut out[c * plane_len + oy * w + x0..][..n];
                     for (d, &s) in dst.iter_mut().zip(sums) {
                         *d = s + b;
                     }
@@ -1094,8 +1126,9 @@ fn linear_rows(
         return linear_rows_q8(srcs, out, ne, rows, epilogue);
     }
     let (n, k) = (ne[0], srcs[1].ne[0]);
-    // The packed rows of one block, allocated once for every block: f32 words, or bf16 pairs
-    // with a weight of bf16 pairs (and the pairs of one group before packing).
+    // The packed rows of one block, allocated once for every block: f32 words (for f32 and
+    // f16 weights), or bf16 pairs with a weight of bf16 pairs (and the pairs of one group
+    // before packing).
     let bf16 = srcs[0].dtype == DType::I32;
     let depth = if bf16 { k / 2 } else { k };
     // AMX tiles take a bf16 weight whose depth fills whole tiles (every DA3 layer's does).
@@ -1247,12 +1280,19 @@ fn linear_block(
             pack_rows(&rows, depth, dst);
         }
     }
+    // An f16 weight: its panels as halves, two per word of `data`.
+    let halves = (panels.dtype == DType::F16).then(|| panels.halves());
+    let panel_words = if halves.is_some() {
+        depth * PANEL / 2
+    } else {
+        depth * PANEL
+    };
     // Each panel (at most a few hundred KB) stays in L2 while the block's rows sweep past
     // it, a span of two vectors of its columns at a time (all of it with AVX-512).
-    for (p, panel) in panels.data.chunks_exact(depth * PANEL).enumerate() {
+    for (p, panel) in panels.data.chunks_exact(panel_words).enumerate() {
         for span in (0..PANEL).step_by(SPAN) {
             let col = p * PANEL + span;
-            let b = &panel[span..];
+            let b = &panel[span.min(panel.len())..];
             for (g, r0) in (0..count).step_by(GEMM_ROWS).enumerate() {
                 let bias: [[f32; LANES]; 2] = std::array::from_fn(|v| {
                     bias[col + v * LANES..][..LANES]
@@ -1263,6 +1303,10 @@ fn linear_block(
                 if bf16 {
                     let xs = &x_pairs[g * group_len..][..group_len];
                     tile(Bf16Pairs, &mut acc, xs, b, (depth, PANEL), (1, 0));
+                } else if let Some(halves) = halves {
+                    let xs = &x_packed[g * group_len..][..group_len];
+                    let b = &halves[p * depth * PANEL + span..];
+                    tile(F16Weights, &mut acc, xs, b, (k, PANEL), (1, 0));
                 } else {
                     let xs = &x_packed[g * group_len..][..group_len];
                     tile(F32, &mut acc, xs, b, (k, PANEL), (1, 0));
@@ -1489,12 +1533,20 @@ unsafe fn q8_tile_steps<const R: usize, const C: usize>(
 }
 }
 
-/// How the register tile multiplies: f32 FMAs, or pairs of bf16 summed into f32.
+/// How the register tile multiplies: f32 FMAs (over f32 or f16 values of `b`), or pairs of
+/// bf16 summed into f32.
 trait Products: Copy {
     /// A value of a row of `a`: an f32, or a word holding two bf16.
     type Scalar: Copy;
     type Splat: Copy;
+    /// A value of `b`: an f32 (or a word of two bf16, read through an f32 slot), or f16 bits.
+    type B: Copy;
     fn splat(x: Self::Scalar) -> Self::Splat;
+    /// LANES values of `b` from `p` as a vector of this product's operands.
+    ///
+    /// # Safety
+    /// `p` is valid for reading LANES values, and the CPU has this instance's features.
+    unsafe fn load_b(p: *const Self::B) -> simd::F;
     /// `acc + x · b`, with `b` read as this product's operands.
     fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F;
 }
@@ -1506,9 +1558,39 @@ struct F32;
 impl Products for F32 {
     type Scalar = f32;
     type Splat = simd::F;
+    type B = f32;
     #[inline(always)]
     fn splat(x: f32) -> simd::F {
         simd::splat(x)
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const f32) -> simd::F {
+        // SAFETY: as the caller promises.
+        unsafe { simd::load(p) }
+    }
+    #[inline(always)]
+    fn madd(acc: simd::F, x: simd::F, b: simd::F) -> simd::F {
+        simd::fma(x, b, acc)
+    }
+}
+
+/// f32 products over f16 values of `b` (an f16 weight packed as panels), widened as they are
+/// loaded (`vcvtph2ps`): the f32 kernel's arithmetic on half the weight bytes.
+#[derive(Clone, Copy)]
+struct F16Weights;
+
+impl Products for F16Weights {
+    type Scalar = f32;
+    type Splat = simd::F;
+    type B = u16;
+    #[inline(always)]
+    fn splat(x: f32) -> simd::F {
+        simd::splat(x)
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const u16) -> simd::F {
+        // SAFETY: as the caller promises.
+        unsafe { simd::load_f16(p) }
     }
     #[inline(always)]
     fn madd(acc: simd::F, x: simd::F, b: simd::F) -> simd::F {
@@ -1525,9 +1607,15 @@ struct Bf16Pairs;
 impl Products for Bf16Pairs {
     type Scalar = u32;
     type Splat = simd::Bf16Splat;
+    type B = f32;
     #[inline(always)]
     fn splat(x: u32) -> Self::Splat {
         simd::bf16_splat(x)
+    }
+    #[inline(always)]
+    unsafe fn load_b(p: *const f32) -> simd::F {
+        // SAFETY: as the caller promises.
+        unsafe { simd::load(p) }
     }
     #[inline(always)]
     fn madd(acc: simd::F, x: Self::Splat, b: simd::F) -> simd::F {
@@ -1548,7 +1636,7 @@ fn tile<P: Products, const R: usize, const C: usize>(
     products: P,
     acc: &mut [[[f32; LANES]; C]; R],
     a: &[P::Scalar],
-    b: &[f32],
+    b: &[P::B],
     outer: (usize, usize),
     inner: (usize, usize),
 ) {
@@ -1563,7 +1651,7 @@ fn tile_a_strided<P: Products, const R: usize, const C: usize>(
     products: P,
     acc: &mut [[[f32; LANES]; C]; R],
     (a, a_step): (&[P::Scalar], usize),
-    b: &[f32],
+    b: &[P::B],
     outer: (usize, usize),
     inner: (usize, usize),
 ) {
@@ -1588,7 +1676,7 @@ type TileSteps<P, const R: usize, const C: usize> = unsafe fn(
     P,
     &mut [[[f32; LANES]; C]; R],
     (&[<P as Products>::Scalar], usize),
-    &[f32],
+    &[<P as Products>::B],
     (usize, usize),
     (usize, usize),
 );
@@ -1617,7 +1705,7 @@ unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
     _products: P,
     acc: &mut [[[f32; LANES]; C]; R],
     (a, a_step): (&[P::Scalar], usize),
-    b: &[f32],
+    b: &[P::B],
     (outer, outer_stride): (usize, usize),
     (inner, inner_stride): (usize, usize),
 ) {
@@ -1629,8 +1717,8 @@ unsafe fn tile_steps<P: Products, const R: usize, const C: usize>(
             std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
         let mut ap = a.as_ptr();
         // One step: C vectors of `b` at `bp` by the R values at `ap`.
-        let step = |c: &mut [[simd::F; C]; R], ap: *const P::Scalar, bp: *const f32| {
-            let bv: [simd::F; C] = std::array::from_fn(|v| simd::load(bp.add(v * LANES)));
+        let step = |c: &mut [[simd::F; C]; R], ap: *const P::Scalar, bp: *const P::B| {
+            let bv: [simd::F; C] = std::array::from_fn(|v| P::load_b(bp.add(v * LANES)));
             for (r, c) in c.iter_mut().enumerate() {
                 let x = P::splat(*ap.add(r));
                 for (c, &bv) in c.iter_mut().zip(&bv) {
