@@ -127,19 +127,21 @@ impl Tiles {
         c: (&mut [f32], usize),
         accumulate: bool,
     ) {
-        self.product_segments(a, b, &[[0, 0]], pairs, c, accumulate);
+        self.product_segments((a.0, a.1, BLOCK), b, &[[0, 0]], pairs, c, accumulate);
     }
 
     /// [`Tiles::product_32x32`] summed over segments: for each `[a_offset, b_offset]` of
     /// `segments` (in words), the product of A from `a[a_offset..]` and B from
     /// `b[b_offset..]` over `pairs` pairs, all summed into one 32 x 32 block of the tiles
-    /// (a convolution's taps: one segment per kernel position).
+    /// (a convolution's taps: one segment per kernel position). A is `(a, a_stride, rows)`:
+    /// with `rows` 16, only the first 16 rows of A are read and of C computed (rows 16-31 of `c` are left as they
+    /// are), in half the tile products: a block of 16 output channels.
     ///
     /// # Panics
-    /// As [`Tiles::product_32x32`], for every segment.
+    /// As [`Tiles::product_32x32`], for every segment, and unless `rows` is 16 or 32.
     pub fn product_segments(
         &self,
-        (a, a_stride): (&[u32], usize),
+        (a, a_stride, rows): (&[u32], usize, usize),
         (b, b_stride): (&[f32], usize),
         segments: &[[usize; 2]],
         pairs: usize,
@@ -151,13 +153,14 @@ impl Tiles {
         assert!(c.len() >= (BLOCK - 1) * c_stride + BLOCK, "C holds 32 rows");
         // The assembly's loop over segments runs at least once.
         assert!(!segments.is_empty(), "no segments");
+        assert!(rows == TILE_ROWS || rows == BLOCK, "{rows} rows");
         // Each segment's A and B as addresses, checked against the slices, on the stack.
         let mut addresses = [[0usize; 2]; MAX_SEGMENTS];
         let mut accumulate = accumulate;
         for chunk in segments.chunks(MAX_SEGMENTS) {
             for (address, &[a_offset, b_offset]) in addresses.iter_mut().zip(chunk) {
-                let a_rows = a_offset + (BLOCK - 1) * a_stride + pairs;
-                assert!(a_rows <= a.len(), "A holds 32 rows from {a_offset}");
+                let a_rows = a_offset + (rows - 1) * a_stride + pairs;
+                assert!(a_rows <= a.len(), "A holds {rows} rows from {a_offset}");
                 let b_rows = b_offset + (pairs - 1) * b_stride + BLOCK;
                 assert!(b_rows <= b.len(), "B holds `pairs` rows from {b_offset}");
                 *address = [
@@ -173,16 +176,18 @@ impl Tiles {
                 // In bounds: row 16 of the 32 that `c` holds.
                 c_high: c[TILE_ROWS * c_stride..].as_mut_ptr(),
                 accumulate: accumulate as usize,
+                high_rows: (rows == BLOCK) as usize,
             };
             let segments = addresses[..chunk.len()].as_ptr_range();
             // SAFETY: the tiles are configured on this thread (`self`, not Send, exists only
             // after `configure`) with tmm0-7 each 16 rows of 64 bytes. For each segment (its
             // addresses made from in-bounds offsets of `a` and `b` above), step s < pairs / 16
             // reads 16 rows of 64 bytes of A at words r * a_stride + 16 s (rows 0-15 from
-            // `a`, 16-31 from `a_high`) and rows 16 s .. 16 s + 16 of B (b_stride words
-            // apart, 64 bytes each from words 0 and 16): within `a` and `b` by the asserts.
-            // The stores write (and with `accumulate` the first loads read) 32 rows of 128
-            // bytes c_stride words apart, within `c`. `params` and `segments` are read only;
+            // `a`; rows 16-31, from `a_high`, only where `high_rows` is set, i.e. `rows` is
+            // 32) and rows 16 s .. 16 s + 16 of B (b_stride words apart, 64 bytes each from
+            // words 0 and 16): within `a` and `b` by the asserts. The stores write (and with
+            // `accumulate` the first loads read) 16 or 32 (`high_rows`) rows of 128 bytes
+            // c_stride words apart, within `c` (which holds 32). `params` and `segments` are read only;
             // the scratch registers are outputs and tmm0-7 are declared clobbered.
             unsafe {
                 asm!(
@@ -193,6 +198,8 @@ impl Tiles {
                     "je 3f",
                     "tileloadd tmm0, [{a} + {a_high} * 1]",
                     "tileloadd tmm1, [{a} + {a_high} * 1 + 64]",
+                    "cmp qword ptr [{p} + 48], 0",
+                    "je 4f",
                     "tileloadd tmm2, [{b} + {a_high} * 1]",
                     "tileloadd tmm3, [{b} + {a_high} * 1 + 64]",
                     "jmp 4f",
@@ -209,6 +216,8 @@ impl Tiles {
                     "shl {a_high}, 4",
                     "add {a_high}, {a}",
                     "mov {steps}, [{p} + 8]",
+                    "cmp qword ptr [{p} + 48], 0",
+                    "je 6f",
                     "2:",
                     "tileloadd tmm4, [{a} + {a_bytes} * 1]",
                     "tileloadd tmm5, [{a_high} + {a_bytes} * 1]",
@@ -223,6 +232,19 @@ impl Tiles {
                     "add {b}, [{p}]",
                     "dec {steps}",
                     "jnz 2b",
+                    "jmp 7f",
+                    // 16 rows: A's first 16 only, two tile products a step.
+                    "6:",
+                    "tileloadd tmm4, [{a} + {a_bytes} * 1]",
+                    "tileloadd tmm6, [{b} + {b_bytes} * 1]",
+                    "tileloadd tmm7, [{b} + {b_bytes} * 1 + 64]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "add {a}, 64",
+                    "add {b}, [{p}]",
+                    "dec {steps}",
+                    "jnz 6b",
+                    "7:",
                     "add {segment}, 16",
                     "cmp {segment}, {segments_end}",
                     "jne 4b",
@@ -231,8 +253,11 @@ impl Tiles {
                     "mov {b}, [{p} + 32]",
                     "tilestored [{a} + {a_high} * 1], tmm0",
                     "tilestored [{a} + {a_high} * 1 + 64], tmm1",
+                    "cmp qword ptr [{p} + 48], 0",
+                    "je 8f",
                     "tilestored [{b} + {a_high} * 1], tmm2",
                     "tilestored [{b} + {a_high} * 1 + 64], tmm3",
+                    "8:",
                     p = in(reg) &params,
                     segment = inout(reg) segments.start => _,
                     segments_end = in(reg) segments.end,
@@ -258,7 +283,8 @@ const MAX_SEGMENTS: usize = 9;
 
 /// What [`Tiles::product_segments`]'s assembly reads besides the segments, at the offsets it
 /// names: bytes to the next 16 rows of B (0), steps of 16 pairs (8), the first row of C (16),
-/// bytes between rows of C (24), row 16 of C (32), whether to start from C (40).
+/// bytes between rows of C (24), row 16 of C (32), whether to start from C (40), whether rows
+/// 16-31 are computed (48).
 #[repr(C)]
 struct Params {
     b_step: usize,
@@ -267,6 +293,7 @@ struct Params {
     c_bytes: usize,
     c_high: *mut f32,
     accumulate: usize,
+    high_rows: usize,
 }
 
 impl Drop for Tiles {
@@ -343,16 +370,31 @@ mod tests {
         }
         let mut segmented = vec![f32::NAN; BLOCK * c_stride];
         tiles.product_segments(
-            (&a, a_stride),
+            (&a, a_stride, BLOCK),
             (&b, b_stride),
             &[[0, 0], [a_offset, b_offset]],
             pairs,
             (&mut segmented, c_stride),
             false,
         );
+        // The same over 16 rows: their sums, rows 16-31 untouched.
+        let mut sixteen = vec![f32::NAN; BLOCK * c_stride];
+        tiles.product_segments(
+            (&a, a_stride, TILE_ROWS),
+            (&b, b_stride),
+            &[[0, 0], [a_offset, b_offset]],
+            pairs,
+            (&mut sixteen, c_stride),
+            false,
+        );
         for r in 0..BLOCK {
             let row = |c: &[f32]| c[r * c_stride..][..BLOCK].to_vec();
             assert_eq!(row(&segmented), row(&by_parts), "row {r}");
+            if r < TILE_ROWS {
+                assert_eq!(row(&sixteen), row(&segmented), "16 rows: row {r}");
+            } else {
+                assert!(row(&sixteen).iter().all(|x| x.is_nan()), "16 rows: row {r}");
+            }
         }
         let c = once;
         let half =

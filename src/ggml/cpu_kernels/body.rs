@@ -249,8 +249,11 @@ fn conv_planes_amx(
                     let a = g * BLOCK * row_len + position * pairs;
                     *segment = [a, (oy + ky) % kh * padded_w + x0 + kx];
                 }
+                // A last block of 16 channels or fewer (a 32-channel layer split between two
+                // threads) takes half the tile products.
+                let rows = if count <= BLOCK / 2 { BLOCK / 2 } else { BLOCK };
                 tiles.product_segments(
-                    (&weights, row_len),
+                    (&weights, row_len, rows),
                     (&ring, pair_stride),
                     &segments,
                     pairs,
