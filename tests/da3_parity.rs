@@ -6,6 +6,8 @@ mod common;
 
 use common::{agreement, correlation, Fixture};
 use da3::convert::{write_synthetic, WeightType};
+use da3::ggml::gguf::{GgufFile, GgufWriter, Value};
+use da3::ggml::DType;
 use da3::preprocess::preprocess;
 use da3::{synthetic, Config, Device, LoadOptions, Model, Session};
 
@@ -135,6 +137,88 @@ fn quantized_weights_stay_close_to_f32() {
         eprintln!("{weight_type:?}: depth correlation with f32 {corr:.6}");
         assert!(corr >= min_corr, "{weight_type:?}: correlation {corr}");
     }
+}
+
+/// Where bf16 products do not pay (AVX2 CPUs, Intel without AMX), an f16 file's linear
+/// layers are packed as f16 panels and multiplied in f32: the depth of the f16 file then
+/// equals, to f32 rounding, that of an f32 file holding the same f16-rounded values (ggml's
+/// f16 product, which rounds the activations to f16 as well, is 6e-4 of the depth off). The
+/// kernel set is decided once per process, so the test runs itself again with the AVX2
+/// kernels forced (`DA3_CPU_KERNELS=avx2`), on x86-64 CPUs with AVX2 (every CI machine of
+/// this project).
+#[test]
+fn f16_file_on_f32_products_matches_its_values_in_f32() {
+    const NAME: &str = "f16_file_on_f32_products_matches_its_values_in_f32";
+    const CHILD: &str = "DA3_TEST_F16_PANELS_CHILD";
+    if std::env::var_os(CHILD).is_none() {
+        if !cfg!(target_arch = "x86_64") || !da3::ggml::kernel_set().beats_ggml() {
+            eprintln!("no AVX2 kernels on this CPU: f16 files use ggml's products here");
+            return;
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture"])
+            .env(CHILD, "1")
+            .env("DA3_CPU_KERNELS", "avx2")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the child run failed: {status}");
+        return;
+    }
+    assert_eq!(da3::ggml::kernel_set(), da3::ggml::KernelSet::Avx2);
+    assert!(
+        !da3::ggml::linear_bf16(),
+        "the f16 file would be packed as bf16"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let f16_path = dir.path().join("f16.gguf");
+    let config = Config::preset("da3-small").unwrap();
+    write_synthetic(&f16_path, &config, WeightType::F16).unwrap();
+    // The same file with every f16 tensor widened to f32.
+    let widened_path = dir.path().join("widened.gguf");
+    let file = GgufFile::open(&f16_path).unwrap();
+    let mut writer = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        writer.set(key, value.clone());
+    }
+    writer.set("general.file_type", Value::from(0u32));
+    for t in file.tensors() {
+        let data = file.tensor_data(t).unwrap();
+        let (dtype, data) = if t.dtype == DType::F16 {
+            let widened = data
+                .chunks_exact(2)
+                .flat_map(|h| {
+                    half::f16::from_le_bytes([h[0], h[1]])
+                        .to_f32()
+                        .to_le_bytes()
+                })
+                .collect();
+            (DType::F32, widened)
+        } else {
+            (t.dtype, data.to_vec())
+        };
+        writer
+            .add_tensor(t.name.clone(), dtype, t.shape(), data)
+            .unwrap();
+    }
+    writer.write_to(&widened_path).unwrap();
+    let image = synthetic::image(320, 214);
+    let depth_of = |path: &std::path::Path| {
+        let options = LoadOptions {
+            device: Device::Cpu,
+            threads: 2,
+            ..Default::default()
+        };
+        let model = Model::load(path, &options).unwrap();
+        model.session().unwrap().predict_rgb(&image).unwrap().depth
+    };
+    let (f16, widened) = (depth_of(&f16_path), depth_of(&widened_path));
+    let largest = widened.iter().fold(0.0f32, |m, d| m.max(d.abs()));
+    let diff = f16
+        .iter()
+        .zip(&widened)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("f16 file against its values in f32: largest difference {diff:e} of {largest}");
+    assert!(diff <= 1e-5 * largest, "{diff} of {largest}");
 }
 
 /// f16 convolutions (ggml's direct convolution with f16 kernels, which GPUs run on tensor

@@ -139,9 +139,10 @@ pub fn bf16_products_pay() -> bool {
     })
 }
 
-/// Whether the linear layers' bf16 products run on AMX tiles (`cpu_kernels/amx.rs`): where
-/// the CPU has AMX-BF16, the OS grants the tile state and `DA3_AMX` is not `off`. The
-/// products of attention and convolutions stay vector ones ([`bf16_products_pay`]).
+/// Whether bf16 products run on AMX tiles (`cpu_kernels/amx.rs`): where the CPU has
+/// AMX-BF16, the OS grants the tile state and `DA3_AMX` is not `off`. Linear layers and
+/// attention then multiply on the tiles, and the convolutions that
+/// [`amx_convolution_fits`]; the others keep the vector kernels ([`bf16_products_pay`]).
 pub fn amx_bf16_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1397,10 +1398,6 @@ mod tests {
         }
     }
 
-    /// Every instance's f32 kernels agree with the portable ones, and its bf16 kernels stay
-    /// within bf16 rounding of its f32 ones: attention over several key blocks and query
-    /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
-    /// groups.
     /// f16 panels (CPUs without bf16 products) widen each weight exactly: every instance's
     /// product over them equals its product over f32 panels of the same f16-rounded weight.
     #[test]
@@ -1443,6 +1440,10 @@ mod tests {
         }
     }
 
+    /// Every instance's f32 kernels agree with the portable ones, and its bf16 kernels stay
+    /// within bf16 rounding of its f32 ones: attention over several key blocks and query
+    /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
+    /// groups.
     #[test]
     fn every_instance_agrees_and_its_bf16_kernels_stay_close() {
         // Attention: q [64, 100, 2], k and v [64, 500, 2] -> [64, 2, 100].

@@ -282,8 +282,13 @@ pub const LINEAR_PANEL: usize = cpu_kernels::PANEL;
 /// [[`LINEAR_PANEL`], k, n / [`LINEAR_PANEL`]]. `n` must be a multiple of [`LINEAR_PANEL`].
 pub fn pack_linear_panels(w: &[f32], k: usize, n: usize) -> Result<(Vec<f32>, [i64; 3])> {
     check_linear_weight("pack_linear_panels", w, k, n)?;
-    let shape = [LINEAR_PANEL as i64, k as i64, (n / LINEAR_PANEL) as i64];
-    Ok((cpu_kernels::pack_panels(w, k, n), shape))
+    Ok((cpu_kernels::pack_panels(w, k, n), panel_shape(k, n)))
+}
+
+/// The ggml shape of `n` outputs of `k` inputs packed one value per input:
+/// [[`LINEAR_PANEL`], k, n / [`LINEAR_PANEL`]].
+fn panel_shape(k: usize, n: usize) -> [i64; 3] {
+    [LINEAR_PANEL as i64, k as i64, (n / LINEAR_PANEL) as i64]
 }
 
 /// `w` holds an `n` x `k` weight whose outputs fill whole panels.
@@ -320,8 +325,9 @@ pub(crate) fn vector_bf16() -> bool {
     kernel_set().has_bf16_products() && cpu_kernels::bf16_products_pay()
 }
 
-/// Whether the linear layers' bf16 products run on AMX tiles (Intel Xeons since Sapphire
-/// Rapids; `DA3_AMX=off` keeps the vector kernels).
+/// Whether bf16 products run on AMX tiles (Intel Xeons since Sapphire Rapids): an f16
+/// file's linear layers, attention and the convolutions whose channels fill the tiles;
+/// `DA3_AMX=off` keeps the vector kernels.
 pub fn amx_bf16_tiles() -> bool {
     kernel_set().has_bf16_products() && cpu_kernels::amx_bf16_tiles()
 }
@@ -360,9 +366,9 @@ pub fn pack_linear_panels_bf16(w: &[f32], k: usize, n: usize) -> Result<(Vec<i32
 /// file; the products themselves stay in f32.
 pub fn pack_linear_panels_f16(w: &[f32], k: usize, n: usize) -> Result<(Vec<half::f16>, [i64; 3])> {
     check_linear_weight("pack_linear_panels_f16", w, k, n)?;
-    let shape = [LINEAR_PANEL as i64, k as i64, (n / LINEAR_PANEL) as i64];
     let packed = cpu_kernels::pack_panels(w, k, n);
-    Ok((packed.into_iter().map(half::f16::from_f32).collect(), shape))
+    let halves = packed.into_iter().map(half::f16::from_f32).collect();
+    Ok((halves, panel_shape(k, n)))
 }
 
 /// Bytes per (panel, block of 32 inputs) of a weight packed by [`pack_linear_panels_q8`]:
@@ -1110,6 +1116,18 @@ pub(super) mod tests {
                 .unwrap_err();
             assert!(err.to_string().contains("packed depth"), "{depth}: {err}");
         }
+        // An f16 packing: as f32 panels (outputs in whole panels, one row per input).
+        assert!(super::pack_linear_panels_f16(&vec![0.0; 4 * (p + 1)], 4, p + 1).is_err());
+        assert!(super::pack_linear_panels_f16(&vec![0.0; 4 * p - 1], 4, p).is_err());
+        let (halves, f16_shape) = super::pack_linear_panels_f16(&vec![0.0; 4 * p], 4, p).unwrap();
+        assert_eq!((halves.len(), f16_shape), (4 * p, [p as i64, 4, 1]));
+        let f16_panels = ctx.new_tensor(DType::F16, &f16_shape).unwrap();
+        assert!(ctx.linear_panels(&f16_panels, &x, &bias, false).is_ok());
+        let deeper = ctx.new_tensor(DType::F32, &[8, 3]).unwrap();
+        let err = ctx
+            .linear_panels(&f16_panels, &deeper, &bias, false)
+            .unwrap_err();
+        assert!(err.to_string().contains("packed depth"), "{err}");
     }
 
     #[test]

@@ -368,25 +368,21 @@ mod tests {
             let (a, b) = ((&a[a_at..], a_stride), (&b[b_at..], b_stride));
             tiles.product_32x32(a, b, pairs, (&mut by_parts, c_stride), accumulate);
         }
-        let mut segmented = vec![f32::NAN; BLOCK * c_stride];
-        tiles.product_segments(
-            (&a, a_stride, BLOCK),
-            (&b, b_stride),
-            &[[0, 0], [a_offset, b_offset]],
-            pairs,
-            (&mut segmented, c_stride),
-            false,
-        );
-        // The same over 16 rows: their sums, rows 16-31 untouched.
-        let mut sixteen = vec![f32::NAN; BLOCK * c_stride];
-        tiles.product_segments(
-            (&a, a_stride, TILE_ROWS),
-            (&b, b_stride),
-            &[[0, 0], [a_offset, b_offset]],
-            pairs,
-            (&mut sixteen, c_stride),
-            false,
-        );
+        let segmented_rows = |rows: usize| {
+            let mut c = vec![f32::NAN; BLOCK * c_stride];
+            let segments = [[0, 0], [a_offset, b_offset]];
+            tiles.product_segments(
+                (&a, a_stride, rows),
+                (&b, b_stride),
+                &segments,
+                pairs,
+                (&mut c, c_stride),
+                false,
+            );
+            c
+        };
+        // Over 32 rows, and over 16: their sums, rows 16-31 untouched.
+        let (segmented, sixteen) = (segmented_rows(BLOCK), segmented_rows(TILE_ROWS));
         for r in 0..BLOCK {
             let row = |c: &[f32]| c[r * c_stride..][..BLOCK].to_vec();
             assert_eq!(row(&segmented), row(&by_parts), "row {r}");
