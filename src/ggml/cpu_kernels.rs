@@ -209,7 +209,7 @@ pub(super) const ATTENTION_DV_MULTIPLE: usize = 16;
 /// one kernel instance, whose code runs only inside that instance's `run` functions.
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_vectors {
-    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $mul:ident, $add:ident, $sub:ident, $load:ident, $store:ident) => {
+    ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $mul:ident, $add:ident, $sub:ident, $div:ident, $min:ident, $max:ident, $load:ident, $store:ident) => {
         use std::arch::x86_64::*;
         pub type F = $f;
         pub const LANES: usize = $lanes;
@@ -240,6 +240,23 @@ macro_rules! x86_vectors {
         pub fn sub(a: F, b: F) -> F {
             // SAFETY: as for `splat`.
             unsafe { $sub(a, b) }
+        }
+        #[inline(always)]
+        pub fn div(a: F, b: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $div(a, b) }
+        }
+        /// `b` where either is NaN, as `minps` does.
+        #[inline(always)]
+        pub fn min(a: F, b: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $min(a, b) }
+        }
+        /// `b` where either is NaN, as `maxps` does.
+        #[inline(always)]
+        pub fn max(a: F, b: F) -> F {
+            // SAFETY: as for `splat`.
+            unsafe { $max(a, b) }
         }
         // The lanes of a vector and back: for the bf16 fallback, which the AVX-512 set lacks.
         #[allow(dead_code)]
@@ -338,6 +355,9 @@ mod avx512 {
             _mm512_mul_ps,
             _mm512_add_ps,
             _mm512_sub_ps,
+            _mm512_div_ps,
+            _mm512_min_ps,
+            _mm512_max_ps,
             _mm512_loadu_ps,
             _mm512_storeu_ps
         );
@@ -518,6 +538,9 @@ macro_rules! avx2_vectors {
             _mm256_mul_ps,
             _mm256_add_ps,
             _mm256_sub_ps,
+            _mm256_div_ps,
+            _mm256_min_ps,
+            _mm256_max_ps,
             _mm256_loadu_ps,
             _mm256_storeu_ps
         );
@@ -756,6 +779,20 @@ mod portable {
         #[inline(always)]
         pub fn sub(a: F, b: F) -> F {
             std::array::from_fn(|i| a[i] - b[i])
+        }
+        #[inline(always)]
+        pub fn div(a: F, b: F) -> F {
+            std::array::from_fn(|i| a[i] / b[i])
+        }
+        /// `b` where either is NaN, as x86's `minps` does.
+        #[inline(always)]
+        pub fn min(a: F, b: F) -> F {
+            std::array::from_fn(|i| if a[i] < b[i] { a[i] } else { b[i] })
+        }
+        /// `b` where either is NaN, as x86's `maxps` does.
+        #[inline(always)]
+        pub fn max(a: F, b: F) -> F {
+            std::array::from_fn(|i| if a[i] > b[i] { a[i] } else { b[i] })
         }
         #[inline(always)]
         pub fn fma(a: F, b: F, c: F) -> F {
@@ -1150,12 +1187,150 @@ mod tests {
         avx512_conv = avx512::conv_same_planes;
         avx512_conv_bf16 = avx512::conv_same_planes_bf16;
         avx512_linear = avx512::linear_bias_rows;
+        avx2_linear_gelu = avx2::linear_bias_gelu_rows;
+        avx2vnni_linear_gelu = avx2vnni::linear_bias_gelu_rows;
+        avx512_linear_gelu = avx512::linear_bias_gelu_rows;
+        avx2_linear_residual = avx2::linear_scaled_residual_rows;
+        avx2vnni_linear_residual = avx2vnni::linear_scaled_residual_rows;
+        avx512_linear_residual = avx512::linear_scaled_residual_rows;
+        avx2_gelu = avx2::gelu_erf_rows;
+        avx2vnni_gelu = avx2vnni::gelu_erf_rows;
+        avx512_gelu = avx512::gelu_erf_rows;
         avx2_conv_direct = avx2::conv_direct_planes;
         avx2vnni_conv_direct = avx2vnni::conv_direct_planes;
         avx512_conv_direct = avx512::conv_direct_planes;
         avx2_conv_winograd = avx2::conv_winograd_planes;
         avx2vnni_conv_winograd = avx2vnni::conv_winograd_planes;
         avx512_conv_winograd = avx512::conv_winograd_planes;
+    }
+
+    /// Each instance's linear layers (bias, bias and GELU, scaled residual) and its
+    /// standalone GELU.
+    fn linear_instances() -> Vec<(&'static str, [Entry; 4])> {
+        use super::portable::run as portable;
+        let mut sets: Vec<(&'static str, [Entry; 4])> = vec![(
+            "portable",
+            [
+                portable::linear_bias_rows,
+                portable::linear_bias_gelu_rows,
+                portable::linear_scaled_residual_rows,
+                portable::gelu_erf_rows,
+            ],
+        )];
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() != KernelSet::Portable {
+            let entries = [
+                avx2_linear,
+                avx2_linear_gelu,
+                avx2_linear_residual,
+                avx2_gelu,
+            ];
+            sets.push(("avx2", entries));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::avx2_vnni_detected() {
+            sets.push((
+                "avx2vnni",
+                [
+                    avx2vnni_linear,
+                    avx2vnni_linear_gelu,
+                    avx2vnni_linear_residual,
+                    avx2vnni_gelu,
+                ],
+            ));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() == KernelSet::Avx512Bf16 {
+            sets.push((
+                "avx512bf16",
+                [
+                    avx512_linear,
+                    avx512_linear_gelu,
+                    avx512_linear_residual,
+                    avx512_gelu,
+                ],
+            ));
+        }
+        sets
+    }
+
+    /// Every instance's f32 linear layer against sums in f64, over depths that end inside a
+    /// slice of the panel (`LINEAR_DEPTH_BLOCK`, 192 steps), row counts past a row block
+    /// (`LINEAR_ROW_BLOCK`, 192) and inside a register tile, a share of rows that starts past
+    /// 0, and odd depths (the packing's 4 x 4 transposes and their tail); its fused epilogues
+    /// against the plain product followed by the standalone GELU kernel, or by the scaled
+    /// residual, bit for bit.
+    #[test]
+    fn every_instance_linear_layers_match_f64_sums_and_their_epilogues() {
+        for (kd, n, t, rows) in [(450usize, 64usize, 205usize, 3..205), (7, 32, 9, 0..9)] {
+            let (weight, x) = (values(kd * n, 21), values(kd * t, 22));
+            let (b, scale, residual) = (values(n, 23), values(n, 24), values(n * t, 25));
+            let panels = pack_panels(&weight, kd, n);
+            let linear = [
+                src(&panels, [PANEL, kd, n / PANEL, 1]),
+                src(&x, [kd, t, 1, 1]),
+                src(&b, [n, 1, 1, 1]),
+                src(&scale, [n, 1, 1, 1]),
+                src(&residual, [n, t, 1, 1]),
+            ];
+            let ne = [n, t, 1, 1];
+            let rows_len = rows.len();
+            let out_len = n * rows_len;
+            for (set, [plain, gelu, scaled_residual, gelu_alone]) in linear_instances() {
+                let mut product = vec![f32::NAN; out_len];
+                plain(&linear[..3], &mut product, ne, rows.clone(), 0.0);
+                for (r, got) in product.chunks_exact(n).enumerate() {
+                    let row = rows.start + r;
+                    for (j, &got) in got.iter().enumerate() {
+                        let sum: f64 = (0..kd)
+                            .map(|i| f64::from(x[row * kd + i]) * f64::from(weight[j * kd + i]))
+                            .sum::<f64>()
+                            + f64::from(b[j]);
+                        let bound = 1e-5 * (1.0 + sum.abs());
+                        assert!(
+                            (f64::from(got) - sum).abs() <= bound,
+                            "{set} {kd}x{n}, row {row}, column {j}: {got} against {sum}"
+                        );
+                    }
+                }
+                let mut fused = vec![f32::NAN; out_len];
+                gelu(&linear[..3], &mut fused, ne, rows.clone(), 0.0);
+                let mut separate = vec![f32::NAN; out_len];
+                let product_src = src(&product, [n * rows_len, 1, 1, 1]);
+                gelu_alone(
+                    &[product_src],
+                    &mut separate,
+                    [n * rows_len, 1, 1, 1],
+                    0..1,
+                    0.0,
+                );
+                assert!(
+                    fused
+                        .iter()
+                        .zip(&separate)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{set} {kd}x{n}: fused GELU differs from the GELU kernel"
+                );
+                let mut fused = vec![f32::NAN; out_len];
+                scaled_residual(&linear, &mut fused, ne, rows.clone(), 0.0);
+                for (r, (got, product)) in fused
+                    .chunks_exact(n)
+                    .zip(product.chunks_exact(n))
+                    .enumerate()
+                {
+                    let res = &residual[(rows.start + r) * n..][..n];
+                    for j in 0..n {
+                        let want = product[j].mul_add(scale[j], res[j]);
+                        let bound = 1e-6 * (1.0 + want.abs());
+                        assert!(
+                            (got[j] - want).abs() <= bound,
+                            "{set} {kd}x{n}: residual row {r}, column {j}: {} against {want}",
+                            got[j]
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// Each instance's Winograd convolution and its direct kernel.
