@@ -1256,13 +1256,19 @@ mod tests {
 
     /// Every instance's f32 linear layer against sums in f64, over depths that end inside a
     /// slice of the panel (`LINEAR_DEPTH_BLOCK`, 192 steps), row counts past a row block
-    /// (`LINEAR_ROW_BLOCK`, 192) and inside a register tile, a share of rows that starts past
-    /// 0, and odd depths (the packing's 4 x 4 transposes and their tail); its fused epilogues
+    /// (`LINEAR_ROW_BLOCK`, 192) and inside a register tile (groups of 2 rows take the
+    /// narrow tail tile, of 9 or 10 the full one), a share of rows that starts past 0, and
+    /// odd depths (the packing's 4 x 4 transposes and their tail); its fused epilogues
     /// against the plain product followed by the standalone GELU kernel, or by the scaled
     /// residual, bit for bit.
     #[test]
     fn every_instance_linear_layers_match_f64_sums_and_their_epilogues() {
-        for (kd, n, t, rows) in [(450usize, 64usize, 205usize, 3..205), (7, 32, 9, 0..9)] {
+        for (kd, n, t, rows) in [
+            (450usize, 64usize, 205usize, 3..205),
+            (450, 64, 205, 9..203),
+            (7, 32, 9, 0..9),
+            (7, 32, 9, 0..2),
+        ] {
             let (weight, x) = (values(kd * n, 21), values(kd * t, 22));
             let (b, scale, residual) = (values(n, 23), values(n, 24), values(n * t, 25));
             let panels = pack_panels(&weight, kd, n);

@@ -645,7 +645,10 @@ fn attention_tokens(
         let mut t0 = tokens.start;
         while t0 < tokens.end {
             let n = FLASH_QT.min(tokens.end - t0);
-            let width = n.div_ceil(QUERY_SPAN) * QUERY_SPAN;
+            // Whole vectors of queries: a tile's last span may be narrower than QUERY_SPAN
+            // (a thread's share of 433 tokens ends in one query, which a full span would
+            // have charged as 48).
+            let width = n.div_ceil(LANES) * LANES;
             queries.fill(0.0);
             for r in 0..n {
                 let row = &q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d];
@@ -659,12 +662,25 @@ fn attention_tokens(
                 let len = KEY_BLOCK.min(tk - j0);
                 for kg in 0..len.div_ceil(KEY_ROWS) {
                     let group = &keys[(j0 / KEY_ROWS + kg) * KEY_ROWS * d..][..KEY_ROWS * d];
-                    for c0 in (0..width).step_by(QUERY_SPAN) {
-                        let mut tile_acc = [[[0.0f32; LANES]; QUERY_VECTORS]; KEY_ROWS];
-                        tile(F32, &mut tile_acc, group, &queries[c0..], (d, FLASH_QT), (1, 0));
-                        for (r, t) in tile_acc.iter().enumerate() {
-                            scores[(kg * KEY_ROWS + r) * FLASH_QT + c0..][..QUERY_SPAN]
-                                .copy_from_slice(t.as_flattened());
+                    let mut c0 = 0;
+                    while c0 < width {
+                        let queries = &queries[c0..];
+                        if width - c0 >= QUERY_SPAN {
+                            let mut tile_acc = [[[0.0f32; LANES]; QUERY_VECTORS]; KEY_ROWS];
+                            tile(F32, &mut tile_acc, group, queries, (d, FLASH_QT), (1, 0));
+                            for (r, t) in tile_acc.iter().enumerate() {
+                                scores[(kg * KEY_ROWS + r) * FLASH_QT + c0..][..QUERY_SPAN]
+                                    .copy_from_slice(t.as_flattened());
+                            }
+                            c0 += QUERY_SPAN;
+                        } else {
+                            let mut tile_acc = [[[0.0f32; LANES]; 1]; KEY_ROWS];
+                            tile(F32, &mut tile_acc, group, queries, (d, FLASH_QT), (1, 0));
+                            for (r, t) in tile_acc.iter().enumerate() {
+                                scores[(kg * KEY_ROWS + r) * FLASH_QT + c0..][..LANES]
+                                    .copy_from_slice(t.as_flattened());
+                            }
+                            c0 += LANES;
                         }
                     }
                 }
@@ -1342,16 +1358,18 @@ fn linear_block(
             for span in 0..spans {
                 for g in 0..groups {
                     let acc = &mut acc[span * groups + g];
+                    let held = GEMM_ROWS.min(count - g * GEMM_ROWS);
                     let xs = g * group_len + first * GEMM_ROWS..;
                     let b_at = first * PANEL + span * SPAN;
+                    let outer = (steps, PANEL);
                     if bf16 {
                         let (xs, b) = (&x_pairs[xs], &panel[b_at..]);
-                        tile(Bf16Pairs, acc, xs, b, (steps, PANEL), (1, 0));
+                        group_tile(Bf16Pairs, acc, held, xs, b, outer);
                     } else if let Some(halves) = halves {
                         let b = &halves[p * depth * PANEL + b_at..];
-                        tile(F16Weights, acc, &x_packed[xs], b, (steps, PANEL), (1, 0));
+                        group_tile(F16Weights, acc, held, &x_packed[xs], b, outer);
                     } else {
-                        tile(F32, acc, &x_packed[xs], &panel[b_at..], (steps, PANEL), (1, 0));
+                        group_tile(F32, acc, held, &x_packed[xs], &panel[b_at..], outer);
                     }
                 }
             }
@@ -1367,6 +1385,31 @@ fn linear_block(
                 }
             }
         }
+    }
+}
+
+/// Rows of the tile that takes a group holding no more (the last of a thread's share:
+/// 865 tokens split over 2 threads leave one a group of a single row, which a full tile
+/// would have charged as 12, and the other thread waited for it).
+const TAIL_ROWS: usize = GEMM_ROWS / 3;
+
+/// [`tile`] for a group of packed rows of which `held` are real: on [`TAIL_ROWS`] rows where
+/// that covers them.
+#[inline(always)]
+fn group_tile<P: Products>(
+    products: P,
+    acc: &mut [[[f32; LANES]; 2]; GEMM_ROWS],
+    held: usize,
+    a: &[P::Scalar],
+    b: &[P::B],
+    outer: (usize, usize),
+) {
+    if held <= TAIL_ROWS {
+        let acc: &mut [[[f32; LANES]; 2]; TAIL_ROWS] =
+            (&mut acc[..TAIL_ROWS]).try_into().expect("TAIL_ROWS rows");
+        tile_a_strided(products, acc, (a, GEMM_ROWS), b, outer, (1, 0));
+    } else {
+        tile(products, acc, a, b, outer, (1, 0));
     }
 }
 
