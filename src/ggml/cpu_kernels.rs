@@ -1254,84 +1254,211 @@ mod tests {
         sets
     }
 
-    /// Every instance's f32 linear layer against sums in f64, over depths that end inside a
-    /// slice of the panel (`LINEAR_DEPTH_BLOCK`, 192 steps), row counts past a row block
-    /// (`LINEAR_ROW_BLOCK`, 192) and inside a register tile (groups of 2 rows take the
-    /// narrow tail tile, of 9 or 10 the full one), a share of rows that starts past 0, and
-    /// odd depths (the packing's 4 x 4 transposes and their tail); its fused epilogues
-    /// against the plain product followed by the standalone GELU kernel, or by the scaled
-    /// residual, bit for bit.
+    /// A linear layer's operands for the kernels: `panels` (f32 words, of `dtype`, `ne`,
+    /// `nb`), the input x [kd, t], bias, scale [n] and a residual [n, t] whose rows lie
+    /// `n + 5` apart (so that its row stride, not n, is what the epilogue must use).
+    struct LinearCase {
+        panels: Vec<f32>,
+        dtype: DType,
+        panel_ne: [usize; 4],
+        panel_nb: Option<[usize; 4]>,
+        x: Vec<f32>,
+        b: Vec<f32>,
+        scale: Vec<f32>,
+        residual: Vec<f32>,
+        kd: usize,
+        n: usize,
+        t: usize,
+    }
+
+    impl LinearCase {
+        fn new(kd: usize, n: usize, t: usize, panels: Vec<f32>, dtype: DType) -> LinearCase {
+            let depth = if dtype == DType::I32 { kd / 2 } else { kd };
+            LinearCase {
+                panels,
+                dtype,
+                panel_ne: [PANEL, depth, n / PANEL, 1],
+                panel_nb: None,
+                x: values(kd * t, 22),
+                b: values(n, 23),
+                scale: values(n, 24),
+                residual: values((n + 5) * t, 25),
+                kd,
+                n,
+                t,
+            }
+        }
+
+        /// The sources of the scaled-residual entry; the others take the first three.
+        fn srcs(&self) -> [Src<'_>; 5] {
+            let mut panels = src(&self.panels, self.panel_ne);
+            panels.dtype = self.dtype;
+            if let Some(nb) = self.panel_nb {
+                panels.nb = nb;
+            }
+            let mut residual = src(&self.residual, [self.n, self.t, 1, 1]);
+            residual.nb = [1, self.n + 5, (self.n + 5) * self.t, (self.n + 5) * self.t];
+            [
+                panels,
+                src(&self.x, [self.kd, self.t, 1, 1]),
+                src(&self.b, [self.n, 1, 1, 1]),
+                src(&self.scale, [self.n, 1, 1, 1]),
+                residual,
+            ]
+        }
+
+        /// One instance's plain product of `rows`, after checking that its fused GELU equals
+        /// the plain product followed by the standalone GELU kernel, and its fused scaled
+        /// residual `y * scale + residual` in the instance's own rounding (one FMA; plain
+        /// arithmetic only in a portable build without FMA), both bit for bit.
+        fn product_checking_epilogues(
+            &self,
+            set: &str,
+            [plain, gelu, scaled_residual, gelu_alone]: [Entry; 4],
+            rows: Range<usize>,
+        ) -> Vec<f32> {
+            let (n, srcs) = (self.n, self.srcs());
+            let ne = [n, self.t, 1, 1];
+            let out_len = n * rows.len();
+            let what = format!("{set} {:?} {}x{n}, rows {rows:?}", self.dtype, self.kd);
+            let mut product = vec![f32::NAN; out_len];
+            plain(&srcs[..3], &mut product, ne, rows.clone(), 0.0);
+            assert!(product.iter().all(|y| y.is_finite()), "{what}");
+            let mut fused = vec![f32::NAN; out_len];
+            gelu(&srcs[..3], &mut fused, ne, rows.clone(), 0.0);
+            let mut separate = vec![f32::NAN; out_len];
+            let flat = [out_len, 1, 1, 1];
+            gelu_alone(&[src(&product, flat)], &mut separate, flat, 0..1, 0.0);
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same(&fused, &separate),
+                "{what}: fused GELU differs from the GELU kernel"
+            );
+            let fma =
+                set != "portable" || cfg!(any(target_feature = "fma", target_arch = "aarch64"));
+            let mut fused = vec![f32::NAN; out_len];
+            scaled_residual(&srcs, &mut fused, ne, rows.clone(), 0.0);
+            let want: Vec<f32> = product
+                .chunks_exact(n)
+                .enumerate()
+                .flat_map(|(r, y)| {
+                    let res = &self.residual[(rows.start + r) * (n + 5)..][..n];
+                    (0..n).map(move |j| {
+                        if fma {
+                            y[j].mul_add(self.scale[j], res[j])
+                        } else {
+                            y[j] * self.scale[j] + res[j]
+                        }
+                    })
+                })
+                .collect();
+            assert!(same(&fused, &want), "{what}: fused scaled residual differs");
+            product
+        }
+    }
+
+    /// Row ranges of a thread's share: past a row block (`LINEAR_ROW_BLOCK`, 192) ending in
+    /// groups of 1, 2, 4 (the narrow tail tile with AVX-512's 12-row groups, a full tile with
+    /// AVX2's 6) and 9 or 10 rows, inside one tile, and starting past 0.
+    const LINEAR_ROWS: [Range<usize>; 6] = [3..205, 9..203, 0..196, 0..9, 0..2, 0..1];
+
+    /// Every instance's f32 linear layer against sums in f64, over a depth that ends inside
+    /// a slice of the panel (`LINEAR_DEPTH_BLOCK`, 192 steps) and an odd one (the packing's
+    /// 4 x 4 transposes and their tail), for each of [`LINEAR_ROWS`]; its fused epilogues
+    /// against the plain product (bit for bit, [`LinearCase::product_checking_epilogues`]).
     #[test]
     fn every_instance_linear_layers_match_f64_sums_and_their_epilogues() {
-        for (kd, n, t, rows) in [
-            (450usize, 64usize, 205usize, 3..205),
-            (450, 64, 205, 9..203),
-            (7, 32, 9, 0..9),
-            (7, 32, 9, 0..2),
-        ] {
-            let (weight, x) = (values(kd * n, 21), values(kd * t, 22));
-            let (b, scale, residual) = (values(n, 23), values(n, 24), values(n * t, 25));
-            let panels = pack_panels(&weight, kd, n);
-            let linear = [
-                src(&panels, [PANEL, kd, n / PANEL, 1]),
-                src(&x, [kd, t, 1, 1]),
-                src(&b, [n, 1, 1, 1]),
-                src(&scale, [n, 1, 1, 1]),
-                src(&residual, [n, t, 1, 1]),
-            ];
-            let ne = [n, t, 1, 1];
-            let rows_len = rows.len();
-            let out_len = n * rows_len;
-            for (set, [plain, gelu, scaled_residual, gelu_alone]) in linear_instances() {
-                let mut product = vec![f32::NAN; out_len];
-                plain(&linear[..3], &mut product, ne, rows.clone(), 0.0);
-                for (r, got) in product.chunks_exact(n).enumerate() {
-                    let row = rows.start + r;
-                    for (j, &got) in got.iter().enumerate() {
-                        let sum: f64 = (0..kd)
-                            .map(|i| f64::from(x[row * kd + i]) * f64::from(weight[j * kd + i]))
-                            .sum::<f64>()
-                            + f64::from(b[j]);
-                        let bound = 1e-5 * (1.0 + sum.abs());
-                        assert!(
-                            (f64::from(got) - sum).abs() <= bound,
-                            "{set} {kd}x{n}, row {row}, column {j}: {got} against {sum}"
-                        );
+        for (kd, n) in [(450usize, 64usize), (7, 32)] {
+            let weight = values(kd * n, 21);
+            let case = LinearCase::new(kd, n, 205, pack_panels(&weight, kd, n), DType::F32);
+            for (set, entries) in linear_instances() {
+                for rows in LINEAR_ROWS {
+                    let product = case.product_checking_epilogues(set, entries, rows.clone());
+                    for (r, got) in product.chunks_exact(n).enumerate() {
+                        let row = rows.start + r;
+                        for (j, &got) in got.iter().enumerate() {
+                            let sum: f64 = (0..kd)
+                                .map(|i| {
+                                    f64::from(case.x[row * kd + i]) * f64::from(weight[j * kd + i])
+                                })
+                                .sum::<f64>()
+                                + f64::from(case.b[j]);
+                            let bound = 1e-5 * (1.0 + sum.abs());
+                            assert!(
+                                (f64::from(got) - sum).abs() <= bound,
+                                "{set} {kd}x{n}, row {row}, column {j}: {got} against {sum}"
+                            );
+                        }
                     }
                 }
-                let mut fused = vec![f32::NAN; out_len];
-                gelu(&linear[..3], &mut fused, ne, rows.clone(), 0.0);
-                let mut separate = vec![f32::NAN; out_len];
-                let product_src = src(&product, [n * rows_len, 1, 1, 1]);
-                gelu_alone(
-                    &[product_src],
-                    &mut separate,
-                    [n * rows_len, 1, 1, 1],
-                    0..1,
-                    0.0,
-                );
-                assert!(
-                    fused
-                        .iter()
-                        .zip(&separate)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{set} {kd}x{n}: fused GELU differs from the GELU kernel"
-                );
-                let mut fused = vec![f32::NAN; out_len];
-                scaled_residual(&linear, &mut fused, ne, rows.clone(), 0.0);
-                for (r, (got, product)) in fused
-                    .chunks_exact(n)
-                    .zip(product.chunks_exact(n))
-                    .enumerate()
-                {
-                    let res = &residual[(rows.start + r) * n..][..n];
-                    for j in 0..n {
-                        let want = product[j].mul_add(scale[j], res[j]);
-                        let bound = 1e-6 * (1.0 + want.abs());
+            }
+        }
+    }
+
+    /// The other panel kinds through the same row ranges and depth slices: f16 panels equal
+    /// the f32 panels of the same rounded weight bit for bit; bf16 pairs (226 pairs, on
+    /// vectors; 208 and 32, on AMX tiles where the CPU has them) stay within bf16 rounding of
+    /// the f32 product; q8_0 panels (depths 416 and 64) within its rounding; each with its
+    /// fused epilogues equal to the plain product's.
+    #[test]
+    fn every_instance_half_and_int8_linear_layers_keep_their_epilogues() {
+        let n = 64;
+        for kd in [452usize, 416, 64] {
+            let weight = values(kd * n, 21);
+            let rounded: Vec<f32> = weight
+                .iter()
+                .map(|&w| half::f16::from_f32(w).to_f32())
+                .collect();
+            let f32_case = LinearCase::new(kd, n, 205, pack_panels(&rounded, kd, n), DType::F32);
+            let f16_words: Vec<f32> = pack_panels(&rounded, kd, n)
+                .chunks(2)
+                .map(|pair| {
+                    let [lo, hi] = [pair[0], pair[1]].map(|w| half::f16::from_f32(w).to_bits());
+                    f32::from_bits(u32::from(lo) | (u32::from(hi) << 16))
+                })
+                .collect();
+            let f16_case = LinearCase::new(kd, n, 205, f16_words, DType::F16);
+            let bf16_words: Vec<f32> = pack_panels_bf16(&weight, kd, n)
+                .into_iter()
+                .map(|w| f32::from_bits(w as u32))
+                .collect();
+            let bf16_case = LinearCase::new(kd, n, 205, bf16_words, DType::I32);
+            // q8_0 rows are whole blocks of 32.
+            let q8_case = kd.is_multiple_of(Q8_BLOCK).then(|| {
+                let q8 = super::super::quant::quantize(DType::Q8_0, &weight, kd).unwrap();
+                let words = pack_panels_q8(&q8, kd, n);
+                let panels = words.iter().map(|&w| f32::from_bits(w)).collect();
+                let mut case = LinearCase::new(kd, n, 205, panels, DType::I8);
+                case.panel_ne = [Q8_RECORD * 4, kd / Q8_BLOCK, n / PANEL, 1];
+                case.panel_nb = Some([1, Q8_RECORD, Q8_RECORD * kd / Q8_BLOCK, words.len()]);
+                case
+            });
+            for (set, entries) in linear_instances() {
+                for rows in LINEAR_ROWS {
+                    let want = f32_case.product_checking_epilogues(set, entries, rows.clone());
+                    let got = f16_case.product_checking_epilogues(set, entries, rows.clone());
+                    assert_eq!(
+                        max_abs_difference(&want, &got),
+                        0.0,
+                        "{set} f16 panels, depth {kd}, rows {rows:?}"
+                    );
+                    // Bounds relative to the largest result: a lost or repeated slice of
+                    // the depth (a third of it or more) would miss by far more.
+                    let largest = want.iter().fold(0.0f32, |m, y| m.max(y.abs()));
+                    let rounded_cases = [
+                        (Some(&bf16_case), 0.01 * largest),
+                        (q8_case.as_ref(), 0.03 * largest),
+                    ];
+                    for (case, bound) in
+                        rounded_cases.into_iter().filter_map(|(c, b)| Some((c?, b)))
+                    {
+                        let got = case.product_checking_epilogues(set, entries, rows.clone());
+                        let diff = max_abs_difference(&want, &got);
                         assert!(
-                            (got[j] - want).abs() <= bound,
-                            "{set} {kd}x{n}: residual row {r}, column {j}: {} against {want}",
-                            got[j]
+                            diff < bound,
+                            "{set} {:?}, depth {kd}, rows {rows:?}: {diff} (largest {largest})",
+                            case.dtype
                         );
                     }
                 }

@@ -1216,13 +1216,15 @@ pub(super) mod tests {
         // Key counts below, at and past a span of 48 and the f32 kernel's block of 240 keys
         // (one key past a block; three blocks, the last partial, which rescales the running
         // softmax); query counts that leave partial tiles (of 24 and 96) and partial groups;
-        // value rows of one vector.
+        // value rows of one vector; shares whose last tile ends in single vectors of queries
+        // past a full span (97 and 145 queries over 2 threads: 49 = 48 + 1, 73 = 48 + 25).
         for (d, tq, tk, heads) in [
             (64, 5, 7, 2),
             (64, 30, 48, 3),
             (32, 61, 100, 1),
             (16, 97, 241, 1),
             (64, 100, 500, 2),
+            (64, 145, 300, 2),
         ] {
             let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
             let scale = 1.0 / (d as f32).sqrt();
