@@ -630,15 +630,19 @@ fn attention_tokens(
     let mut queries = vec![0.0f32; d * FLASH_QT];
     let mut scores = vec![0.0f32; KEY_BLOCK * FLASH_QT];
     let mut acc = vec![0.0f32; FLASH_QT * dv];
+    // A row of zeros: the keys past the last and the queries past a tile's end.
+    let zeros = vec![0.0f32; d];
     for h in 0..heads {
         for (g, dst) in keys.chunks_exact_mut(KEY_ROWS * d).enumerate() {
-            for r in 0..KEY_ROWS {
+            let rows: [&[f32]; KEY_ROWS] = std::array::from_fn(|r| {
                 let j = g * KEY_ROWS + r;
-                let row = (j < tk).then(|| &k.data[j * k.nb[1] + h * k.nb[2]..][..d]);
-                for i in 0..d {
-                    dst[i * KEY_ROWS + r] = row.map_or(0.0, |row| row[i]);
+                if j < tk {
+                    &k.data[j * k.nb[1] + h * k.nb[2]..][..d]
+                } else {
+                    &zeros
                 }
-            }
+            });
+            pack_rows(&rows, d, dst);
         }
         // The values of this head from their first row: row j at j * nb[1].
         let v_head = &v.data[h * v.nb[2]..];
@@ -649,13 +653,14 @@ fn attention_tokens(
             // (a thread's share of 433 tokens ends in one query, which a full span would
             // have charged as 48).
             let width = n.div_ceil(LANES) * LANES;
-            queries.fill(0.0);
-            for r in 0..n {
-                let row = &q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d];
-                for (i, &x) in row.iter().enumerate() {
-                    queries[i * FLASH_QT + r] = x;
+            let rows: [&[f32]; FLASH_QT] = std::array::from_fn(|r| {
+                if r < n {
+                    &q.data[(t0 + r) * q.nb[1] + h * q.nb[2]..][..d]
+                } else {
+                    &zeros
                 }
-            }
+            });
+            pack_rows(&rows, d, &mut queries);
             let mut maxima = [f32::NEG_INFINITY; FLASH_QT];
             let mut sums = [0.0f64; FLASH_QT];
             for j0 in (0..tk).step_by(KEY_BLOCK) {
