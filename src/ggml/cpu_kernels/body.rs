@@ -1280,8 +1280,8 @@ const _: () = assert!(LINEAR_ROW_BLOCK.is_multiple_of(GEMM_ROWS));
 /// Steps of a panel (inputs, or input pairs of a bf16 weight) that [`linear_block`] takes
 /// at a time: 24 KB of an f32 panel, for L1 (48 KB on Intel since Ice Lake, 32 KB on Zen 3)
 /// beside a group's 9 KB of packed rows; the sums of a full row block (24 KB) pass through
-/// it too, once per slice. On a Sapphire Rapids Xeon 96 to 256 steps and whole panels all
-/// measured the same, within 2%.
+/// it too, once per slice. On a Sapphire Rapids Xeon 96 to 256 steps measured alike, and
+/// whole panels the same or up to 3% slower.
 const LINEAR_DEPTH_BLOCK: usize = 192;
 
 /// [`linear_rows`] for one block of rows.
@@ -1347,7 +1347,8 @@ fn linear_block(
     // Each panel (at most a few hundred KB) stays in L2 while the block's rows sweep past
     // it, and a slice of LINEAR_DEPTH_BLOCK of its steps in L1 while every group of rows
     // passes over it (whole panels of 768 inputs and more, 96 KB and up, came from L2 for
-    // every group; on a Sapphire Rapids Xeon the two measured the same, within 2%). The sums
+    // every group; on a Sapphire Rapids Xeon, alternating end to end, whole panels were
+    // 0-3% slower in four rounds of six, within that machine's drift). The sums
     // of every group and span wait in `acc` between slices, and the epilogue runs once the
     // last slice is summed.
     let spans = PANEL / SPAN;
