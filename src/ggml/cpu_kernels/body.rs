@@ -1281,7 +1281,7 @@ const _: () = assert!(LINEAR_ROW_BLOCK.is_multiple_of(GEMM_ROWS));
 /// at a time: 24 KB of an f32 panel, for L1 (48 KB on Intel since Ice Lake, 32 KB on Zen 3)
 /// beside a group's 9 KB of packed rows; the sums of a full row block (24 KB) pass through
 /// it too, once per slice. On a Sapphire Rapids Xeon 96 to 256 steps measured alike, and
-/// whole panels the same or up to 3% slower.
+/// whole panels within 3% (slower in four alternating rounds of six).
 const LINEAR_DEPTH_BLOCK: usize = 192;
 
 /// [`linear_rows`] for one block of rows.
