@@ -4,8 +4,10 @@
 //! convolutions (`Context::conv_2d_bias`: Winograd's F(4x4, 3x3) on maps of 256 tiles or more,
 //! the direct kernel below that or with `DA3_WINOGRAD=off`), and attention of one view's
 //! queries against the keys of 1 to 8 views (DA3-base's heads, the global blocks of a scene):
-//! `cargo run --release --example kernel_speed [threads] [products|convolutions|norms|attention]`.
-//! Medians of 20 computes (5 for attention).
+//! `cargo run --release --example kernel_speed [threads] [products|convolutions|norms|attention]
+//! [--cold]`. Medians of 20 computes (5 for attention); with `--cold`, a 1 GiB buffer is
+//! written before each compute, so that weights and inputs come from memory, as a model's
+//! weights do when each is read once per image.
 use da3::ggml::{
     amx_bf16_tiles, pack_linear_panels, pack_linear_panels_bf16, pack_linear_panels_q8, quantize,
     Allocation, Backend, BufferUsage, Context, DType, Gallocr, TensorView,
@@ -32,7 +34,14 @@ fn median_ms_of(
 ) -> Result<f64, Box<dyn Error>> {
     run.compute(backend)?;
     let mut times = Vec::new();
+    let mut evict = cold_caches().then(|| vec![0u64; 1 << 27]);
     for _ in 0..computes {
+        if let Some(evict) = &mut evict {
+            for (i, word) in evict.iter_mut().enumerate().step_by(8) {
+                *word = word.wrapping_add(i as u64);
+            }
+            std::hint::black_box(&evict);
+        }
         let t = Instant::now();
         run.compute(backend)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
@@ -41,9 +50,15 @@ fn median_ms_of(
     Ok(times[times.len() / 2])
 }
 
+/// `--cold` among the arguments: every timed compute starts with cold caches.
+fn cold_caches() -> bool {
+    std::env::args().any(|a| a == "--cold")
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
-    let threads: usize = std::env::args().nth(1).map_or(Ok(2), |t| t.parse())?;
-    let section = std::env::args().nth(2);
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--cold").collect();
+    let threads: usize = args.first().map_or(Ok(2), |t| t.parse())?;
+    let section = args.get(1).cloned();
     let cpu = Backend::cpu(threads)?;
     let wanted = |name: &str| section.as_deref().is_none_or(|s| s == name);
     if wanted("products") {

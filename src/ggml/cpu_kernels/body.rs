@@ -1244,7 +1244,9 @@ fn linear_block_amx(
         simd::to_bf16_pairs(&x.data[source * x.nb[1]..][..k], row);
     }
     let mut sums = [0.0f32; BLOCK * BLOCK];
-    // Each panel stays in L1/L2 while the block's groups of rows pass over it.
+    // Each panel stays in L1/L2 while the block's groups of rows pass over it. (Asking for
+    // the next panel ahead, as `linear_block` does, made da3-base's f16 file 3.5% slower on
+    // a Sapphire Rapids Xeon, three alternating rounds: the tiles' loads did not wait for it.)
     for (p, panel) in panels.data.chunks_exact(depth * PANEL).enumerate() {
         let col = p * PANEL;
         let bias = &bias[col..col + PANEL];
@@ -1364,10 +1366,18 @@ fn linear_block(
         });
         acc.clear();
         acc.extend((0..spans * groups).map(|i| [bias[i / groups]; GEMM_ROWS]));
+        // The next panel, a part before each tile of this one.
+        let next = panels.data.get((p + 1) * panel_words..(p + 2) * panel_words);
+        let tiles = depth.div_ceil(LINEAR_DEPTH_BLOCK) * spans * groups;
+        let mut tile_index = 0;
         for first in (0..depth).step_by(LINEAR_DEPTH_BLOCK) {
             let steps = LINEAR_DEPTH_BLOCK.min(depth - first);
             for span in 0..spans {
                 for g in 0..groups {
+                    if let Some(next) = next {
+                        super::prefetch_part(next, tile_index, tiles);
+                        tile_index += 1;
+                    }
                     let acc = &mut acc[span * groups + g];
                     let held = GEMM_ROWS.min(count - g * GEMM_ROWS);
                     let xs = g * group_len + first * GEMM_ROWS..;
@@ -1524,6 +1534,10 @@ fn linear_rows_q8(
         let block_out = &mut out[(start - rows.start) * n..(end - rows.start) * n];
         let record_len = blocks * Q8_RECORD;
         for (p, panel) in panels.data.chunks_exact(record_len).enumerate() {
+            // The next panel, a part before each tile of this one (as in `linear_block`).
+            let next = panels.data.get((p + 1) * record_len..(p + 2) * record_len);
+            let tiles = PANEL / Q8_SPAN * groups;
+            let mut tile_index = 0;
             for span in (0..PANEL).step_by(Q8_SPAN) {
                 let col = p * PANEL + span;
                 let bias: [[f32; LANES]; Q8_VECTORS] = std::array::from_fn(|v| {
@@ -1532,6 +1546,10 @@ fn linear_rows_q8(
                         .expect("LANES values")
                 });
                 for g in 0..groups {
+                    if let Some(next) = next {
+                        super::prefetch_part(next, tile_index, tiles);
+                        tile_index += 1;
+                    }
                     let mut acc = [bias; Q8_ROWS];
                     q8_tile(
                         &mut acc,
