@@ -18,6 +18,8 @@ pub struct Gallocr {
     measured: std::collections::HashSet<(usize, usize, usize)>,
     /// Bytes a graph may need at most (default: what the device has available).
     memory_limit: Option<usize>,
+    /// Buffers already given [`buffer::BufferRef::advise_huge_pages`].
+    advised: std::collections::HashSet<usize>,
 }
 
 impl Gallocr {
@@ -33,6 +35,7 @@ impl Gallocr {
             buffer_type,
             measured: Default::default(),
             memory_limit: None,
+            advised: Default::default(),
         })
     }
     /// Caps the memory one graph's intermediate results may take (instead of what the device
@@ -145,6 +148,14 @@ impl Gallocr {
         // SAFETY: live allocator and graph; returns false (no abort) when a buffer cannot be
         // allocated.
         if unsafe { sys::ggml_gallocr_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
+            // The intermediate results' memory, before the first compute touches it.
+            for node in graph.nodes() {
+                if let Some(buffer) = node.buffer() {
+                    if self.advised.insert(buffer.id()) {
+                        buffer.advise_huge_pages();
+                    }
+                }
+            }
             Ok(Allocation {
                 graph,
                 buffer_type: self.buffer_type,
