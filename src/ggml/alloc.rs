@@ -18,8 +18,9 @@ pub struct Gallocr {
     measured: std::collections::HashSet<(usize, usize, usize)>,
     /// Bytes a graph may need at most (default: what the device has available).
     memory_limit: Option<usize>,
-    /// Buffers already given [`buffer::BufferRef::advise_huge_pages`].
-    advised: std::collections::HashSet<usize>,
+    /// The size of the memory last given [`buffer::BufferRef::advise_huge_pages`]: the
+    /// allocator replaces its memory only to grow it, so a new size means new memory.
+    advised_size: usize,
 }
 
 impl Gallocr {
@@ -35,7 +36,7 @@ impl Gallocr {
             buffer_type,
             measured: Default::default(),
             memory_limit: None,
-            advised: Default::default(),
+            advised_size: 0,
         })
     }
     /// Caps the memory one graph's intermediate results may take (instead of what the device
@@ -148,11 +149,16 @@ impl Gallocr {
         // SAFETY: live allocator and graph; returns false (no abort) when a buffer cannot be
         // allocated.
         if unsafe { sys::ggml_gallocr_alloc_graph(self.raw.as_ptr(), graph.as_ptr()) } {
-            // The intermediate results' memory, before the first compute touches it.
-            for node in graph.nodes() {
-                if let Some(buffer) = node.buffer() {
-                    if self.advised.insert(buffer.id()) {
-                        buffer.advise_huge_pages();
+            // New memory for the intermediate results, before the first compute touches it.
+            let size = self.buffer_size();
+            if size != self.advised_size {
+                self.advised_size = size;
+                let mut advised = std::collections::HashSet::new();
+                for node in graph.nodes() {
+                    if let Some(buffer) = node.buffer() {
+                        if advised.insert(buffer.id()) {
+                            buffer.advise_huge_pages();
+                        }
                     }
                 }
             }

@@ -165,6 +165,11 @@ impl BufferRef<'_> {
     pub fn id(&self) -> usize {
         self.raw.as_ptr() as usize
     }
+    /// The address of the buffer's memory (meaningful to the CPU only for host buffers).
+    fn base_address(&self) -> usize {
+        // SAFETY: live non-NULL buffer.
+        unsafe { sys::ggml_backend_buffer_get_base(self.as_ptr()) as usize }
+    }
     /// Asks Linux to back the whole 2 MiB pages inside this buffer, if it is the CPU's own
     /// memory, with transparent huge pages (where the system leaves them to `madvise`, as
     /// Debian does): a model's weights and intermediate results are hundreds of MB read
@@ -177,8 +182,7 @@ impl BufferRef<'_> {
                 return;
             }
             const HUGE_PAGE: usize = 2 << 20;
-            // SAFETY: live non-NULL buffer.
-            let base = unsafe { sys::ggml_backend_buffer_get_base(self.as_ptr()) } as usize;
+            let base = self.base_address();
             let start = base.next_multiple_of(HUGE_PAGE);
             let end = (base + self.size()) / HUGE_PAGE * HUGE_PAGE;
             if end > start {
@@ -628,5 +632,60 @@ mod tests {
         one.allocate_in(BufferType::cpu(), BufferUsage::Weights)
             .unwrap();
         assert_eq!(one.inner().with_buffers(|b| b.len()), 1);
+    }
+
+    /// A CPU weights buffer is backed by transparent huge pages once written, where Linux
+    /// gives them on `madvise` (Debian's default) or always; where it never does, the advice
+    /// changes nothing and the data still reads back.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn cpu_buffers_get_huge_pages_where_the_system_gives_them() {
+        let ctx = Context::metadata(1).unwrap();
+        let n = 4 << 20; // 16 MiB of f32: several whole 2 MiB pages
+        let t = ctx.new_tensor(DType::F32, &[n]).unwrap();
+        ctx.allocate_in(BufferType::cpu(), BufferUsage::Weights)
+            .unwrap();
+        let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        ctx.write(&t, &values).unwrap();
+        assert_eq!(ctx.read::<f32>(&t).unwrap(), values);
+        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_default();
+        if !(mode.contains("[madvise]") || mode.contains("[always]")) {
+            return;
+        }
+        // The huge pages of the mapping that holds the buffer's first whole 2 MiB page (the
+        // advised range is a mapping of its own), from /proc/self/smaps.
+        let first_page = t
+            .buffer()
+            .expect("allocated")
+            .base_address()
+            .next_multiple_of(2 << 20);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        let mut huge_kib = None;
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((lo, hi)) = range.split_once('-') {
+                    if let (Ok(lo), Ok(hi)) =
+                        (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+                    {
+                        inside = (lo..hi).contains(&first_page);
+                        continue;
+                    }
+                }
+            }
+            if inside {
+                if let Some(kib) = line.strip_prefix("AnonHugePages:") {
+                    huge_kib = kib
+                        .trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<usize>()
+                        .ok();
+                }
+            }
+        }
+        let huge_kib = huge_kib.expect("the buffer's mapping in /proc/self/smaps");
+        assert!(huge_kib >= 2048, "{huge_kib} KiB of huge pages ({mode})");
     }
 }

@@ -942,23 +942,26 @@ dispatch!(conv_same_planes conv_same_planes_bf16 gelu_erf_rows bilinear_align_co
 /// A hint: it never faults and changes no result.
 #[inline(always)]
 fn prefetch_part<T>(data: &[T], part: usize, parts: usize) {
-    const LINE: usize = 64;
-    let bytes = std::mem::size_of_val(data);
-    let chunk = bytes.div_ceil(parts.max(1)).next_multiple_of(LINE);
-    let start = (part * chunk).min(bytes);
-    let end = (start + chunk).min(bytes);
-    let base = data.as_ptr() as *const u8;
-    for offset in (start..end).step_by(LINE) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `offset < bytes`, so the address is inside `data`; a prefetch reads nothing
-        // architecturally and cannot fault (SSE, part of x86-64's baseline).
-        unsafe {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            _mm_prefetch::<_MM_HINT_T1>(base.add(offset) as *const i8);
+    #[cfg(target_arch = "x86_64")]
+    {
+        const LINE: usize = 64;
+        let bytes = std::mem::size_of_val(data);
+        let chunk = bytes.div_ceil(parts.max(1)).next_multiple_of(LINE);
+        let start = (part * chunk).min(bytes);
+        let end = (start + chunk).min(bytes);
+        let base = data.as_ptr() as *const u8;
+        for offset in (start..end).step_by(LINE) {
+            // SAFETY: `offset < bytes`, so the address is inside `data`; a prefetch reads
+            // nothing architecturally and cannot fault (SSE, part of x86-64's baseline).
+            unsafe {
+                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+                _mm_prefetch::<_MM_HINT_T1>(base.add(offset) as *const i8);
+            }
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (base, offset);
     }
+    // Elsewhere the hardware's prefetchers are all there is.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, part, parts);
 }
 
 /// The two bf16 values of a word, as f32.
