@@ -1780,6 +1780,57 @@ mod tests {
     /// within bf16 rounding of its f32 ones: attention over several key blocks and query
     /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
     /// groups.
+    /// Scores far below zero over a key count that leaves the last group of keys partial: the
+    /// f32 kernel shifts each query's scores by the largest score of the keys that exist. Were
+    /// the zero rows that pad the last group counted, the shift would be 0, every probability
+    /// would sit at the exponential's 2^-100 floor and the result would be the values' mean.
+    /// Every instance against an f64 softmax.
+    #[test]
+    fn every_instance_attention_shifts_by_the_largest_real_score() {
+        // 11 keys: a group of 8, then 3 and 5 rows of padding. Key j scores -256 - 1.6 j
+        // (after the 1/4 scale), so the first keys carry nearly all the weight.
+        let (d, tq, tk) = (16, 3, 11);
+        let q = vec![8.0f32; d * tq];
+        let k: Vec<f32> = (0..d * tk)
+            .map(|i| -(8.0 + 0.05 * (i / d) as f32))
+            .collect();
+        let v: Vec<f32> = (0..d * tk)
+            .map(|i| (i / d) as f32 + 0.01 * (i % d) as f32)
+            .collect();
+        let srcs = [
+            src(&q, [d, tq, 1, 1]),
+            src(&k, [d, tk, 1, 1]),
+            src(&v, [d, tk, 1, 1]),
+        ];
+        let expected: Vec<f64> = {
+            let scores: Vec<f64> = (0..tk)
+                .map(|j| (0..d).map(|i| 8.0 * k[j * d + i] as f64).sum::<f64>() / 4.0)
+                .collect();
+            let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let row: Vec<f64> = (0..d)
+                .map(|i| {
+                    (0..tk)
+                        .map(|j| weights[j] * v[j * d + i] as f64)
+                        .sum::<f64>()
+                        / total
+                })
+                .collect();
+            row.repeat(tq)
+        };
+        for (name, entries) in instances() {
+            let mut out = vec![f32::NAN; d * tq];
+            entries[0](&srcs, &mut out, [d, 1, tq, 1], 0..tq, 0.0);
+            let diff = out
+                .iter()
+                .zip(&expected)
+                .map(|(&o, &e)| (o as f64 - e).abs())
+                .fold(0.0, f64::max);
+            assert!(diff < 1e-5, "{name}: {diff} (first value {})", out[0]);
+        }
+    }
+
     #[test]
     fn every_instance_agrees_and_its_bf16_kernels_stay_close() {
         // Attention: q [64, 100, 2], k and v [64, 500, 2] -> [64, 2, 100].
