@@ -340,9 +340,9 @@ fn ggml_ops_path_matches_cpu_kernels() {
         let blocks = model.config().vit.depth;
         let expected = if ggml_ops_only { 4 * blocks } else { 0 };
         assert_eq!(model.folded_layers(), expected);
-        // ...and rotate each head in one vision-mode RoPE node, its quarters reordered at
-        // load; the CPU kernels read the file's layout.
-        assert_eq!(model.uses_vision_rope(), ggml_ops_only);
+        // Both rotate each head in one vision-mode RoPE node, its quarters reordered at load
+        // (the CPU kernels' linear weights packed from the reordered rows).
+        assert!(model.uses_vision_rope());
         // ...and compute the QK-norms (blocks 2 and 3) as RMS norms of heads that the QKV
         // layer centres.
         assert_eq!(model.uses_centred_qk_heads(), ggml_ops_only);

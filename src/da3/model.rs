@@ -150,7 +150,7 @@ fn fold_norms_enabled() -> bool {
     std::env::var("DA3_FOLD_NORMS").as_deref() != Ok("off")
 }
 
-/// Whether rotated heads are laid out for one vision-mode RoPE node off the CPU kernels
+/// Whether rotated heads are laid out for one vision-mode RoPE node
 /// ([`Loader::vision_rope`]); `DA3_VISION_ROPE=off` keeps two rotations per head, to measure
 /// what one saves.
 fn vision_rope_enabled() -> bool {
@@ -195,7 +195,7 @@ impl Model {
         let mut loader = Loader::new(file, &host_only)?
             .pack_linears(cpu_kernels)
             .fold_affine(!cpu_kernels && fold_norms_enabled())
-            .vision_rope(!cpu_kernels && vision_rope_enabled())
+            .vision_rope(vision_rope_enabled())
             .centre_qk_heads(!cpu_kernels && centred_qk_heads_enabled())
             // bf16 products sum in f32 and are faster there (DA3-large on an H200: 15.1 ms
             // for an f16 file, 14.6 for the same weights in bf16).
@@ -269,7 +269,7 @@ impl Model {
         self.shared.weights.folded_layers()
     }
     /// Whether rotated heads were laid out for one vision-mode RoPE node per query and key
-    /// (models not on the CPU kernels; see [`crate::da3::weights::Loader::vision_rope`]).
+    /// (unless `DA3_VISION_ROPE=off`; see [`crate::da3::weights::Loader::vision_rope`]).
     pub fn uses_vision_rope(&self) -> bool {
         self.shared.weights.vision_rope()
     }

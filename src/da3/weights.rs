@@ -339,22 +339,22 @@ impl<'f> Loader<'f> {
 
     /// Lets a model lay out the weights that feed a rotary embedding for ggml's vision-mode
     /// RoPE (one node rotating two axes), reordering their rows at load
-    /// ([`Loader::reorder_rows`]) where [`Loader::lays_out_for_vision_rope`] says so: on GPUs,
-    /// where each node is a kernel of its own. The CPU kernels' linear layers are packed,
-    /// and their attention reads the file's layout.
+    /// ([`Loader::reorder_rows`]) where [`Loader::lays_out_for_vision_rope`] says so: one pass
+    /// over each of Q and K instead of two (on GPUs, a kernel fewer each; on the CPU, a pass of
+    /// ggml's RoPE fewer). Packed linear weights are packed from the reordered rows.
     pub fn vision_rope(mut self, on: bool) -> Self {
         self.vision_rope = on;
         self
     }
 
     /// Whether the model lays out its rotated heads for vision-mode RoPE: reading a file, with
-    /// [`Loader::vision_rope`] on and linear layers not packed; binding loaded weights, as
-    /// they were loaded; recording, never.
+    /// [`Loader::vision_rope`] on; binding loaded weights, as they were loaded; recording,
+    /// never.
     pub fn lays_out_for_vision_rope(&self) -> bool {
         match &self.source {
             Source::Recording { .. } => false,
             Source::Bound { weights, .. } => weights.vision_rope,
-            Source::File(_) => self.vision_rope && !self.pack_linears,
+            Source::File(_) => self.vision_rope,
         }
     }
 
@@ -382,8 +382,8 @@ impl<'f> Loader<'f> {
 
     /// Stores declared tensor `name` with its rows in `order`: row `i` of the stored tensor
     /// is row `order[i]` of the file's (after any folding), a row being one of `order.len()`
-    /// equal runs of its data (a weight's outputs, or a vector's values). Only for tensors
-    /// that are not packed; binding or recording, nothing changes.
+    /// equal runs of its data (a weight's outputs, or a vector's values); a packed weight is
+    /// packed from the reordered rows. Binding or recording, nothing changes.
     pub fn reorder_rows(&mut self, name: &str, order: Arc<[usize]>) -> Result<(), Error> {
         if !matches!(self.source, Source::File(_)) {
             return Ok(());
@@ -398,22 +398,23 @@ impl<'f> Loader<'f> {
         if !self.pending.iter().any(|p| p.name == name) {
             return Err(Error::Weights(format!("tensor `{name}` is not declared")));
         }
-        let block = self.info(name)?.dtype.block_size();
+        // The file's rows: a packed weight's stored shape is its panels'.
+        let info = self.info(name)?;
+        let (block, shape) = (info.dtype.block_size(), info.shape());
+        let values: usize = shape.iter().map(|&d| d as usize).product();
+        let whole_rows =
+            values.is_multiple_of(order.len()) && (values / order.len()).is_multiple_of(block);
+        if !whole_rows {
+            return Err(Error::Weights(format!(
+                "tensor `{name}` ({shape:?}) cannot have its rows reordered as {} rows",
+                order.len()
+            )));
+        }
         let pending = self
             .pending
             .iter_mut()
             .find(|p| p.name == name)
             .expect("found above");
-        let values = pending.tensor.nelements() as usize;
-        let whole_rows =
-            values.is_multiple_of(order.len()) && (values / order.len()).is_multiple_of(block);
-        if pending.packed.is_some() || !whole_rows {
-            return Err(Error::Weights(format!(
-                "tensor `{name}` ({}) cannot have its rows reordered as {} rows",
-                pending.tensor.shape(),
-                order.len()
-            )));
-        }
         pending.reorder = Some(order);
         Ok(())
     }
@@ -955,7 +956,7 @@ impl<'f> Loader<'f> {
             host_values,
             packed,
             folded,
-            vision_rope: vision_rope && !pack_linears,
+            vision_rope,
             centred_qk_heads: centre_qk_heads && fold_affine && !pack_linears,
             device_bytes,
             unused,
