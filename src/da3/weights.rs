@@ -400,13 +400,16 @@ impl<'f> Loader<'f> {
         }
         // The file's rows: a packed weight's stored shape is its panels'.
         let info = self.info(name)?;
-        let (block, shape) = (info.dtype.block_size(), info.shape());
-        let values: usize = shape.iter().map(|&d| d as usize).product();
+        let block = info.dtype.block_size();
+        let values: usize = info.shape().iter().map(|&d| d as usize).product();
         let whole_rows =
             values.is_multiple_of(order.len()) && (values / order.len()).is_multiple_of(block);
         if !whole_rows {
+            // PyTorch's order, as the other shape errors print it.
+            let shape: Vec<u64> = info.shape().iter().rev().copied().collect();
             return Err(Error::Weights(format!(
-                "tensor `{name}` ({shape:?}) cannot have its rows reordered as {} rows",
+                "tensor `{name}` ({shape:?}, {}) cannot have its rows reordered as {} rows",
+                info.dtype,
                 order.len()
             )));
         }

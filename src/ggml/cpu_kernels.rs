@@ -949,13 +949,24 @@ fn prefetch_part<T>(data: &[T], part: usize, parts: usize) {
         let chunk = bytes.div_ceil(parts.max(1)).next_multiple_of(LINE);
         let start = (part * chunk).min(bytes);
         let end = (start + chunk).min(bytes);
-        let base = data.as_ptr() as *const u8;
-        for offset in (start..end).step_by(LINE) {
-            // SAFETY: `offset < bytes`, so the address is inside `data`; a prefetch reads
-            // nothing architecturally and cannot fault (SSE, part of x86-64's baseline).
+        // Whole lines from the one holding byte `start`: `data` need not start on a line, and
+        // steps from an unaligned start would miss the part's last line.
+        let at_start = (data.as_ptr() as *const u8).wrapping_add(start);
+        let misaligned = at_start as usize % LINE;
+        let first_line = at_start.wrapping_sub(misaligned);
+        let lines = if start < end {
+            (end - start + misaligned).div_ceil(LINE)
+        } else {
+            0
+        };
+        for line in 0..lines {
+            // SAFETY: the address is built with wrapping arithmetic and never dereferenced
+            // (the first line may begin up to LINE - 1 bytes before the part, the line of its
+            // first byte); a prefetch reads nothing architecturally and cannot fault (SSE,
+            // part of x86-64's baseline).
             unsafe {
                 use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-                _mm_prefetch::<_MM_HINT_T1>(base.add(offset) as *const i8);
+                _mm_prefetch::<_MM_HINT_T1>(first_line.wrapping_add(line * LINE) as *const i8);
             }
         }
     }
@@ -1776,33 +1787,33 @@ mod tests {
         }
     }
 
-    /// Every instance's f32 kernels agree with the portable ones, and its bf16 kernels stay
-    /// within bf16 rounding of its f32 ones: attention over several key blocks and query
-    /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
-    /// groups.
-    /// Scores far below zero over a key count that leaves the last group of keys partial: the
+    /// Scores far below zero over key counts that leave the last group of keys partial: the
     /// f32 kernel shifts each query's scores by the largest score of the keys that exist. Were
     /// the zero rows that pad the last group counted, the shift would be 0, every probability
     /// would sit at the exponential's 2^-100 floor and the result would be the values' mean.
     /// Every instance against an f64 softmax.
     #[test]
     fn every_instance_attention_shifts_by_the_largest_real_score() {
-        // 11 keys: a group of 8, then 3 and 5 rows of padding. Key j scores -256 - 1.6 j
-        // (after the 1/4 scale), so the first keys carry nearly all the weight.
-        let (d, tq, tk) = (16, 3, 11);
-        let q = vec![8.0f32; d * tq];
-        let k: Vec<f32> = (0..d * tk)
-            .map(|i| -(8.0 + 0.05 * (i / d) as f32))
-            .collect();
-        let v: Vec<f32> = (0..d * tk)
-            .map(|i| (i / d) as f32 + 0.01 * (i % d) as f32)
-            .collect();
-        let srcs = [
-            src(&q, [d, tq, 1, 1]),
-            src(&k, [d, tk, 1, 1]),
-            src(&v, [d, tk, 1, 1]),
-        ];
-        let expected: Vec<f64> = {
+        // 11 keys (groups of 8 + 3 or 6 + 5, by instance) and 3 queries (one vector, a tile's
+        // tail); then 251 keys (a block of 240 and a partial one, whose last key scores
+        // highest, so the second block rescales the first) and 100 queries (whole spans of
+        // queries and a tail on every instance).
+        for (tq, tk) in [(3, 11), (100, 251)] {
+            let d = 16;
+            // Key j scores -256 - 1.6 (tk - 1 - j) after the 1/4 scale: the last keys carry
+            // nearly all the weight.
+            let q = vec![8.0f32; d * tq];
+            let k: Vec<f32> = (0..d * tk)
+                .map(|i| -(8.0 + 0.05 * (tk - 1 - i / d) as f32))
+                .collect();
+            let v: Vec<f32> = (0..d * tk)
+                .map(|i| (i / d) as f32 + 0.01 * (i % d) as f32)
+                .collect();
+            let srcs = [
+                src(&q, [d, tq, 1, 1]),
+                src(&k, [d, tk, 1, 1]),
+                src(&v, [d, tk, 1, 1]),
+            ];
             let scores: Vec<f64> = (0..tk)
                 .map(|j| (0..d).map(|i| 8.0 * k[j * d + i] as f64).sum::<f64>() / 4.0)
                 .collect();
@@ -1817,20 +1828,29 @@ mod tests {
                         / total
                 })
                 .collect();
-            row.repeat(tq)
-        };
-        for (name, entries) in instances() {
-            let mut out = vec![f32::NAN; d * tq];
-            entries[0](&srcs, &mut out, [d, 1, tq, 1], 0..tq, 0.0);
-            let diff = out
-                .iter()
-                .zip(&expected)
-                .map(|(&o, &e)| (o as f64 - e).abs())
-                .fold(0.0, f64::max);
-            assert!(diff < 1e-5, "{name}: {diff} (first value {})", out[0]);
+            let expected = row.repeat(tq);
+            for (name, entries) in instances() {
+                let mut out = vec![f32::NAN; d * tq];
+                entries[0](&srcs, &mut out, [d, 1, tq, 1], 0..tq, 0.0);
+                let diff = out
+                    .iter()
+                    .zip(&expected)
+                    .map(|(&o, &e)| (o as f64 - e).abs() / e.abs().max(1.0))
+                    .fold(0.0, f64::max);
+                assert!(
+                    diff < 1e-5,
+                    "{name}, {tq} x {tk}: relative {diff} (first value {}, expected {})",
+                    out[0],
+                    expected[0]
+                );
+            }
         }
     }
 
+    /// Every instance's f32 kernels agree with the portable ones, and its bf16 kernels stay
+    /// within bf16 rounding of its f32 ones: attention over several key blocks and query
+    /// tiles, a 3x3 convolution with a partial channel group, a product with partial row
+    /// groups.
     #[test]
     fn every_instance_agrees_and_its_bf16_kernels_stay_close() {
         // Attention: q [64, 100, 2], k and v [64, 500, 2] -> [64, 2, 100].

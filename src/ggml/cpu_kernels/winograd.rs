@@ -186,15 +186,12 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
         let block = block_at(first);
         let next_block = block_at(first + WINO_TILES);
         for c in 0..ic {
-            // The rows of the channel WINO_PREFETCH_AHEAD on (in this block, else the next).
-            let (ahead, ahead_block) = match c + WINO_PREFETCH_AHEAD {
-                a if a < ic => (a, &block),
-                a => (a - ic, &next_block),
-            };
-            if ahead < ic {
-                for at in ahead_block.iter().flatten() {
-                    wino_prefetch_rows(plane(ahead), (w, h), *at, scratch.span.len());
-                }
+            // The rows of the channel WINO_PREFETCH_AHEAD on: in this block, else one of the
+            // next block's (every one of them, however few the channels).
+            let ahead = c + WINO_PREFETCH_AHEAD;
+            let ahead_block = if ahead < ic { &block } else { &next_block };
+            for at in ahead_block.iter().flatten() {
+                wino_prefetch_rows(plane(ahead % ic), (w, h), *at, scratch.span.len());
             }
             let plane = plane(c);
             for (g, &at) in block.iter().enumerate() {
