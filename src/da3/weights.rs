@@ -1629,6 +1629,107 @@ mod tests {
         );
     }
 
+    /// A linear weight packed for the CPU kernels after its rows (outputs) were reordered
+    /// computes the reordered layer, for an f32 and a q8_0 file (int8 products: within their
+    /// rounding); orders that are no permutation, undeclared tensors and rows that split a
+    /// quantised block are refused, naming the tensor.
+    #[test]
+    fn packed_weights_are_packed_from_their_reordered_rows() {
+        use crate::ggml::gguf::GgufWriter;
+        use crate::ggml::{Backend, Gallocr};
+        let (n_in, n_out, t) = (64usize, 2 * LINEAR_PANEL, 3usize);
+        let w: Vec<f32> = (0..n_in * n_out)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let b: Vec<f32> = (0..n_out).map(|i| i as f32 * 0.1).collect();
+        let x: Vec<f32> = (0..n_in * t)
+            .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
+            .collect();
+        // Output i of the stored layer is output order[i] of the file's.
+        let order: Arc<[usize]> = (0..n_out).map(|i| (i * 5 + 3) % n_out).collect();
+        let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        for (dtype, bound) in [(DType::F32, 1e-5f32), (DType::Q8_0, 5e-2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("layer.gguf");
+            let weight_bytes = match dtype {
+                DType::F32 => f32_bytes(&w),
+                _ => quantize(dtype, &w, n_in).unwrap(),
+            };
+            let mut writer = GgufWriter::new();
+            let ne = [n_in as u64, n_out as u64];
+            writer
+                .add_tensor("l.weight", dtype, &ne, weight_bytes)
+                .unwrap();
+            writer
+                .add_tensor("l.bias", DType::F32, &[n_out as u64], f32_bytes(&b))
+                .unwrap();
+            writer
+                .add_tensor(
+                    "q",
+                    DType::Q8_0,
+                    &[32, 4],
+                    quantize(DType::Q8_0, &w[..128], 32).unwrap(),
+                )
+                .unwrap();
+            writer.write_to(&path).unwrap();
+            let file = GgufFile::open(&path).unwrap();
+            let mut l = Loader::new(&file, &[]).unwrap().pack_linears(true);
+            let declared = Linear::load(&mut l, "l", n_in, n_out).unwrap();
+            assert!(declared.packed, "{dtype}: the weight is packed");
+            // Loading freezes the context: no handle may outlive the declaration.
+            drop(declared);
+            l.reorder_rows("l.weight", order.clone()).unwrap();
+            l.reorder_rows("l.bias", order.clone()).unwrap();
+            // Refusals, each naming the tensor.
+            let refused = |l: &mut Loader<'_>, name: &str, order: Vec<usize>, what: &str| {
+                let text = l.reorder_rows(name, order.into()).unwrap_err().to_string();
+                assert!(text.contains(name) && text.contains(what), "{text}");
+            };
+            refused(&mut l, "l.bias", vec![0; n_out], "each row once");
+            refused(&mut l, "missing", (0..n_out).collect(), "not declared");
+            l.tensor("q", &[4, 32], Role::Matmul).unwrap();
+            refused(
+                &mut l,
+                "q",
+                (0..8).collect(),
+                "cannot have its rows reordered",
+            );
+            let weights = l.finish(&Device::cpu()).unwrap();
+
+            let graph_ctx = Context::metadata(16).unwrap();
+            graph_ctx.use_cpu_kernels(true);
+            let mut binder = Loader::bind(&weights, &graph_ctx).unwrap();
+            let layer = Linear::load(&mut binder, "l", n_in, n_out).unwrap();
+            let input = graph_ctx
+                .new_tensor(DType::F32, &[n_in as i64, t as i64])
+                .unwrap();
+            input.mark_input();
+            let y = layer.forward(&graph_ctx, &input).unwrap();
+            y.mark_output();
+            let graph = graph_ctx.new_graph(16).unwrap();
+            graph.expand(&y).unwrap();
+            let cpu = Backend::cpu(1).unwrap();
+            let mut gallocr = Gallocr::for_backend(&cpu).unwrap();
+            let run = gallocr.alloc(&graph).unwrap();
+            run.write(&input, &x).unwrap();
+            run.compute(&cpu).unwrap();
+            let got = run.read::<f32>(&y).unwrap();
+            for (j, column) in x.chunks_exact(n_in).enumerate() {
+                for (i, &o) in order.iter().enumerate() {
+                    let want: f64 = b[o] as f64
+                        + (0..n_in)
+                            .map(|k| w[o * n_in + k] as f64 * column[k] as f64)
+                            .sum::<f64>();
+                    let diff = (got[j * n_out + i] as f64 - want).abs();
+                    assert!(
+                        diff < bound as f64,
+                        "{dtype} output {i} of token {j}: {diff}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn kernels_beyond_the_f16_range_are_an_error_naming_the_tensor() {
         let err = to_f16("head.out1.weight", &[1.0, 7.0e4]).unwrap_err();
