@@ -38,9 +38,10 @@ fn classify(t: &da3::ggml::NodeTime) -> (String, f64) {
             "conv_2d (ggml direct)".into(),
             2.0 * out[0] * out[1] * out[2] * out[3] * a[0] * a[1] * a[2],
         ),
-        // out [W, H, OC], kernel [KW, KH, IC, OC].
-        ("CUSTOM", "conv_2d") => (
-            "conv_2d".into(),
+        // out [W, H, OC], kernel [KW, KH, IC, OC]; Winograd's counted as the direct
+        // convolution it replaces.
+        ("CUSTOM", name @ ("conv_2d" | "conv_2d_winograd")) => (
+            name.into(),
             2.0 * out[0] * out[1] * out[2] * a[0] * a[1] * a[2],
         ),
         ("CUSTOM", _) if packed => ("linear_panels".into(), 2.0 * b[0] * out[0] * out[1]),

@@ -12,7 +12,7 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 
-use super::cpu_ops::Src;
+use super::cpu_ops::{PlaneRows, Src};
 use super::dtype::DType;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -178,6 +178,21 @@ pub fn winograd_convolutions() -> bool {
     *ON.get_or_init(|| std::env::var("DA3_WINOGRAD").as_deref() != Ok("off"))
 }
 
+/// Output rows (and columns) of a Winograd tile: [`conv_winograd_rows`] is shared among
+/// threads by bands of this many rows.
+pub(super) const WINOGRAD_TILE: usize = 4;
+
+/// Whether a 3x3 convolution over a `w` x `h` map is faster by Winograd's F(4x4, 3x3) than
+/// by the direct kernel, in the instance [`kernel_set`] runs (its vectors pad the rows of
+/// tiles).
+pub(super) fn winograd_pays(w: usize, h: usize) -> bool {
+    match kernel_set() {
+        #[cfg(target_arch = "x86_64")]
+        KernelSet::Avx512Bf16 => avx512::winograd_pays(w, h),
+        _ => portable::winograd_pays(w, h),
+    }
+}
+
 /// The CPUID vendor string ("AuthenticAMD", "GenuineIntel", ...).
 fn cpu_vendor() -> Option<String> {
     #[cfg(target_arch = "x86_64")]
@@ -320,11 +335,25 @@ macro_rules! entries {
             // map's, for the tests that compare them.
             #[cfg(test)]
             entries!(@each $attr; conv_direct_planes conv_winograd_planes);
+            entries!(@bands $attr; conv_winograd_rows);
             entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
                 bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
                 attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows
                 linear_scaled_residual_rows layer_norm_rows);
         }
+    };
+    (@bands $attr:meta; $($name:ident)*) => {
+        $(
+            #[$attr]
+            pub(in super::super) fn $name(
+                srcs: &[Src<'_>],
+                out: &mut PlaneRows<'_>,
+                ne: [usize; 4],
+                param: f32,
+            ) {
+                super::$name(srcs, out, ne, param)
+            }
+        )*
     };
     (@each $attr:meta; $($name:ident)*) => {
         $(
@@ -931,6 +960,30 @@ macro_rules! dispatch {
         )*
     };
 }
+
+/// [`dispatch`] for the kernels that write bands of rows through [`PlaneRows`].
+macro_rules! dispatch_bands {
+    ($($name:ident)*) => {
+        $(
+            pub(super) fn $name(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32) {
+                match kernel_set() {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as in `dispatch`: each set only where the CPU has its features.
+                    KernelSet::Avx512Bf16 => unsafe { avx512::run::$name(srcs, out, ne, param) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    KernelSet::Avx2Vnni => unsafe { avx2vnni::run::$name(srcs, out, ne, param) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    KernelSet::Avx2 => unsafe { avx2::run::$name(srcs, out, ne, param) },
+                    _ => portable::run::$name(srcs, out, ne, param),
+                }
+            }
+        )*
+    };
+}
+
+dispatch_bands!(conv_winograd_rows);
 
 dispatch!(conv_same_planes conv_same_planes_bf16 gelu_erf_rows bilinear_align_corners_planes
     concat_rows transpose_rows attention_tokens attention_tokens_bf16 linear_bias_rows
@@ -1576,6 +1629,94 @@ mod tests {
                             "{set}: {w}x{h} {ic}->{oc}, channels {channels:?}, bias {}: {diff}",
                             srcs.len() == 3
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A band entry point (every instance's Winograd by rows has this type).
+    type BandEntry = fn(&[Src<'_>], &mut PlaneRows<'_>, [usize; 4], f32);
+
+    /// Each instance's Winograd convolution by bands of rows, beside its Winograd over planes.
+    fn winograd_band_instances() -> Vec<(&'static str, BandEntry, Entry)> {
+        let mut sets: Vec<(&'static str, BandEntry, Entry)> = vec![(
+            "portable",
+            super::portable::run::conv_winograd_rows,
+            super::portable::run::conv_winograd_planes,
+        )];
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() != KernelSet::Portable {
+            sets.push(("avx2", avx2_winograd_rows, avx2_conv_winograd));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::avx2_vnni_detected() {
+            sets.push(("avx2vnni", avx2vnni_winograd_rows, avx2vnni_conv_winograd));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() == KernelSet::Avx512Bf16 {
+            sets.push(("avx512bf16", avx512_winograd_rows, avx512_conv_winograd));
+        }
+        sets
+    }
+
+    /// Safe entry points to the x86 instances' band kernels, as [`x86_entries`].
+    #[cfg(target_arch = "x86_64")]
+    macro_rules! x86_band_entries {
+        ($($name:ident = $module:ident::$kernel:ident;)*) => {
+            $(
+                fn $name(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32) {
+                    // SAFETY: `winograd_band_instances` lists this entry only where the CPU
+                    // has the features its instance is compiled for.
+                    unsafe { super::$module::run::$kernel(srcs, out, ne, param) }
+                }
+            )*
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    x86_band_entries! {
+        avx2_winograd_rows = avx2::conv_winograd_rows;
+        avx2vnni_winograd_rows = avx2vnni::conv_winograd_rows;
+        avx512_winograd_rows = avx512::conv_winograd_rows;
+    }
+
+    /// Winograd by bands of rows, as threads share a map, writes exactly its band's rows of
+    /// every output channel, each equal to the same rows computed over whole planes: bands of
+    /// one and of several tile rows, a last band ending inside a tile row at the map's foot,
+    /// an empty band past it, in every instance.
+    #[test]
+    fn every_instance_winograd_bands_write_their_rows_as_over_whole_planes() {
+        for (w, h, ic, oc) in [(70, 13, 5, 9), (33, 22, 8, 13), (130, 9, 3, 4)] {
+            let (kernel, input, bias) = (
+                values(9 * ic * oc, 31),
+                values(w * h * ic, 32),
+                values(oc, 33),
+            );
+            let srcs = [
+                src(&kernel, [3, 3, ic, oc]),
+                src(&input, [w, h, ic, 1]),
+                src(&bias, [oc, 1, 1, 1]),
+            ];
+            let ne = [w, h, oc, 1];
+            let bands = [0..4, 4..12, 12..h.next_multiple_of(4), h..h + 8];
+            for (set, by_rows, over_planes) in winograd_band_instances() {
+                let mut want = vec![f32::NAN; w * h * oc];
+                over_planes(&srcs, &mut want, ne, 0..oc, 0.0);
+                for band in &bands {
+                    let mut got = vec![f32::NAN; w * h * oc];
+                    let mut out = PlaneRows::whole(&mut got, [w, h, oc]).narrowed(band.clone());
+                    by_rows(&srcs, &mut out, ne, 0.0);
+                    for (i, (g, x)) in got.iter().zip(&want).enumerate() {
+                        let y = i / w % h;
+                        if band.contains(&y) {
+                            assert_eq!(
+                                g.to_bits(),
+                                x.to_bits(),
+                                "{set} {w}x{h}, band {band:?}, value {i}"
+                            );
+                        } else {
+                            assert!(g.is_nan(), "{set} {w}x{h}: band {band:?} wrote row {y}");
+                        }
                     }
                 }
             }

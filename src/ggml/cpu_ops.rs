@@ -39,12 +39,82 @@ impl Src<'_> {
     }
 }
 
-/// How a kernel's result is shared between threads: each thread gets a disjoint range of
-/// units, rows (`ne[0]` values) or planes (`ne[0] * ne[1]` values).
-#[derive(Clone, Copy)]
-enum Unit {
-    Row,
-    Plane,
+/// Rows `rows` of every plane of a result of `planes` planes of `width` x `height`, written
+/// by one thread: a map split among threads by rows, not by planes (a kernel whose work on
+/// a row serves every output channel, Winograd's input transform, would otherwise repeat it
+/// on each thread).
+pub(super) struct PlaneRows<'a> {
+    data: *mut f32,
+    shape: [usize; 3],
+    rows: Range<usize>,
+    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> PlaneRows<'a> {
+    /// Every row of the `planes` planes of `width` x `height` in `data`.
+    pub fn whole(data: &'a mut [f32], [width, height, planes]: [usize; 3]) -> Self {
+        assert!(
+            data.len() >= width * height * planes,
+            "planes past the result"
+        );
+        PlaneRows {
+            data: data.as_mut_ptr(),
+            shape: [width, height, planes],
+            rows: 0..height,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Rows `rows` of the planes at `data`.
+    ///
+    /// # Safety
+    /// `data` holds `width * height * planes` f32 values, valid for writes for `'a`, and no
+    /// other reference to rows `rows` of any plane is used for `'a` (other threads' bands
+    /// cover other rows).
+    unsafe fn band(
+        data: *mut f32,
+        [width, height, planes]: [usize; 3],
+        rows: Range<usize>,
+    ) -> Self {
+        PlaneRows {
+            data,
+            shape: [width, height, planes],
+            rows: rows.start.min(height)..rows.end.min(height),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Only rows `rows` of these (what a thread would be given).
+    #[cfg(test)]
+    pub fn narrowed(self, rows: Range<usize>) -> Self {
+        let start = rows.start.clamp(self.rows.start, self.rows.end);
+        PlaneRows {
+            rows: start..rows.end.clamp(start, self.rows.end),
+            ..self
+        }
+    }
+
+    /// The rows this band may write.
+    pub fn rows(&self) -> Range<usize> {
+        self.rows.clone()
+    }
+
+    /// Row `y` (one of [`PlaneRows::rows`]) of plane `plane`.
+    pub fn row_mut(&mut self, plane: usize, y: usize) -> &mut [f32] {
+        let [width, height, planes] = self.shape;
+        assert!(
+            plane < planes && self.rows.contains(&y),
+            "row {y} of plane {plane} outside rows {:?} of {planes} planes",
+            self.rows
+        );
+        // SAFETY: within the `width * height * planes` values at `data` (plane < planes,
+        // y < height), a row of this band, which no one else uses for 'a (`whole` holds the
+        // only borrow of them; `band`'s caller keeps other threads to other rows); `&mut
+        // self` keeps one row at a time.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.data.add((plane * height + y) * width), width)
+        }
+    }
 }
 
 /// The views a kernel reads its operands through.
@@ -62,9 +132,23 @@ enum Layout {
 type KernelFn =
     fn(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>, param: f32);
 
+/// Writes the rows `out` holds of a result of shape `ne` (one item of a batch); `param` as
+/// for [`KernelFn`].
+type BandFn = fn(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32);
+
+/// A kernel's entry point, by the way its result is shared between threads: each thread
+/// gets a disjoint range of units, rows (`ne[0]` values) or planes (`ne[0] * ne[1]` values)
+/// as one slice; or bands of this many rows (`ne[1]`) of every plane, written through
+/// [`PlaneRows`].
+#[derive(Clone, Copy)]
+enum Run {
+    Rows(KernelFn),
+    Planes(KernelFn),
+    Bands(BandFn, usize),
+}
+
 struct Kernel {
-    unit: Unit,
-    run: KernelFn,
+    run: Run,
     /// What views the operands may be.
     layout: Layout,
     /// Whether the first operand may be a weight packed as bf16 pairs (i32 words).
@@ -78,88 +162,86 @@ struct Kernel {
 }
 
 static GELU_ERF: Kernel = Kernel {
-    unit: Unit::Row,
-    run: cpu_kernels::gelu_erf_rows,
+    run: Run::Rows(cpu_kernels::gelu_erf_rows),
     layout: Layout::Contiguous,
     packed_weights: false,
     per_item: &[],
     param: 0.0,
 };
 static CONV_SAME: Kernel = Kernel {
-    unit: Unit::Plane,
-    run: cpu_kernels::conv_same_planes,
+    run: Run::Planes(cpu_kernels::conv_same_planes),
+    layout: Layout::Contiguous,
+    packed_weights: false,
+    per_item: &[1],
+    param: 0.0,
+};
+/// The 3x3 convolution by Winograd's F(4x4, 3x3), shared among threads by bands of whole
+/// tiles' rows.
+static CONV_WINOGRAD: Kernel = Kernel {
+    run: Run::Bands(cpu_kernels::conv_winograd_rows, cpu_kernels::WINOGRAD_TILE),
     layout: Layout::Contiguous,
     packed_weights: false,
     per_item: &[1],
     param: 0.0,
 };
 static CONV_SAME_BF16: Kernel = Kernel {
-    unit: Unit::Plane,
-    run: cpu_kernels::conv_same_planes_bf16,
+    run: Run::Planes(cpu_kernels::conv_same_planes_bf16),
     layout: Layout::Contiguous,
     packed_weights: false,
     per_item: &[1],
     param: 0.0,
 };
 static CONCAT_ROWS: Kernel = Kernel {
-    unit: Unit::Row,
-    run: cpu_kernels::concat_rows,
+    run: Run::Rows(cpu_kernels::concat_rows),
     layout: Layout::RowsContiguous,
     packed_weights: false,
     per_item: &[],
     param: 0.0,
 };
 static TRANSPOSE: Kernel = Kernel {
-    unit: Unit::Row,
-    run: cpu_kernels::transpose_rows,
+    run: Run::Rows(cpu_kernels::transpose_rows),
     layout: Layout::Any,
     packed_weights: false,
     per_item: &[],
     param: 0.0,
 };
 static BILINEAR_ALIGNED: Kernel = Kernel {
-    unit: Unit::Plane,
-    run: cpu_kernels::bilinear_align_corners_planes,
+    run: Run::Planes(cpu_kernels::bilinear_align_corners_planes),
     layout: Layout::Contiguous,
     packed_weights: true,
     per_item: &[],
     param: 0.0,
 };
 static LINEAR: Kernel = Kernel {
-    unit: Unit::Row,
-    run: cpu_kernels::linear_bias_rows,
+    run: Run::Rows(cpu_kernels::linear_bias_rows),
     layout: Layout::RowsContiguous,
     packed_weights: true,
     per_item: &[],
     param: 0.0,
 };
 static LINEAR_GELU: Kernel = Kernel {
-    unit: Unit::Row,
-    run: cpu_kernels::linear_bias_gelu_rows,
+    run: Run::Rows(cpu_kernels::linear_bias_gelu_rows),
     layout: Layout::RowsContiguous,
     packed_weights: true,
     per_item: &[],
     param: 0.0,
 };
 static LINEAR_SCALED_RESIDUAL: Kernel = Kernel {
-    unit: Unit::Row,
-    run: cpu_kernels::linear_scaled_residual_rows,
+    run: Run::Rows(cpu_kernels::linear_scaled_residual_rows),
     layout: Layout::RowsContiguous,
     packed_weights: true,
     per_item: &[],
     param: 0.0,
 };
 static ATTENTION_BF16: Kernel = Kernel {
-    unit: Unit::Plane,
-    run: cpu_kernels::attention_tokens_bf16,
+    run: Run::Planes(cpu_kernels::attention_tokens_bf16),
     layout: Layout::RowsContiguous,
     packed_weights: false,
     per_item: &[0, 1, 2],
     param: 0.0,
 };
 static ATTENTION: Kernel = Kernel {
-    unit: Unit::Plane,
-    run: cpu_kernels::attention_tokens,
+    run: Run::Planes(cpu_kernels::attention_tokens),
     layout: Layout::RowsContiguous,
     packed_weights: false,
     per_item: &[0, 1, 2],
@@ -177,8 +259,7 @@ fn layer_norm_kernel(eps: f32) -> &'static Kernel {
         return kernel;
     }
     let kernel: &'static Kernel = Box::leak(Box::new(Kernel {
-        unit: Unit::Row,
-        run: cpu_kernels::layer_norm_rows,
+        run: Run::Rows(cpu_kernels::layer_norm_rows),
         layout: Layout::RowsContiguous,
         packed_weights: false,
         per_item: &[],
@@ -203,20 +284,22 @@ unsafe extern "C" fn run_kernel(
     // SAFETY: `userdata` is one of the `'static` kernels above (see `Context::cpu_op`).
     let kernel = unsafe { &*(userdata as *const Kernel) };
     let ne = shape(dst);
-    let unit_len = match kernel.unit {
-        Unit::Row => ne[0],
-        Unit::Plane => ne[0] * ne[1],
+    let batch = if kernel.per_item.is_empty() { 1 } else { ne[3] };
+    // Units per item of the batch (all of them, without one).
+    let item_units = match kernel.run {
+        Run::Rows(_) => ne[1] * ne[2] * ne[3] / batch,
+        Run::Planes(_) => ne[2] * ne[3] / batch,
+        Run::Bands(_, rows) => ne[1].div_ceil(rows.max(1)),
     };
-    let n_units = ne.iter().product::<usize>() / unit_len.max(1);
+    let n_units = item_units * batch;
     let per_thread = n_units.div_ceil(nth.max(1) as usize);
     let first = (ith.max(0) as usize * per_thread).min(n_units);
     let units = first..(first + per_thread).min(n_units);
-    // SAFETY: `Context::cpu_op` made `dst` and every source contiguous f32 tensors, and ggml
-    // calls this only once they are allocated and the sources computed. GGML_OP_CUSTOM never
-    // runs in place (ggml_op_can_inplace), so the result shares no memory with a source, and
-    // each thread writes only its own units of it.
-    let (srcs, out) = unsafe {
-        let srcs: Vec<Src<'_>> = (*dst)
+    // SAFETY: `Context::cpu_op` made every source a contiguous f32 tensor (or one with
+    // contiguous rows, where the kernel takes those), and ggml calls this only once they are
+    // allocated and computed.
+    let srcs: Vec<Src<'_>> = unsafe {
+        (*dst)
             .src
             .iter()
             .take_while(|s| !s.is_null())
@@ -226,23 +309,12 @@ unsafe extern "C" fn run_kernel(
                 nb: (*s).nb.map(|b| b / 4),
                 dtype: DType::from_id((*s).type_).unwrap_or(DType::F32),
             })
-            .collect();
-        let out = std::slice::from_raw_parts_mut(
-            ((*dst).data as *mut f32).add(units.start * unit_len),
-            units.len() * unit_len,
-        );
-        (srcs, out)
+            .collect()
     };
-    let batch = if kernel.per_item.is_empty() { 1 } else { ne[3] };
-    if batch <= 1 {
-        (kernel.run)(&srcs, out, ne, units, kernel.param);
-        return;
-    }
-    // One item at a time: the batched operands from that item's first value (their data
-    // spans every item, `Context::cpu_op` checked the batch sizes), the result's units of it.
-    let item_units = n_units / batch;
-    let item_ne = [ne[0], ne[1], ne[2], 1];
-    let (mut unit, mut written) = (units.start, 0);
+    let item_len = ne[0] * ne[1] * ne[2];
+    // The units of one item at a time: the batched operands from that item's first value
+    // (their data spans every item, `Context::cpu_op` checked the batch sizes).
+    let mut unit = units.start;
     while unit < units.end {
         let item = unit / item_units;
         let end = ((item + 1) * item_units).min(units.end);
@@ -250,7 +322,7 @@ unsafe extern "C" fn run_kernel(
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                if kernel.per_item.contains(&i) {
+                if batch > 1 && kernel.per_item.contains(&i) {
                     Src {
                         data: &s.data[item * s.nb[3]..],
                         ne: [s.ne[0], s.ne[1], s.ne[2], 1],
@@ -261,15 +333,47 @@ unsafe extern "C" fn run_kernel(
                 }
             })
             .collect();
-        let len = (end - unit) * unit_len;
-        (kernel.run)(
-            &item_srcs,
-            &mut out[written..written + len],
-            item_ne,
-            unit - item * item_units..end - item * item_units,
-            kernel.param,
-        );
-        written += len;
+        let (item_ne, item_units_run) = if batch > 1 {
+            (
+                [ne[0], ne[1], ne[2], 1],
+                unit - item * item_units..end - item * item_units,
+            )
+        } else {
+            (ne, unit..end)
+        };
+        match kernel.run {
+            Run::Rows(run) | Run::Planes(run) => {
+                let unit_len = match kernel.run {
+                    Run::Rows(_) => ne[0],
+                    _ => ne[0] * ne[1],
+                };
+                // SAFETY: the result is a contiguous f32 tensor of `ne` (`Context::cpu_op`);
+                // GGML_OP_CUSTOM never runs in place (ggml_op_can_inplace), so it shares no
+                // memory with a source, and each thread's units are disjoint values of it.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(
+                        ((*dst).data as *mut f32).add(unit * unit_len),
+                        (end - unit) * unit_len,
+                    )
+                };
+                run(&item_srcs, out, item_ne, item_units_run, kernel.param);
+            }
+            Run::Bands(run, rows) => {
+                let band = item_units_run.start * rows..item_units_run.end * rows;
+                // SAFETY: as above, the result is contiguous f32 of `ne`, shared with no
+                // source; this item's planes start `item * item_len` values in, and the
+                // threads' bands are disjoint ranges of rows, so no two threads write the
+                // same row.
+                let mut out = unsafe {
+                    PlaneRows::band(
+                        ((*dst).data as *mut f32).add(item * item_len),
+                        [ne[0], ne[1], ne[2]],
+                        band,
+                    )
+                };
+                run(&item_srcs, &mut out, item_ne, kernel.param);
+            }
+        }
         unit = end;
     }
 }
@@ -739,12 +843,23 @@ impl Context {
             let shape = kn.map(|n| n as usize);
             super::amx_bf16_tiles() && cpu_kernels::amx_convolution_fits(shape)
         };
-        let kernel = if self.bf16_convolutions(on_tiles()) {
-            &CONV_SAME_BF16
+        // Winograd's F(4x4, 3x3), shared by rows, where it pays: in f32 also where products
+        // may be bf16 (f16 and bf16 files) but not on AMX tiles, since a quarter of the
+        // products in f32 beat vector bf16 products (AVX512_BF16, Zen 4, 2 threads: 504x336
+        // 64 -> 32 channels 12.6 ms against 21.7). The direct kernel, by output channels,
+        // elsewhere.
+        let winograd = kn[..2] == [3, 3]
+            && cpu_kernels::winograd_convolutions()
+            && cpu_kernels::winograd_pays(inp[0] as usize, inp[1] as usize);
+        let tiles = on_tiles();
+        let (op, kernel) = if self.bf16_convolutions(tiles) && (tiles || !winograd) {
+            ("conv_2d", &CONV_SAME_BF16)
+        } else if winograd {
+            ("conv_2d_winograd", &CONV_WINOGRAD)
         } else {
-            &CONV_SAME
+            ("conv_2d", &CONV_SAME)
         };
-        self.cpu_op("conv_2d", kernel, &srcs, [inp[0], inp[1], kn[3], inp[3]])
+        self.cpu_op(op, kernel, &srcs, [inp[0], inp[1], kn[3], inp[3]])
     }
 }
 
@@ -787,35 +902,40 @@ pub(super) mod tests {
         setup: impl Fn(&Context, bool),
     ) -> f32 {
         let backend = Backend::cpu(2).unwrap();
-        let results: Vec<Vec<f32>> = [false, true]
-            .into_iter()
-            .map(|variant| {
-                let ctx = Context::metadata(64).unwrap();
-                setup(&ctx, variant);
-                let inputs: Vec<Tensor> = shapes
-                    .iter()
-                    .map(|ne| ctx.new_tensor(DType::F32, ne).unwrap())
-                    .collect();
-                inputs.iter().for_each(|t| _ = t.mark_input());
-                let out = op(&ctx, &inputs).unwrap();
-                out.mark_output();
-                let graph = ctx.new_graph(64).unwrap();
-                graph.expand(&out).unwrap();
-                let mut gallocr = Gallocr::for_backend(&backend).unwrap();
-                let run = gallocr.alloc(&graph).unwrap();
-                for (i, t) in inputs.iter().enumerate() {
-                    run.write(t, &values(t.nelements() as usize, i as u32))
-                        .unwrap();
-                }
-                run.compute(&backend).unwrap();
-                run.read::<f32>(&out).unwrap()
-            })
-            .collect();
-        results[0]
+        let [a, b] = [false, true].map(|variant| {
+            let (result, _) = compute_with(&backend, shapes, &op, |ctx| setup(ctx, variant));
+            result
+        });
+        max_abs_difference(&a, &b)
+    }
+
+    /// `op` on inputs of `shapes` (deterministic values) in a context set up by `setup`,
+    /// computed on `backend`: the result and the name of its node.
+    fn compute_with(
+        backend: &Backend,
+        shapes: &[&[i64]],
+        op: impl Fn(&Context, &[Tensor]) -> Result<Tensor>,
+        setup: impl Fn(&Context),
+    ) -> (Vec<f32>, String) {
+        let ctx = Context::metadata(64).unwrap();
+        setup(&ctx);
+        let inputs: Vec<Tensor> = shapes
             .iter()
-            .zip(&results[1])
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max)
+            .map(|ne| ctx.new_tensor(DType::F32, ne).unwrap())
+            .collect();
+        inputs.iter().for_each(|t| _ = t.mark_input());
+        let out = op(&ctx, &inputs).unwrap();
+        out.mark_output();
+        let graph = ctx.new_graph(64).unwrap();
+        graph.expand(&out).unwrap();
+        let mut gallocr = Gallocr::for_backend(backend).unwrap();
+        let run = gallocr.alloc(&graph).unwrap();
+        for (i, t) in inputs.iter().enumerate() {
+            run.write(t, &values(t.nelements() as usize, i as u32))
+                .unwrap();
+        }
+        run.compute(backend).unwrap();
+        (run.read::<f32>(&out).unwrap(), out.name())
     }
 
     /// The three epilogues of a packed product against ggml's ops on the plain weight.
@@ -1177,6 +1297,49 @@ pub(super) mod tests {
             });
             assert!(diff < 1e-4, "{w}x{h}x{ic} -> {oc}, {kw}x{kh}: {diff}");
         }
+    }
+
+    /// Maps large enough for Winograd run it shared among threads by bands of tile rows: on
+    /// any thread count (more threads than tile rows, bands that end inside a tile row at
+    /// the map's foot, a batch of two images) the result equals ggml's im2col convolution
+    /// and is the same, value for value, as on one thread.
+    #[test]
+    fn winograd_convolutions_match_im2col_on_any_thread_count() {
+        assert!(
+            super::cpu_kernels::winograd_convolutions(),
+            "DA3_WINOGRAD=off in the environment"
+        );
+        for (w, h, ic, oc, batch) in [(130, 41, 3, 10, 1), (144, 37, 16, 24, 2)] {
+            let shapes: [&[i64]; 3] = [&[3, 3, ic, oc], &[w, h, ic, batch], &[oc]];
+            let conv = |g: &Context, t: &[Tensor]| {
+                g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), (1, 1), (1, 1))
+            };
+            let one = Backend::cpu(1).unwrap();
+            let (reference, _) = compute_with(&one, &shapes, conv, |_| ());
+            let (single, name) = compute_with(&one, &shapes, conv, |g| g.use_cpu_kernels(true));
+            assert_eq!(name, "conv_2d_winograd", "{w}x{h}");
+            let largest = reference.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let diff = max_abs_difference(&reference, &single) / largest;
+            assert!(diff < 1e-5, "{w}x{h}x{ic}x{batch} -> {oc}: {diff}");
+            for threads in [2, 3, 16] {
+                let backend = Backend::cpu(threads).unwrap();
+                let (shared, _) =
+                    compute_with(&backend, &shapes, conv, |g| g.use_cpu_kernels(true));
+                assert!(
+                    shared == single,
+                    "{w}x{h}x{ic}x{batch} -> {oc}, {threads} threads"
+                );
+            }
+        }
+        // Below Winograd's size, the direct kernel.
+        let shapes: [&[i64]; 3] = [&[3, 3, 4, 4], &[20, 12, 4, 1], &[4]];
+        let (_, name) = compute_with(
+            &Backend::cpu(2).unwrap(),
+            &shapes,
+            |g, t| g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), (1, 1), (1, 1)),
+            |g| g.use_cpu_kernels(true),
+        );
+        assert_eq!(name, "conv_2d");
     }
 
     /// A batch along `ne[3]` is one node whose kernel takes the items in turn: images of a

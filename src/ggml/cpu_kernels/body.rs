@@ -4,7 +4,7 @@
 // is compiled inside those functions (with their features), not on its own for the baseline.
 
 use super::{
-    bf16_bits, bf16_pair, DType, Src, PANEL, Q8_BLOCK, Q8_CORRECTIONS, Q8_RECORD,
+    bf16_bits, bf16_pair, DType, PlaneRows, Src, PANEL, Q8_BLOCK, Q8_CORRECTIONS, Q8_RECORD,
     Q8_SCALES,
 };
 use std::ops::Range;

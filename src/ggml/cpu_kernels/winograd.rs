@@ -14,7 +14,7 @@
 // DA3's depth within 2e-5 of the official code's, as before.
 
 /// Output pixels per tile side, and the input patch side (`WINO_OUT + 3 - 1`).
-const WINO_OUT: usize = 4;
+const WINO_OUT: usize = super::WINOGRAD_TILE;
 const WINO_IN: usize = 6;
 /// Points of the transform: one matrix product each.
 const WINO_POINTS: usize = WINO_IN * WINO_IN;
@@ -32,7 +32,7 @@ const WINO_MIN_TILES: usize = 256;
 
 /// Whether a `w` x `h` map is large enough for [`conv3x3_winograd_planes`] to pay.
 #[inline(always)]
-fn winograd_pays(w: usize, h: usize) -> bool {
+pub(super) fn winograd_pays(w: usize, h: usize) -> bool {
     w.div_ceil(WINO_OUT).div_ceil(LANES) * LANES * h.div_ceil(WINO_OUT) >= WINO_MIN_TILES
 }
 
@@ -127,18 +127,40 @@ struct WinoScratch {
 /// Output channels `channels` (planes of `out`) of a 3x3 "same" convolution by F(4x4, 3x3):
 /// `srcs` as [`conv_same_planes`]'s (kernel [3, 3, IC, OC], input [W, H, IC, 1], optional
 /// bias [OC]).
+#[inline(always)]
+fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>) {
+    let [w, h, ..] = srcs[1].ne;
+    let mut out = PlaneRows::whole(out, [w, h, channels.len()]);
+    conv3x3_winograd(srcs, &mut out, channels)
+}
+
+/// Every output channel of the rows `out` holds (whole tiles' rows, but for the map's last)
+/// of a 3x3 "same" convolution by F(4x4, 3x3), `srcs` as [`conv_same_planes`]'s: a thread's
+/// band, so that each input channel's patches are transformed once, not once per thread.
+#[inline(always)]
+fn conv_winograd_rows(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], _param: f32) {
+    conv3x3_winograd(srcs, out, 0..ne[2])
+}
+
+/// Output channels `channels` (planes `0..channels.len()` of `out`) of the tiles whose rows
+/// `out` holds, of a 3x3 "same" convolution by F(4x4, 3x3).
 ///
 /// The tiles go in row-major order over a grid whose rows are padded to whole vectors, so
 /// that a vector of tiles never spans two tile rows, and a block of `WINO_TILES` tiles may
 /// (a block per row end would waste up to a block per row: a quarter of the work at 144
 /// pixels wide).
 #[inline(always)]
-fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>) {
+fn conv3x3_winograd(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, channels: Range<usize>) {
     let (kernel, input) = (&srcs[0], &srcs[1]);
     let [w, h, ic, _] = input.ne;
     debug_assert!(kernel.ne[..3] == [3, 3, ic]);
     let plane_len = w * h;
     let oc = channels.len();
+    let rows = out.rows();
+    if rows.is_empty() || oc == 0 {
+        return;
+    }
+    debug_assert!(rows.start.is_multiple_of(WINO_OUT));
     // The channels in groups for the register tile, as in `conv_planes`.
     let mut groups = Vec::new();
     let mut o = 0;
@@ -151,30 +173,43 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
         o += r;
     }
     // Transformed kernels, point by point, each group's rows packed for the tile:
-    // u[(p * oc + i) * ic + c * r + row] for the group (i, r).
-    let mut u = vec![0.0f32; WINO_POINTS * oc * ic];
+    // u[p * u_stride + i * ic + c * r + row] for the group (i, r). One cache line between
+    // points past the OC x IC values: at a multiple of 4 KB apart, as DA3's channel counts
+    // give, a kernel's 36 points would be stored to one set of the L1 cache.
+    let u_stride = oc * ic + 64 / std::mem::size_of::<f32>();
+    let mut scratch_u = WINO_KERNELS.take();
+    scratch_u.resize(WINO_POINTS * u_stride, 0.0);
+    let u = &mut scratch_u[..WINO_POINTS * u_stride];
     for &(i, r) in &groups {
         for row in 0..r {
             let o = channels.start + i + row;
             for c in 0..ic {
                 let t = wino_kernel(&kernel.data[(o * ic + c) * 9..][..9]);
                 for (p, &x) in t.iter().enumerate() {
-                    u[(p * oc + i) * ic + c * r + row] = x;
+                    u[p * u_stride + i * ic + c * r + row] = x;
                 }
             }
         }
     }
     // One block of tiles: the transformed patches [point][channel], then one group's
     // products [point][row].
-    let mut v = vec![[0.0f32; WINO_TILES]; WINO_POINTS * ic];
-    let mut m = vec![[0.0f32; WINO_TILES]; WINO_POINTS * CONV_CHANNELS];
+    // Each point's rows `v_stride` rows apart, an odd number: a vector of tiles is stored
+    // to every point at once, and at `ic` rows apart (a multiple of 4 KB for DA3's channel
+    // counts) the 36 stores fell in one set of the L1 cache, which holds 8.
+    let v_stride = ic | 1;
+    let (mut scratch_v, mut scratch_m) = (WINO_PATCHES.take(), WINO_PRODUCTS.take());
+    scratch_v.resize(WINO_POINTS * v_stride, [0.0; WINO_TILES]);
+    scratch_m.resize(WINO_POINTS * CONV_CHANNELS, [0.0; WINO_TILES]);
+    let (v, m) = (&mut scratch_v[..WINO_POINTS * v_stride], &mut scratch_m[..]);
     let mut scratch = WinoScratch {
         span: [0.0; WINO_OUT * LANES + WINO_OUT],
         along_x: [[simd::splat(0.0); WINO_IN]; WINO_IN],
         pixels: [0.0; WINO_OUT * LANES],
     };
+    // The tiles of the band's tile rows.
     let tiles_x = w.div_ceil(WINO_OUT).div_ceil(LANES) * LANES;
-    let tiles = tiles_x * h.div_ceil(WINO_OUT);
+    let tiles = tiles_x * rows.end.div_ceil(WINO_OUT);
+    let first_tile = tiles_x * (rows.start / WINO_OUT);
     let block_at = |first: usize| -> WinoBlock {
         std::array::from_fn(|g| {
             let tile = first + g * LANES;
@@ -182,7 +217,7 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
         })
     };
     let plane = |c: usize| &input.data[c * plane_len..][..plane_len];
-    for first in (0..tiles).step_by(WINO_TILES) {
+    for first in (first_tile..tiles).step_by(WINO_TILES) {
         let block = block_at(first);
         let next_block = block_at(first + WINO_TILES);
         for c in 0..ic {
@@ -196,27 +231,39 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
             let plane = plane(c);
             for (g, &at) in block.iter().enumerate() {
                 let at = at.map(|(ty, tx)| (w, h, ty, tx));
-                wino_patches(plane, at, g, &mut scratch, &mut v[c..], ic);
+                wino_patches(plane, at, g, &mut scratch, &mut v[c..], v_stride);
             }
         }
-        let v = v.as_flattened();
+        let v = (*v).as_flattened();
         for &(i, r) in &groups {
             let bias = |row: usize| srcs.get(2).map_or(0.0, |b| b.data[channels.start + i + row]);
-            let planes = &mut out[i * plane_len..];
-            let u = (&u[i * ic..], oc * ic);
+            let planes = (&mut *out, i);
+            let u = (&u[i * ic..], u_stride);
             let s = &mut scratch;
             let block = ((w, h), block);
             if r == CONV_CHANNELS {
-                wino_group::<CONV_CHANNELS>(u, v, ic, &mut m, planes, &bias, block, s);
+                wino_group::<CONV_CHANNELS>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             } else if r == 4 {
-                wino_group::<4>(u, v, ic, &mut m, planes, &bias, block, s);
+                wino_group::<4>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             } else if r == 2 {
-                wino_group::<2>(u, v, ic, &mut m, planes, &bias, block, s);
+                wino_group::<2>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             } else {
-                wino_group::<1>(u, v, ic, &mut m, planes, &bias, block, s);
+                wino_group::<1>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             }
         }
     }
+    WINO_KERNELS.set(scratch_u);
+    WINO_PATCHES.set(scratch_v);
+    WINO_PRODUCTS.set(scratch_m);
+}
+
+thread_local! {
+    /// The transformed kernels, then the transformed patches and products of a block, kept
+    /// for the next convolution on the same thread (ggml's threads live as long as their
+    /// backend): allocated per call, their pages were faulted in and zeroed every time.
+    static WINO_KERNELS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    static WINO_PATCHES: std::cell::Cell<Vec<Lanes>> = const { std::cell::Cell::new(Vec::new()) };
+    static WINO_PRODUCTS: std::cell::Cell<Vec<Lanes>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Input channels between a channel's patches and the prefetch of the rows they will read:
@@ -303,30 +350,29 @@ fn wino_patches(
 
 /// The `R` output channels of one group for one block of tiles: the 36 products of the
 /// group's transformed kernels (`u`, packed, point `p` at `p * u_stride`) by the block's
-/// patches (`v`, [point][IC][tile]), then `Aᵀ m A` plus the bias into the first `R` planes
-/// of `planes` (`w` x `h`), each vector of tiles at its place (`block`, as for
-/// [`wino_patches`]).
+/// patches (`v`, [point][IC][tile], point `p` at `p * v_stride` rows), then `Aᵀ m A` plus
+/// the bias into `R` planes of `out` from `first` (`w` x `h`), each vector of tiles at its
+/// place (`block`, as for [`wino_patches`]).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn wino_group<const R: usize>(
     (u, u_stride): (&[f32], usize),
-    v: &[f32],
+    (v, v_stride): (&[f32], usize),
     ic: usize,
     m: &mut [Lanes],
-    planes: &mut [f32],
+    (out, first): (&mut PlaneRows<'_>, usize),
     bias: &impl Fn(usize) -> f32,
     ((w, h), block): ((usize, usize), WinoBlock),
     s: &mut WinoScratch,
 ) {
     for p in 0..WINO_POINTS {
         let mut acc = [[[0.0f32; LANES]; CONV_VECTORS]; R];
-        let patches = &v[p * ic * WINO_TILES..];
+        let patches = &v[p * v_stride * WINO_TILES..];
         tile(F32, &mut acc, &u[p * u_stride..][..R * ic], patches, (ic, WINO_TILES), (1, 0));
         for (row, acc) in acc.iter().enumerate() {
             m[p * R + row].copy_from_slice(acc.as_flattened());
         }
     }
-    let plane_len = w * h;
     for (g, at) in block.iter().enumerate() {
         let Some((ty, tx0)) = *at else { break };
         let x0 = WINO_OUT * tx0;
@@ -336,7 +382,6 @@ fn wino_group<const R: usize>(
         let width = (w - x0).min(WINO_OUT * LANES);
         for row in 0..R {
             let bias = simd::splat(bias(row));
-            let plane = &mut planes[row * plane_len..][..plane_len];
             // Along y: along_y[a][k].
             let mut along_y = [[simd::splat(0.0); WINO_IN]; WINO_OUT];
             for k in 0..WINO_IN {
@@ -354,8 +399,15 @@ fn wino_group<const R: usize>(
                 }
                 // Pixel 4t + b is lane t of y[b].
                 let y = wino_output_1d(along_y).map(|y| simd::add(y, bias));
-                simd::interleave4(y, &mut s.pixels);
-                plane[oy * w + x0..][..width].copy_from_slice(&s.pixels[..width]);
+                let dst = &mut out.row_mut(first + row, oy)[x0..][..width];
+                if width == WINO_OUT * LANES {
+                    // Straight into the row: a copy of variable length is a call to
+                    // `memcpy`, after which every live vector is reloaded from the stack.
+                    simd::interleave4(y, dst);
+                } else {
+                    simd::interleave4(y, &mut s.pixels);
+                    dst.copy_from_slice(&s.pixels[..width]);
+                }
             }
         }
     }
