@@ -109,6 +109,10 @@ impl Conv {
 const CONV_CHANNELS: usize = if simd::REGISTERS >= 32 { 8 } else { 6 };
 const CONV_VECTORS: usize = if simd::REGISTERS >= 32 { 3 } else { 2 };
 const CONV_SPAN: usize = CONV_VECTORS * LANES;
+/// Pixels each row of a map is padded to by the direct convolution (its span).
+/// (Read by the choice between the AVX-512 and AVX2 instances only.)
+#[allow(dead_code)]
+pub(super) const CONV_ROW_STEP: usize = CONV_SPAN;
 
 /// Output channels `channels` (planes of `out`) of a "same" convolution: `srcs` are the
 /// kernel [KW, KH, IC, OC], the input [W, H, IC, 1] and optionally a bias [OC].

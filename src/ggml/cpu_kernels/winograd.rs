@@ -16,6 +16,10 @@
 /// Output pixels per tile side, and the input patch side (`WINO_OUT + 3 - 1`).
 const WINO_OUT: usize = super::WINOGRAD_TILE;
 const WINO_IN: usize = 6;
+/// Pixels each row of a map is padded to by Winograd's rows of tiles (a vector of tiles).
+/// (Read by the choice between the AVX-512 and AVX2 instances only.)
+#[allow(dead_code)]
+pub(super) const WINO_ROW_STEP: usize = WINO_OUT * LANES;
 /// Points of the transform: one matrix product each.
 const WINO_POINTS: usize = WINO_IN * WINO_IN;
 /// Tiles transformed and multiplied together: the register tile's columns, so that one
