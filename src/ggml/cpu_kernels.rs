@@ -178,6 +178,63 @@ pub fn winograd_convolutions() -> bool {
     *ON.get_or_init(|| std::env::var("DA3_WINOGRAD").as_deref() != Ok("off"))
 }
 
+/// A thread's scratch vector, taken from `slot` for one kernel call and put back when
+/// dropped, so that the next call on the same thread finds it allocated: ggml's workers
+/// outlive a graph, and a fresh vector per call (up to 2.4 MB for a linear layer's packed
+/// rows) had its pages faulted in and zeroed every time. Its values are what the previous
+/// user left (or the fill value where it grew): callers write before they read.
+pub(super) struct Scratch<T: 'static> {
+    slot: &'static std::thread::LocalKey<std::cell::Cell<Vec<T>>>,
+    data: Vec<T>,
+    len: usize,
+}
+
+impl<T: Copy> Scratch<T> {
+    /// `len` values of `slot`'s vector, grown with `fill` where it is shorter.
+    pub fn take(
+        slot: &'static std::thread::LocalKey<std::cell::Cell<Vec<T>>>,
+        len: usize,
+        fill: T,
+    ) -> Self {
+        let mut data = slot.take();
+        if data.len() < len {
+            data.resize(len, fill);
+        }
+        Scratch { slot, data, len }
+    }
+}
+
+impl<T> std::ops::Deref for Scratch<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.data[..self.len]
+    }
+}
+
+impl<T> std::ops::DerefMut for Scratch<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.data[..self.len]
+    }
+}
+
+impl<T> Drop for Scratch<T> {
+    fn drop(&mut self) {
+        self.slot.set(std::mem::take(&mut self.data));
+    }
+}
+
+/// Declares thread-local slots for [`Scratch`] vectors (one per buffer a kernel holds at
+/// once).
+macro_rules! scratch_slots {
+    ($($name:ident: $t:ty;)*) => {
+        thread_local! {
+            $(
+                static $name: std::cell::Cell<Vec<$t>> = const { std::cell::Cell::new(Vec::new()) };
+            )*
+        }
+    };
+}
+
 /// Output rows (and columns) of a Winograd tile: [`conv_winograd_rows`] is shared among
 /// threads by bands of this many rows.
 pub(super) const WINOGRAD_TILE: usize = 4;

@@ -628,12 +628,12 @@ fn attention_tokens(
     let log2_scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
     // Keys of a head packed for the score tile, KEY_ROWS at a time (zeros past the last).
     let key_groups = tk.div_ceil(KEY_ROWS);
-    let mut keys = vec![0.0f32; key_groups * KEY_ROWS * d];
+    let mut keys = super::Scratch::take(&ATTENTION_KEYS, key_groups * KEY_ROWS * d, 0.0);
     // The tile's queries transposed, [d][FLASH_QT]; a block's scores, then probabilities,
     // [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
-    let mut queries = vec![0.0f32; d * FLASH_QT];
-    let mut scores = vec![0.0f32; KEY_BLOCK * FLASH_QT];
-    let mut acc = vec![0.0f32; FLASH_QT * dv];
+    let mut queries = super::Scratch::take(&ATTENTION_QUERIES, d * FLASH_QT, 0.0);
+    let mut scores = super::Scratch::take(&ATTENTION_SCORES, KEY_BLOCK * FLASH_QT, 0.0);
+    let mut acc = super::Scratch::take(&ATTENTION_SUMS, FLASH_QT * dv, 0.0);
     // A row of zeros: the keys past the last and the queries past a tile's end.
     let zeros = vec![0.0f32; d];
     for h in 0..heads {
@@ -756,6 +756,15 @@ fn attention_tokens(
             t0 += n;
         }
     }
+}
+
+// The f32 attention's packed keys, a tile's queries, a block's scores and the weighted
+// values.
+scratch_slots! {
+    ATTENTION_KEYS: f32;
+    ATTENTION_QUERIES: f32;
+    ATTENTION_SCORES: f32;
+    ATTENTION_SUMS: f32;
 }
 
 /// Raises `maxima[..C * LANES]`, lane by lane, to the largest score in `rows` of a score tile
@@ -1211,10 +1220,24 @@ fn linear_rows(
     #[cfg(not(target_arch = "x86_64"))]
     let vectors = true;
     let len = LINEAR_ROW_BLOCK.min(rows.len()).div_ceil(GEMM_ROWS) * GEMM_ROWS * depth;
+    // On AMX tiles, a block's rows as pairs in groups of the tiles' rows.
+    #[cfg(target_arch = "x86_64")]
+    let pairs_len = if vectors {
+        len
+    } else {
+        let tile_rows = super::amx::BLOCK;
+        LINEAR_ROW_BLOCK.min(rows.len()).div_ceil(tile_rows) * tile_rows * depth
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let pairs_len = len;
     let mut packed = PackedRows {
-        f32: vec![0.0; if bf16 { 0 } else { len }],
-        pairs: vec![0; if bf16 && vectors { len } else { 0 }],
-        group_pairs: vec![0; if bf16 && vectors { GEMM_ROWS * depth } else { 0 }],
+        f32: super::Scratch::take(&LINEAR_ROWS_F32, if bf16 { 0 } else { len }, 0.0),
+        pairs: super::Scratch::take(&LINEAR_ROWS_PAIRS, if bf16 { pairs_len } else { 0 }, 0),
+        group_pairs: super::Scratch::take(
+            &LINEAR_GROUP_PAIRS,
+            if bf16 && vectors { GEMM_ROWS * depth } else { 0 },
+            0,
+        ),
         sums: Vec::new(),
     };
     let mut start = rows.start;
@@ -1246,7 +1269,7 @@ fn linear_block_amx(
     ne: [usize; 4],
     rows: Range<usize>,
     epilogue: Epilogue,
-    pairs: &mut Vec<u32>,
+    pairs: &mut [u32],
 ) {
     use super::amx::BLOCK;
     const _: () = assert!(PANEL == BLOCK, "a panel is one block of tile columns");
@@ -1257,7 +1280,7 @@ fn linear_block_amx(
     }
     let depth = k / 2;
     let groups = count.div_ceil(BLOCK);
-    pairs.resize(groups * BLOCK * depth, 0);
+    let pairs = &mut pairs[..groups * BLOCK * depth];
     for (r, row) in pairs.chunks_exact_mut(depth).enumerate() {
         let source = rows.start + r.min(count - 1);
         simd::to_bf16_pairs(&x.data[source * x.nb[1]..][..k], row);
@@ -1285,10 +1308,17 @@ fn linear_block_amx(
 /// The buffers [`linear_block`] packs a block's rows into, and the sums of a panel's
 /// tiles between slices of its depth.
 struct PackedRows {
-    f32: Vec<f32>,
-    pairs: Vec<u32>,
-    group_pairs: Vec<u32>,
+    f32: super::Scratch<f32>,
+    pairs: super::Scratch<u32>,
+    group_pairs: super::Scratch<u32>,
     sums: Vec<[[[f32; LANES]; 2]; GEMM_ROWS]>,
+}
+
+// A linear layer's packed rows: f32, bf16 pairs, and one group's pairs before packing.
+scratch_slots! {
+    LINEAR_ROWS_F32: f32;
+    LINEAR_ROWS_PAIRS: u32;
+    LINEAR_GROUP_PAIRS: u32;
 }
 
 /// Rows of a thread's share taken at a time by [`linear_rows`]: their packed copy (at most
