@@ -223,16 +223,19 @@ impl<T> Drop for Scratch<T> {
     }
 }
 
-/// Declares thread-local slots for [`Scratch`] vectors (one per buffer a kernel holds at
-/// once).
-macro_rules! scratch_slots {
-    ($($name:ident: $t:ty;)*) => {
-        thread_local! {
-            $(
-                static $name: std::cell::Cell<Vec<$t>> = const { std::cell::Cell::new(Vec::new()) };
-            )*
-        }
-    };
+// The [`Scratch`] vectors of the kernels, shared by all of them (and every instance), so
+// that a thread keeps no more than the largest buffers any one kernel holds at once: a
+// kernel takes each slot at most once at a time, its largest buffer from the first. Per
+// thread, the largest are a linear layer's packed rows and Winograd's transformed kernels
+// (up to 2.4 MB each).
+thread_local! {
+    pub(super) static SCRATCH_0: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    pub(super) static SCRATCH_1: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    pub(super) static SCRATCH_2: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    pub(super) static SCRATCH_3: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Words of bf16 pairs.
+    pub(super) static SCRATCH_PAIRS_0: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+    pub(super) static SCRATCH_PAIRS_1: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Output rows (and columns) of a Winograd tile: [`conv_winograd_rows`] is shared among

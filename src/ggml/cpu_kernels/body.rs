@@ -628,12 +628,12 @@ fn attention_tokens(
     let log2_scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
     // Keys of a head packed for the score tile, KEY_ROWS at a time (zeros past the last).
     let key_groups = tk.div_ceil(KEY_ROWS);
-    let mut keys = super::Scratch::take(&ATTENTION_KEYS, key_groups * KEY_ROWS * d, 0.0);
+    let mut keys = super::Scratch::take(&super::SCRATCH_0, key_groups * KEY_ROWS * d, 0.0);
     // The tile's queries transposed, [d][FLASH_QT]; a block's scores, then probabilities,
     // [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
-    let mut queries = super::Scratch::take(&ATTENTION_QUERIES, d * FLASH_QT, 0.0);
-    let mut scores = super::Scratch::take(&ATTENTION_SCORES, KEY_BLOCK * FLASH_QT, 0.0);
-    let mut acc = super::Scratch::take(&ATTENTION_SUMS, FLASH_QT * dv, 0.0);
+    let mut queries = super::Scratch::take(&super::SCRATCH_1, d * FLASH_QT, 0.0);
+    let mut scores = super::Scratch::take(&super::SCRATCH_2, KEY_BLOCK * FLASH_QT, 0.0);
+    let mut acc = super::Scratch::take(&super::SCRATCH_3, FLASH_QT * dv, 0.0);
     // A row of zeros: the keys past the last and the queries past a tile's end.
     let zeros = vec![0.0f32; d];
     for h in 0..heads {
@@ -756,15 +756,6 @@ fn attention_tokens(
             t0 += n;
         }
     }
-}
-
-// The f32 attention's packed keys, a tile's queries, a block's scores and the weighted
-// values.
-scratch_slots! {
-    ATTENTION_KEYS: f32;
-    ATTENTION_QUERIES: f32;
-    ATTENTION_SCORES: f32;
-    ATTENTION_SUMS: f32;
 }
 
 /// Raises `maxima[..C * LANES]`, lane by lane, to the largest score in `rows` of a score tile
@@ -1231,10 +1222,10 @@ fn linear_rows(
     #[cfg(not(target_arch = "x86_64"))]
     let pairs_len = len;
     let mut packed = PackedRows {
-        f32: super::Scratch::take(&LINEAR_ROWS_F32, if bf16 { 0 } else { len }, 0.0),
-        pairs: super::Scratch::take(&LINEAR_ROWS_PAIRS, if bf16 { pairs_len } else { 0 }, 0),
+        f32: super::Scratch::take(&super::SCRATCH_0, if bf16 { 0 } else { len }, 0.0),
+        pairs: super::Scratch::take(&super::SCRATCH_PAIRS_0, if bf16 { pairs_len } else { 0 }, 0),
         group_pairs: super::Scratch::take(
-            &LINEAR_GROUP_PAIRS,
+            &super::SCRATCH_PAIRS_1,
             if bf16 && vectors { GEMM_ROWS * depth } else { 0 },
             0,
         ),
@@ -1312,13 +1303,6 @@ struct PackedRows {
     pairs: super::Scratch<u32>,
     group_pairs: super::Scratch<u32>,
     sums: Vec<[[[f32; LANES]; 2]; GEMM_ROWS]>,
-}
-
-// A linear layer's packed rows: f32, bf16 pairs, and one group's pairs before packing.
-scratch_slots! {
-    LINEAR_ROWS_F32: f32;
-    LINEAR_ROWS_PAIRS: u32;
-    LINEAR_GROUP_PAIRS: u32;
 }
 
 /// Rows of a thread's share taken at a time by [`linear_rows`]: their packed copy (at most

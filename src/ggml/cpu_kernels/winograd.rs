@@ -181,7 +181,7 @@ fn conv3x3_winograd(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, channels: Range<u
     // points past the OC x IC values: at a multiple of 4 KB apart, as DA3's channel counts
     // give, a kernel's 36 points would be stored to one set of the L1 cache.
     let u_stride = oc * ic + 64 / std::mem::size_of::<f32>();
-    let mut u = super::Scratch::take(&WINO_KERNELS, WINO_POINTS * u_stride, 0.0);
+    let mut u = super::Scratch::take(&super::SCRATCH_0, WINO_POINTS * u_stride, 0.0);
     for &(i, r) in &groups {
         for row in 0..r {
             let o = channels.start + i + row;
@@ -199,8 +199,10 @@ fn conv3x3_winograd(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, channels: Range<u
     // to every point at once, and at `ic` rows apart (a multiple of 4 KB for DA3's channel
     // counts) the 36 stores fell in one set of the L1 cache, which holds 8.
     let v_stride = ic | 1;
-    let mut v = super::Scratch::take(&WINO_PATCHES, WINO_POINTS * v_stride, [0.0; WINO_TILES]);
-    let mut m = super::Scratch::take(&WINO_PRODUCTS, WINO_POINTS * CONV_CHANNELS, [0.0; WINO_TILES]);
+    // (Apart: the products right after the patches in one vector ran 15% slower at 504x336.)
+    let mut v_scratch = super::Scratch::take(&super::SCRATCH_1, WINO_POINTS * v_stride * WINO_TILES, 0.0);
+    let mut m_scratch = super::Scratch::take(&super::SCRATCH_2, WINO_POINTS * CONV_CHANNELS * WINO_TILES, 0.0);
+    let (v, m) = (v_scratch.as_chunks_mut().0, m_scratch.as_chunks_mut().0);
     let mut scratch = WinoScratch {
         span: [0.0; WINO_OUT * LANES + WINO_OUT],
         along_x: [[simd::splat(0.0); WINO_IN]; WINO_IN],
@@ -242,24 +244,16 @@ fn conv3x3_winograd(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, channels: Range<u
             let s = &mut scratch;
             let block = ((w, h), block);
             if r == CONV_CHANNELS {
-                wino_group::<CONV_CHANNELS>(u, (v, v_stride), ic, &mut m, planes, &bias, block, s);
+                wino_group::<CONV_CHANNELS>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             } else if r == 4 {
-                wino_group::<4>(u, (v, v_stride), ic, &mut m, planes, &bias, block, s);
+                wino_group::<4>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             } else if r == 2 {
-                wino_group::<2>(u, (v, v_stride), ic, &mut m, planes, &bias, block, s);
+                wino_group::<2>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             } else {
-                wino_group::<1>(u, (v, v_stride), ic, &mut m, planes, &bias, block, s);
+                wino_group::<1>(u, (v, v_stride), ic, m, planes, &bias, block, s);
             }
         }
     }
-}
-
-// The transformed kernels, and a block's transformed patches and products. (Apart: the
-// products right after the patches in one vector ran 15% slower at 504x336.)
-scratch_slots! {
-    WINO_KERNELS: f32;
-    WINO_PATCHES: Lanes;
-    WINO_PRODUCTS: Lanes;
 }
 
 /// Input channels between a channel's patches and the prefetch of the rows they will read:
