@@ -87,8 +87,8 @@ impl Rcu {
         })
     }
     fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        let y = self.c1.forward(g, &g.relu(x)?)?;
-        let y = self.c2.forward(g, &g.relu(&y)?)?;
+        let y = self.c1.forward_of_relu(g, x)?;
+        let y = self.c2.forward_of_relu(g, &y)?;
         Ok(g.add(&y, x)?)
     }
 }
@@ -281,7 +281,7 @@ impl Head {
         };
         let logits = self
             .out2b
-            .forward(g, &g.relu(&self.out2a.forward(g, &out)?)?)?;
+            .forward_of_relu(g, &self.out2a.forward(g, &out)?)?;
         let (w, h) = size;
         let views = logits.ne()[3];
         let channel = |i: i64| -> Result<Tensor, Error> {
@@ -303,7 +303,7 @@ impl Head {
         };
         let sky = match &self.sky {
             Some((a, b)) => {
-                let s = b.forward(g, &g.relu(&a.forward(g, &out)?)?)?;
+                let s = b.forward_of_relu(g, &a.forward(g, &out)?)?;
                 let shape = if views == 1 {
                     vec![w, h]
                 } else {
@@ -456,7 +456,7 @@ impl RayHead {
         let channels_first = g.cont(&g.permute(&y, [1, 2, 0, 3])?)?;
         let normed = self.out2_norm.forward(g, &channels_first)?;
         let y = g.cont(&g.permute(&normed, [2, 0, 1, 3])?)?;
-        let logits = self.out2b.forward(g, &g.relu(&y)?)?;
+        let logits = self.out2b.forward_of_relu(g, &y)?;
         let [w, h, _, views] = logits.ne();
         let nb = logits.nb();
         let ray = g.view(

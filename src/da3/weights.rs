@@ -1427,6 +1427,16 @@ impl Conv {
             None => g.conv_2d(&self.weight, x, stride, padding, (1, 1))?,
         })
     }
+    /// [`Conv::forward`] of `relu(x)`: on the CPU kernels, ReLU applied as the convolution
+    /// reads its input ([`Context::conv_2d_of_relu`]), not as a pass of its own.
+    pub fn forward_of_relu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+        if self.weight.dtype() == DType::F16 {
+            return self.forward(g, &g.relu(x)?);
+        }
+        let (stride, padding) = ((self.stride, self.stride), (self.padding, self.padding));
+        let bias = self.bias.as_ref();
+        Ok(g.conv_2d_of_relu(&self.weight, x, bias, stride, padding, (1, 1))?)
+    }
 }
 
 /// A transposed convolution (kernel == stride, no padding), PyTorch weights (in, out, k, k).

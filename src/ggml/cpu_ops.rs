@@ -184,6 +184,19 @@ static CONV_WINOGRAD: Kernel = Kernel {
     per_item: &[1],
     param: 0.0,
 };
+/// The convolutions of the input through ReLU, applied as they read it: a parameter of 1.
+static CONV_SAME_RELU: Kernel = Kernel {
+    param: 1.0,
+    ..CONV_SAME
+};
+static CONV_SAME_BF16_RELU: Kernel = Kernel {
+    param: 1.0,
+    ..CONV_SAME_BF16
+};
+static CONV_WINOGRAD_RELU: Kernel = Kernel {
+    param: 1.0,
+    ..CONV_WINOGRAD
+};
 static CONV_SAME_BF16: Kernel = Kernel {
     run: Run::Planes(cpu_kernels::conv_same_planes_bf16),
     layout: Layout::Contiguous,
@@ -828,17 +841,19 @@ impl Context {
 
     /// A stride-1 convolution with "same" zero padding plus an optional per-channel bias,
     /// computed from the input rows with no im2col buffer (at full resolution that buffer
-    /// outgrows the caches and costs as much as the product). Only for the cases
-    /// [`Context::cpu_conv_2d_applies`] accepts, with a bias of OC f32 values.
+    /// outgrows the caches and costs as much as the product), of the input through ReLU
+    /// where `relu_input` (applied as the kernel reads it; a node of its own before AMX
+    /// tiles). Only for the cases [`Context::cpu_conv_2d_applies`] accepts, with a bias of
+    /// OC f32 values.
     pub(super) fn cpu_conv_2d_same(
         &self,
         kernel: &Tensor,
         input: &Tensor,
         bias: Option<&Tensor>,
+        relu_input: bool,
     ) -> Result<Tensor> {
         let (kn, inp) = (kernel.ne(), input.ne());
-        let mut srcs = vec![kernel, input];
-        srcs.extend(bias);
+        let kernel_tensor = kernel;
         let on_tiles = || {
             let shape = kn.map(|n| n as usize);
             super::amx_bf16_tiles() && cpu_kernels::amx_convolution_fits(shape)
@@ -852,13 +867,37 @@ impl Context {
             && cpu_kernels::winograd_convolutions()
             && cpu_kernels::winograd_pays(inp[0] as usize, inp[1] as usize);
         let tiles = on_tiles();
+        let relu = relu_input && !tiles;
         let (op, kernel) = if self.bf16_convolutions(tiles) && (tiles || !winograd) {
-            ("conv_2d", &CONV_SAME_BF16)
+            (
+                "conv_2d",
+                if relu {
+                    &CONV_SAME_BF16_RELU
+                } else {
+                    &CONV_SAME_BF16
+                },
+            )
         } else if winograd {
-            ("conv_2d_winograd", &CONV_WINOGRAD)
+            (
+                "conv_2d_winograd",
+                if relu {
+                    &CONV_WINOGRAD_RELU
+                } else {
+                    &CONV_WINOGRAD
+                },
+            )
         } else {
-            ("conv_2d", &CONV_SAME)
+            ("conv_2d", if relu { &CONV_SAME_RELU } else { &CONV_SAME })
         };
+        let relu_node;
+        let input = if relu_input && !relu {
+            relu_node = self.relu(input)?;
+            &relu_node
+        } else {
+            input
+        };
+        let mut srcs = vec![kernel_tensor, input];
+        srcs.extend(bias);
         self.cpu_op(op, kernel, &srcs, [inp[0], inp[1], kn[3], inp[3]])
     }
 }
@@ -1342,6 +1381,67 @@ pub(super) mod tests {
             |g| g.use_cpu_kernels(true),
         );
         assert_eq!(name, "conv_2d");
+    }
+
+    /// A convolution of the input through ReLU, applied as the kernel reads it, equals a
+    /// ReLU node then the same kernel, value for value: direct 3x3 and 1x1 kernels, Winograd
+    /// (in both instances' widths on AVX-512, a batch), with and without a bias, with bf16
+    /// products where they apply; and it is one node, not two.
+    #[test]
+    fn convolutions_of_relu_equal_a_relu_node_then_the_convolution() {
+        let backend = Backend::cpu(2).unwrap();
+        for (w, h, ic, oc, k, batch) in [
+            (20, 12, 4, 6, 3, 1),
+            (70, 9, 5, 2, 1, 1),
+            (128, 41, 3, 10, 3, 1),
+            (144, 37, 16, 24, 3, 2),
+        ] {
+            let all: [&[i64]; 3] = [&[k, k, ic, oc], &[w, h, ic, batch], &[oc]];
+            let pad = (k / 2) as i32;
+            for (bf16, with_bias) in [(false, true), (false, false), (true, true)] {
+                let shapes = &all[..if with_bias { 3 } else { 2 }];
+                let bias = |t: &[Tensor]| with_bias.then(|| t[2].clone());
+                let fused = |g: &Context, t: &[Tensor]| {
+                    let y = g.conv_2d_of_relu(
+                        &t[0],
+                        &t[1],
+                        bias(t).as_ref(),
+                        (1, 1),
+                        (pad, pad),
+                        (1, 1),
+                    )?;
+                    // One node: the convolution reads the input tensor itself.
+                    assert!(y.name().starts_with("conv_2d"), "{}", y.name());
+                    Ok(y)
+                };
+                let unfused = |g: &Context, t: &[Tensor]| {
+                    let x = g.relu(&t[1])?;
+                    match bias(t) {
+                        Some(b) => g.conv_2d_bias(&t[0], &x, &b, (1, 1), (pad, pad), (1, 1)),
+                        None => g.conv_2d(&t[0], &x, (1, 1), (pad, pad), (1, 1)),
+                    }
+                };
+                let setup = |g: &Context| {
+                    g.use_cpu_kernels(true);
+                    g.use_bf16_products(bf16);
+                };
+                let (a, _) = compute_with(&backend, shapes, fused, setup);
+                let (b, _) = compute_with(&backend, shapes, unfused, setup);
+                let what =
+                    format!("{w}x{h}x{ic}x{batch} -> {oc}, {k}x{k}, bf16 {bf16}, bias {with_bias}");
+                assert!(a == b, "{what}");
+                // And against ggml's own ops (im2col), within f32 rounding.
+                let (reference, _) = compute_with(&backend, shapes, unfused, |_| ());
+                let largest = reference.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                let bound = if bf16 && super::vector_bf16() {
+                    2e-2
+                } else {
+                    1e-5
+                };
+                let diff = max_abs_difference(&reference, &a) / largest;
+                assert!(diff < bound, "{what}: {diff}");
+            }
+        }
     }
 
     /// A batch along `ne[3]` is one node whose kernel takes the items in turn: images of a

@@ -135,6 +135,19 @@ fn conv_2d_output(
     Ok((ow, oh))
 }
 
+/// A convolution's bias is a vector of the kernel's output channels (ne[3]).
+fn conv_bias_fits(kernel: &Tensor, bias: &Tensor) -> Result<()> {
+    let oc = kernel.ne()[3];
+    if bias.nelements() != oc || bias.ne()[0] != oc {
+        return Err(mismatch(
+            "conv_2d",
+            "the bias must be a vector of the kernel's output channels (ne[3])",
+            &[kernel, bias],
+        ));
+    }
+    Ok(())
+}
+
 impl Context {
     /// Wraps a freshly created op result and records the operands' contexts.
     pub(super) fn result(
@@ -1126,7 +1139,7 @@ impl Context {
         // A batch (ne[3]) of images is one node: the kernel takes its items in turn.
         if self.cpu_kernels() && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
         {
-            return self.cpu_conv_2d_same(kernel, input, None);
+            return self.cpu_conv_2d_same(kernel, input, None, false);
         }
         let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
         let (kn, cn) = (kernel.ne(), columns.ne());
@@ -1160,22 +1173,47 @@ impl Context {
         dilation: (i32, i32),
     ) -> Result<Tensor> {
         let oc = kernel.ne()[3];
-        if bias.nelements() != oc || bias.ne()[0] != oc {
-            return Err(mismatch(
-                "conv_2d",
-                "the bias must be a vector of the kernel's output channels (ne[3])",
-                &[kernel, bias],
-            ));
-        }
+        conv_bias_fits(kernel, bias)?;
         let fused = bias.dtype() == DType::F32 && bias.is_contiguous();
         if fused
             && self.cpu_kernels()
             && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
         {
-            return self.cpu_conv_2d_same(kernel, input, Some(bias));
+            return self.cpu_conv_2d_same(kernel, input, Some(bias), false);
         }
         let y = self.conv_2d(kernel, input, stride, padding, dilation)?;
         self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
+    }
+
+    /// [`Context::conv_2d`] (with `bias`, [`Context::conv_2d_bias`]) of `relu(input)`: in
+    /// CPU-kernel contexts where their convolution applies, one node whose kernel passes the
+    /// input through ReLU as it reads it, saving a pass over the map (not before AMX tiles);
+    /// elsewhere a ReLU node, then the convolution.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_2d_of_relu(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        bias: Option<&Tensor>,
+        stride: (i32, i32),
+        padding: (i32, i32),
+        dilation: (i32, i32),
+    ) -> Result<Tensor> {
+        if let Some(b) = bias {
+            conv_bias_fits(kernel, b)?;
+        }
+        let fused_bias = bias.is_none_or(|b| b.dtype() == DType::F32 && b.is_contiguous());
+        if fused_bias
+            && self.cpu_kernels()
+            && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
+        {
+            return self.cpu_conv_2d_same(kernel, input, bias, true);
+        }
+        let x = self.relu(input)?;
+        match bias {
+            Some(b) => self.conv_2d_bias(kernel, &x, b, stride, padding, dilation),
+            None => self.conv_2d(kernel, &x, stride, padding, dilation),
+        }
     }
 
     /// 2D convolution by ggml's direct op (`GGML_OP_CONV_2D`, no column matrix in memory):

@@ -32,11 +32,13 @@ struct Conv {
     k_len: usize,
     /// A padded input row: `kw / 2` zeros, the row, zeros up to whole blocks and the far taps.
     padded_w: usize,
+    /// Whether the input passes through ReLU as it is read.
+    relu: bool,
 }
 
 impl Conv {
     #[inline(always)]
-    fn new(kernel: &Src<'_>, input: &Src<'_>) -> Conv {
+    fn new(kernel: &Src<'_>, input: &Src<'_>, relu: bool) -> Conv {
         let [kw, kh, channels, _] = kernel.ne;
         let [w, h, _, _] = input.ne;
         Conv {
@@ -46,6 +48,7 @@ impl Conv {
             h,
             k_len: kw * kh * channels,
             padded_w: w.div_ceil(CONV_SPAN) * CONV_SPAN + kw - 1,
+            relu,
         }
     }
 
@@ -60,22 +63,24 @@ impl Conv {
             let iy = (oy + ky).wrapping_sub(pad_y);
             (ck < taps && iy < self.h).then(|| &input[(c * self.h + iy) * self.w..][..self.w])
         };
+        let relu = self.relu;
+        let act = |x: f32| if relu { relu_of(x) } else { x };
         for (p, dst) in band.chunks_exact_mut(self.padded_w).enumerate() {
             let dst = &mut dst[pad_x..pad_x + self.w];
             match (row(2 * p), row(2 * p + 1)) {
                 (Some(lo), Some(hi)) => {
                     for ((d, &l), &h) in dst.iter_mut().zip(lo).zip(hi) {
-                        *d = f32::from_bits(bf16_bits(l) | bf16_bits(h) << 16);
+                        *d = f32::from_bits(bf16_bits(act(l)) | bf16_bits(act(h)) << 16);
                     }
                 }
                 (Some(lo), None) => {
                     for (d, &l) in dst.iter_mut().zip(lo) {
-                        *d = f32::from_bits(bf16_bits(l));
+                        *d = f32::from_bits(bf16_bits(act(l)));
                     }
                 }
                 (None, Some(hi)) => {
                     for (d, &h) in dst.iter_mut().zip(hi) {
-                        *d = f32::from_bits(bf16_bits(h) << 16);
+                        *d = f32::from_bits(bf16_bits(act(h)) << 16);
                     }
                 }
                 (None, None) => dst.fill(0.0),
@@ -93,7 +98,14 @@ impl Conv {
             let iy = (oy + ky).wrapping_sub(pad_y);
             let dst = &mut row[pad_x..pad_x + self.w];
             if iy < self.h {
-                dst.copy_from_slice(&input[(c * self.h + iy) * self.w..][..self.w]);
+                let src = &input[(c * self.h + iy) * self.w..][..self.w];
+                if self.relu {
+                    for (d, &x) in dst.iter_mut().zip(src) {
+                        *d = relu_of(x);
+                    }
+                } else {
+                    dst.copy_from_slice(src);
+                }
             } else {
                 dst.fill(0.0);
             }
@@ -122,14 +134,32 @@ fn conv_same_planes(
     out: &mut [f32],
     _ne: [usize; 4],
     channels: Range<usize>,
-    _param: f32,
+    param: f32,
 ) {
     let [kw, kh, ..] = srcs[0].ne;
     let [w, h, ..] = srcs[1].ne;
+    let relu = relu_input(param);
     if (kw, kh) == (3, 3) && super::winograd_convolutions() && winograd_pays(w, h) {
-        conv3x3_winograd_planes(srcs, out, channels)
+        conv3x3_winograd_planes(srcs, out, channels, relu)
     } else {
-        conv_planes(srcs, out, channels, false)
+        conv_planes(srcs, out, channels, false, relu)
+    }
+}
+
+/// Whether a convolution kernel's parameter asks for the input through ReLU (a positive
+/// parameter; 0 for the input as it is).
+#[inline(always)]
+fn relu_input(param: f32) -> bool {
+    param > 0.0
+}
+
+/// ReLU as ggml computes it: `x` where it is above 0, else 0 (NaN and -0 included).
+#[inline(always)]
+fn relu_of(x: f32) -> f32 {
+    if x > 0.0 {
+        x
+    } else {
+        0.0
     }
 }
 
@@ -142,9 +172,9 @@ fn conv_direct_planes(
     out: &mut [f32],
     _ne: [usize; 4],
     channels: Range<usize>,
-    _param: f32,
+    param: f32,
 ) {
-    conv_planes(srcs, out, channels, false)
+    conv_planes(srcs, out, channels, false, relu_input(param))
 }
 
 /// [`conv_same_planes`] of a 3x3 kernel by Winograd whatever the map's size (for the tests
@@ -156,9 +186,9 @@ fn conv_winograd_planes(
     out: &mut [f32],
     _ne: [usize; 4],
     channels: Range<usize>,
-    _param: f32,
+    param: f32,
 ) {
-    conv3x3_winograd_planes(srcs, out, channels)
+    conv3x3_winograd_planes(srcs, out, channels, relu_input(param))
 }
 
 /// [`conv_same_planes`] with bf16 products: the input rows of each pair of (channel, ky)
@@ -169,15 +199,17 @@ fn conv_same_planes_bf16(
     out: &mut [f32],
     _ne: [usize; 4],
     channels: Range<usize>,
-    _param: f32,
+    param: f32,
 ) {
+    let relu = relu_input(param);
+    // The tiles' input ring takes the input as it is (the graph gives them no ReLU'd one).
     #[cfg(target_arch = "x86_64")]
-    if simd::AMX_TILES && super::amx_convolution_fits(srcs[0].ne) {
+    if simd::AMX_TILES && !relu && super::amx_convolution_fits(srcs[0].ne) {
         if let Some(tiles) = super::amx::Tiles::configure() {
             return conv_planes_amx(&tiles, srcs, out, channels);
         }
     }
-    conv_planes(srcs, out, channels, true)
+    conv_planes(srcs, out, channels, true, relu)
 }
 
 /// [`conv_same_planes_bf16`] on AMX tiles, for kernels that [`super::amx_convolution_fits`].
@@ -286,10 +318,16 @@ enum Taps<'a> {
 }
 
 #[inline(always)]
-fn conv_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>, bf16: bool) {
+fn conv_planes(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    channels: Range<usize>,
+    bf16: bool,
+    relu: bool,
+) {
     let (kernel, input) = (&srcs[0], &srcs[1]);
     let bias = |o: usize| srcs.get(2).map_or(0.0, |b| b.data[o]);
-    let conv = Conv::new(kernel, input);
+    let conv = Conv::new(kernel, input, relu);
     let plane_len = conv.w * conv.h;
     let taps = conv.k_len / conv.kw;
     // bf16: weights of this thread's channels as pairs of consecutive (channel, ky) rows at

@@ -130,31 +130,38 @@ struct WinoScratch {
 
 /// Output channels `channels` (planes of `out`) of a 3x3 "same" convolution by F(4x4, 3x3):
 /// `srcs` as [`conv_same_planes`]'s (kernel [3, 3, IC, OC], input [W, H, IC, 1], optional
-/// bias [OC]).
+/// bias [OC]), the input through ReLU where `relu`.
 #[inline(always)]
-fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>) {
+fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<usize>, relu: bool) {
     let [w, h, ..] = srcs[1].ne;
     let mut out = PlaneRows::whole(out, [w, h, channels.len()]);
-    conv3x3_winograd(srcs, &mut out, channels)
+    conv3x3_winograd(srcs, &mut out, channels, relu)
 }
 
 /// Every output channel of the rows `out` holds (whole tiles' rows, but for the map's last)
 /// of a 3x3 "same" convolution by F(4x4, 3x3), `srcs` as [`conv_same_planes`]'s: a thread's
-/// band, so that each input channel's patches are transformed once, not once per thread.
+/// band, so that each input channel's patches are transformed once, not once per thread. A
+/// positive `param` passes the input through ReLU.
 #[inline(always)]
-fn conv_winograd_rows(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], _param: f32) {
-    conv3x3_winograd(srcs, out, 0..ne[2])
+fn conv_winograd_rows(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32) {
+    conv3x3_winograd(srcs, out, 0..ne[2], relu_input(param))
 }
 
 /// Output channels `channels` (planes `0..channels.len()` of `out`) of the tiles whose rows
-/// `out` holds, of a 3x3 "same" convolution by F(4x4, 3x3).
+/// `out` holds, of a 3x3 "same" convolution by F(4x4, 3x3), of the input through ReLU where
+/// `relu`.
 ///
 /// The tiles go in row-major order over a grid whose rows are padded to whole vectors, so
 /// that a vector of tiles never spans two tile rows, and a block of `WINO_TILES` tiles may
 /// (a block per row end would waste up to a block per row: a quarter of the work at 144
 /// pixels wide).
 #[inline(always)]
-fn conv3x3_winograd(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, channels: Range<usize>) {
+fn conv3x3_winograd(
+    srcs: &[Src<'_>],
+    out: &mut PlaneRows<'_>,
+    channels: Range<usize>,
+    relu: bool,
+) {
     let (kernel, input) = (&srcs[0], &srcs[1]);
     let [w, h, ic, _] = input.ne;
     debug_assert!(kernel.ne[..3] == [3, 3, ic]);
@@ -233,7 +240,7 @@ fn conv3x3_winograd(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, channels: Range<u
             let plane = plane(c);
             for (g, &at) in block.iter().enumerate() {
                 let at = at.map(|(ty, tx)| (w, h, ty, tx));
-                wino_patches(plane, at, g, &mut scratch, &mut v[c..], v_stride);
+                wino_patches(plane, at, g, &mut scratch, &mut v[c..], (v_stride, relu));
             }
         }
         let v = (*v).as_flattened();
@@ -286,7 +293,7 @@ fn wino_prefetch_rows(
 /// `tx0` of tile row `ty` of one input channel (`plane`, `w` x `h`): point `p` into lanes
 /// `g * LANES..` of `v[p * stride]` (the channel's slot of each point's rows). Pixels
 /// outside the plane (the padding, and tiles past the edge) are 0, and so is a vector past
-/// the last tile (`None`).
+/// the last tile (`None`). Where `relu`, the pixels pass through ReLU first.
 #[inline(always)]
 fn wino_patches(
     plane: &[f32],
@@ -294,7 +301,7 @@ fn wino_patches(
     g: usize,
     s: &mut WinoScratch,
     v: &mut [Lanes],
-    stride: usize,
+    (stride, relu): (usize, bool),
 ) {
     let Some((w, h, ty, tx0)) = at else {
         for p in 0..WINO_POINTS {
@@ -327,7 +334,15 @@ fn wino_patches(
         // Columns 4 and 5 of a patch are columns 0 and 1 of the next tile's.
         let [d0, d1, d2, d3] = simd::deinterleave4(span);
         let [d4, d5, _, _] = simd::deinterleave4(&span[WINO_OUT..]);
-        for (k, x) in wino_input_1d([d0, d1, d2, d3, d4, d5]).into_iter().enumerate() {
+        let mut d = [d0, d1, d2, d3, d4, d5];
+        if relu {
+            // `maxps` gives its second operand for NaN: 0, as ggml's ReLU. (A loop, not
+            // `map`, whose closure would be compiled without the instance's features.)
+            for x in &mut d {
+                *x = simd::max(*x, simd::splat(0.0));
+            }
+        }
+        for (k, x) in wino_input_1d(d).into_iter().enumerate() {
             s.along_x[k][i] = x;
         }
     }
