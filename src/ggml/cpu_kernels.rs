@@ -283,6 +283,59 @@ fn set_for_width(w: usize, wide_step: usize, narrow_step: usize) -> KernelSet {
     set
 }
 
+/// The direct convolution of the rows `out` holds, in the instance [`set_for_width`] picks
+/// for the map's width (as [`conv_same_planes`]).
+pub(super) fn conv_direct_rows(
+    srcs: &[Src<'_>],
+    out: &mut PlaneRows<'_>,
+    ne: [usize; 4],
+    param: f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    let set = set_for_width(ne[0], avx512::CONV_ROW_STEP, avx2::CONV_ROW_STEP);
+    #[cfg(not(target_arch = "x86_64"))]
+    let set = kernel_set();
+    match set {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: set_for_width gives this set only where kernel_set() does, i.e. where the
+        // CPU has avx512f, avx512bf16 and avx512vnni (with avx2, fma and f16c).
+        KernelSet::Avx512Bf16 => unsafe { avx512::run::conv_direct_rows(srcs, out, ne, param) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
+        KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_direct_rows(srcs, out, ne, param) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() or set_for_width checked them.
+        KernelSet::Avx2 => unsafe { avx2::run::conv_direct_rows(srcs, out, ne, param) },
+        _ => portable::run::conv_direct_rows(srcs, out, ne, param),
+    }
+}
+
+/// [`conv_direct_rows`] with bf16 products, in the instance of [`kernel_set`].
+pub(super) fn conv_direct_rows_bf16(
+    srcs: &[Src<'_>],
+    out: &mut PlaneRows<'_>,
+    ne: [usize; 4],
+    param: f32,
+) {
+    match kernel_set() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: kernel_set() gives this set only where the CPU has avx512f, avx512bf16 and
+        // avx512vnni (with avx2, fma and f16c).
+        KernelSet::Avx512Bf16 => unsafe {
+            avx512::run::conv_direct_rows_bf16(srcs, out, ne, param)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
+        KernelSet::Avx2Vnni => unsafe {
+            avx2vnni::run::conv_direct_rows_bf16(srcs, out, ne, param)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has avx2, fma and f16c (kernel_set()).
+        KernelSet::Avx2 => unsafe { avx2::run::conv_direct_rows_bf16(srcs, out, ne, param) },
+        _ => portable::run::conv_direct_rows_bf16(srcs, out, ne, param),
+    }
+}
+
 /// The direct (or, on large maps, Winograd) convolution of output channels `channels`, in
 /// the instance [`set_for_width`] picks for the map's width: on Zen 4, 18x12 768 -> 128
 /// channels took 3.3 ms in AVX2 (rows of 32 pixels) against 4.7 in AVX-512 (48).
@@ -481,7 +534,7 @@ macro_rules! entries {
             // map's, for the tests that compare them.
             #[cfg(test)]
             entries!(@each $attr; conv_direct_planes conv_winograd_planes);
-            entries!(@bands $attr; conv_winograd_rows);
+            entries!(@bands $attr; conv_winograd_rows conv_direct_rows conv_direct_rows_bf16);
             entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
                 bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
                 attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows

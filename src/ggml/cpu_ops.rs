@@ -184,6 +184,30 @@ static CONV_WINOGRAD: Kernel = Kernel {
     per_item: &[1],
     param: 0.0,
 };
+/// Kernel values (KW x KH x IC x OC) up to which the direct convolution is shared by rows.
+const DIRECT_ROWS_MAX_WEIGHTS: i64 = 64 * 1024;
+
+/// The direct convolution shared among threads by rows of every output channel, for
+/// kernels small enough that each thread packing all of them costs little.
+static CONV_DIRECT_ROWS: Kernel = Kernel {
+    run: Run::Bands(cpu_kernels::conv_direct_rows, 1),
+    layout: Layout::Contiguous,
+    packed_weights: false,
+    per_item: &[1],
+    param: 0.0,
+};
+static CONV_DIRECT_ROWS_BF16: Kernel = Kernel {
+    run: Run::Bands(cpu_kernels::conv_direct_rows_bf16, 1),
+    ..CONV_DIRECT_ROWS
+};
+static CONV_DIRECT_ROWS_RELU: Kernel = Kernel {
+    param: 1.0,
+    ..CONV_DIRECT_ROWS
+};
+static CONV_DIRECT_ROWS_BF16_RELU: Kernel = Kernel {
+    param: 1.0,
+    ..CONV_DIRECT_ROWS_BF16
+};
 /// The convolutions of the input through ReLU, applied as they read it: a parameter of 1.
 static CONV_SAME_RELU: Kernel = Kernel {
     param: 1.0,
@@ -868,26 +892,32 @@ impl Context {
             && cpu_kernels::winograd_pays(inp[0] as usize, inp[1] as usize);
         let tiles = on_tiles();
         let relu = relu_input && !tiles;
-        let (op, kernel) = if self.bf16_convolutions(tiles) && (tiles || !winograd) {
-            (
-                "conv_2d",
-                if relu {
-                    &CONV_SAME_BF16_RELU
-                } else {
-                    &CONV_SAME_BF16
-                },
-            )
-        } else if winograd {
+        let bf16 = self.bf16_convolutions(tiles) && (tiles || !winograd);
+        // The direct kernel by rows where its weights are small: with a channel split, each
+        // thread gathered every input row for its share, and a kernel of two output channels
+        // (the head's last) kept one channel per thread on a 1-row tile. Large kernels split
+        // by channels, as each thread packs the weights it multiplies (3.5 MB at 768 -> 128
+        // channels, 3x3).
+        let by_rows = kn.iter().product::<i64>() <= DIRECT_ROWS_MAX_WEIGHTS;
+        let pick = |plain, with_relu| if relu { with_relu } else { plain };
+        let (op, kernel): (_, &'static Kernel) = if winograd && !bf16 {
             (
                 "conv_2d_winograd",
-                if relu {
-                    &CONV_WINOGRAD_RELU
-                } else {
-                    &CONV_WINOGRAD
-                },
+                pick(&CONV_WINOGRAD, &CONV_WINOGRAD_RELU),
             )
+        } else if bf16 && tiles {
+            ("conv_2d", &CONV_SAME_BF16)
+        } else if bf16 && by_rows {
+            (
+                "conv_2d",
+                pick(&CONV_DIRECT_ROWS_BF16, &CONV_DIRECT_ROWS_BF16_RELU),
+            )
+        } else if bf16 {
+            ("conv_2d", pick(&CONV_SAME_BF16, &CONV_SAME_BF16_RELU))
+        } else if by_rows {
+            ("conv_2d", pick(&CONV_DIRECT_ROWS, &CONV_DIRECT_ROWS_RELU))
         } else {
-            ("conv_2d", if relu { &CONV_SAME_RELU } else { &CONV_SAME })
+            ("conv_2d", pick(&CONV_SAME, &CONV_SAME_RELU))
         };
         let relu_node;
         let input = if relu_input && !relu {
@@ -1381,6 +1411,39 @@ pub(super) mod tests {
             |g| g.use_cpu_kernels(true),
         );
         assert_eq!(name, "conv_2d");
+    }
+
+    /// The direct kernel shared among threads by rows (small kernels) equals ggml's im2col
+    /// convolution on any thread count, value for value the same as on one thread: 3x3 and
+    /// 1x1 kernels, the 1x1 reading planes in place (630 pixels) and through the band (1024
+    /// pixels, planes 4 KB apart), a batch of two, more threads than rows.
+    #[test]
+    fn direct_convolutions_by_rows_match_im2col_on_any_thread_count() {
+        for (w, h, ic, oc, k, batch) in [
+            (20, 12, 4, 6, 3, 1),
+            (70, 9, 5, 11, 1, 2),
+            (64, 16, 3, 5, 1, 1),
+            (33, 5, 9, 2, 1, 1),
+        ] {
+            let shapes: [&[i64]; 3] = [&[k, k, ic, oc], &[w, h, ic, batch], &[oc]];
+            let pad = (k / 2) as i32;
+            let conv = |g: &Context, t: &[Tensor]| {
+                g.conv_2d_bias(&t[0], &t[1], &t[2], (1, 1), (pad, pad), (1, 1))
+            };
+            let one = Backend::cpu(1).unwrap();
+            let (reference, _) = compute_with(&one, &shapes, conv, |_| ());
+            let (single, _) = compute_with(&one, &shapes, conv, |g| g.use_cpu_kernels(true));
+            let largest = reference.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            let what = format!("{w}x{h}x{ic}x{batch} -> {oc}, {k}x{k}");
+            let diff = max_abs_difference(&reference, &single) / largest;
+            assert!(diff < 1e-5, "{what}: {diff}");
+            for threads in [2, 3, 16] {
+                let backend = Backend::cpu(threads).unwrap();
+                let (shared, _) =
+                    compute_with(&backend, &shapes, conv, |g| g.use_cpu_kernels(true));
+                assert!(shared == single, "{what}, {threads} threads");
+            }
+        }
     }
 
     /// A convolution of the input through ReLU, applied as the kernel reads it, equals a
