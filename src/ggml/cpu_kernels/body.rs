@@ -871,11 +871,15 @@ fn attention_tokens(
                 maxima = block_max;
                 let shift = maxima.map(|m| -m * log2_scale);
                 let mut block_sums = [0.0f32; FLASH_QT];
-                for row in scores.chunks_exact_mut(FLASH_QT).take(len) {
-                    let row = &mut row[..width];
-                    for ((x, &shift), s) in row.iter_mut().zip(&shift).zip(&mut block_sums) {
-                        *x = exp2_softmax(madd(*x, log2_scale, shift));
-                        *s += *x;
+                if simd::EXP2_VECTOR {
+                    exp2_block(&mut scores[..len * FLASH_QT], width, log2_scale, &shift, &mut block_sums);
+                } else {
+                    for row in scores.chunks_exact_mut(FLASH_QT).take(len) {
+                        let row = &mut row[..width];
+                        for ((x, &shift), s) in row.iter_mut().zip(&shift).zip(&mut block_sums) {
+                            *x = exp2_softmax(madd(*x, log2_scale, shift));
+                            *s += *x;
+                        }
                     }
                 }
                 for (sum, &b) in sums.iter_mut().zip(&block_sums) {
@@ -907,6 +911,41 @@ fn attention_tokens(
                 }
             }
             t0 += n;
+        }
+    }
+}
+
+/// The probabilities of a block of scores in place, `2^(log2_scale x + shift)` for the
+/// shift of each query (column), by [`simd::exp2_softmax`]; adds each column's sum to
+/// `sums`. Rows of [`FLASH_QT`] columns, the first `width` (whole vectors) computed.
+#[inline(always)]
+fn exp2_block(
+    scores: &mut [f32],
+    width: usize,
+    log2_scale: f32,
+    shift: &[f32; FLASH_QT],
+    sums: &mut [f32; FLASH_QT],
+) {
+    const VECTORS: usize = FLASH_QT / LANES;
+    let vector = |x: &[f32]| -> simd::F {
+        let mut lanes = [0.0; LANES];
+        lanes.copy_from_slice(&x[..LANES]);
+        simd::from_lanes(lanes)
+    };
+    let vectors = width / LANES;
+    let shifts: [simd::F; VECTORS] = std::array::from_fn(|v| vector(&shift[v * LANES..]));
+    let mut totals = [simd::splat(0.0); VECTORS];
+    let scale = simd::splat(log2_scale);
+    for row in scores.chunks_exact_mut(FLASH_QT) {
+        for (v, x) in row.chunks_exact_mut(LANES).take(vectors).enumerate() {
+            let p = simd::exp2_softmax(simd::fma(vector(x), scale, shifts[v]));
+            x.copy_from_slice(&simd::to_lanes(p));
+            totals[v] = simd::add(totals[v], p);
+        }
+    }
+    for (v, total) in totals.iter().enumerate().take(vectors) {
+        for (s, t) in sums[v * LANES..][..LANES].iter_mut().zip(simd::to_lanes(*total)) {
+            *s += t;
         }
     }
 }
@@ -1263,19 +1302,21 @@ fn exp2_softmax(t: f32) -> f32 {
     let t = t.max(-100.0);
     let shifted = t + SHIFT;
     let f = t - (shifted - SHIFT);
-    let c = [
-        1.326_091_5e-3,
-        9.670_18e-3,
-        5.550_712_3e-2,
-        2.402_222_5e-1,
-        // The fit's linear term was within 2e-7 of ln 2.
-        std::f32::consts::LN_2,
-        1.0,
-    ];
-    let p = c.iter().fold(0.0, |acc, &c| madd(acc, f, c));
+    let p = EXP2_FIT.iter().fold(0.0, |acc, &c| madd(acc, f, c));
     let n_bits = shifted.to_bits().wrapping_sub(SHIFT.to_bits());
     p * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
+
+/// The coefficients of [`exp2_softmax`]'s fit of 2^f on [-1/2, 1/2], highest power first.
+const EXP2_FIT: [f32; 6] = [
+    1.326_091_5e-3,
+    9.670_18e-3,
+    5.550_712_3e-2,
+    2.402_222_5e-1,
+    // The fit's linear term was within 2e-7 of ln 2.
+    std::f32::consts::LN_2,
+    1.0,
+];
 
 /// Below this, [`exp`] is 0: a softmax probability under e^-60 (1e-26 of the row's largest)
 /// adds nothing an f32 sum can hold, and kept, its products with the values can be subnormal,
@@ -2185,6 +2226,20 @@ fn lane_sum(values: &[f32], f: impl Fn(f32) -> f64) -> f64 {
 #[allow(dead_code)]
 pub(super) fn exp2_softmax_for_tests(t: f32) -> f32 {
     exp2_softmax(t)
+}
+
+/// [`simd::exp2_softmax`] on a vector of `t`, beside [`exp2_softmax`] on each lane, for the
+/// unit tests of `cpu_kernels.rs` (through this instance's test entry).
+#[cfg(test)]
+#[allow(dead_code)]
+#[inline(always)]
+fn exp2_vector_and_lanes_for_tests(t: [f32; LANES]) -> ([f32; LANES], [f32; LANES]) {
+    let vector = simd::to_lanes(simd::exp2_softmax(simd::from_lanes(t)));
+    let mut lanes = t;
+    for x in &mut lanes {
+        *x = exp2_softmax(*x);
+    }
+    (vector, lanes)
 }
 
 /// [`exp`] for the unit tests of `cpu_kernels.rs`.
