@@ -1465,8 +1465,7 @@ impl ConvTranspose {
         })
     }
     pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
-        let y = g.conv_transpose_2d(&self.weight, x, self.stride)?;
-        add_channel_bias(g, &y, &self.bias)
+        Ok(g.conv_transpose_2d_bias(&self.weight, x, &self.bias, self.stride)?)
     }
 }
 

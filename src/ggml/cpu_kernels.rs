@@ -310,6 +310,28 @@ pub(super) fn conv_direct_rows(
     }
 }
 
+/// The transposed convolution of disjoint patches, in the instance of [`kernel_set`].
+pub(super) fn conv_transpose_rows(
+    srcs: &[Src<'_>],
+    out: &mut PlaneRows<'_>,
+    ne: [usize; 4],
+    param: f32,
+) {
+    match kernel_set() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: kernel_set() gives this set only where the CPU has avx512f, avx512bf16 and
+        // avx512vnni (with avx2, fma and f16c).
+        KernelSet::Avx512Bf16 => unsafe { avx512::run::conv_transpose_rows(srcs, out, ne, param) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
+        KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_transpose_rows(srcs, out, ne, param) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has avx2, fma and f16c (kernel_set()).
+        KernelSet::Avx2 => unsafe { avx2::run::conv_transpose_rows(srcs, out, ne, param) },
+        _ => portable::run::conv_transpose_rows(srcs, out, ne, param),
+    }
+}
+
 /// [`conv_direct_rows`] with bf16 products, in the instance of [`kernel_set`].
 pub(super) fn conv_direct_rows_bf16(
     srcs: &[Src<'_>],
@@ -534,7 +556,8 @@ macro_rules! entries {
             // map's, for the tests that compare them.
             #[cfg(test)]
             entries!(@each $attr; conv_direct_planes conv_winograd_planes);
-            entries!(@bands $attr; conv_winograd_rows conv_direct_rows conv_direct_rows_bf16);
+            entries!(@bands $attr; conv_winograd_rows conv_direct_rows conv_direct_rows_bf16
+                conv_transpose_rows);
             entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
                 bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
                 attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows

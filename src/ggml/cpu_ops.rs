@@ -184,6 +184,20 @@ static CONV_WINOGRAD: Kernel = Kernel {
     per_item: &[1],
     param: 0.0,
 };
+/// The transposed convolution of disjoint patches (kernel = stride), by bands of one input
+/// row's output rows: one static per stride, as a kernel's band height is fixed.
+static CONV_TRANSPOSE_2: Kernel = Kernel {
+    run: Run::Bands(cpu_kernels::conv_transpose_rows, 2),
+    layout: Layout::Contiguous,
+    packed_weights: false,
+    per_item: &[1],
+    param: 0.0,
+};
+static CONV_TRANSPOSE_4: Kernel = Kernel {
+    run: Run::Bands(cpu_kernels::conv_transpose_rows, 4),
+    ..CONV_TRANSPOSE_2
+};
+
 /// Kernel values (KW x KH x IC x OC) up to which the direct convolution is shared by rows.
 const DIRECT_ROWS_MAX_WEIGHTS: i64 = 64 * 1024;
 
@@ -841,6 +855,38 @@ impl Context {
             Some((x, y)) => self.cpu_op("interpolate_add", &BILINEAR_ALIGNED, &[a, x, y], ne),
             None => self.cpu_op("interpolate", &BILINEAR_ALIGNED, &[a], ne),
         }
+    }
+
+    /// A transposed convolution whose kernel [s, s, OC, IC] is its stride, plus `bias`
+    /// [OC], where a CPU kernel computes it (s = 2 or 4, f32 contiguous operands); None
+    /// elsewhere.
+    pub(super) fn cpu_conv_transpose_2d_bias(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        bias: &Tensor,
+        stride: i32,
+    ) -> Result<Option<Tensor>> {
+        let (kn, inp) = (kernel.ne(), input.ne());
+        let f32_contiguous = |t: &Tensor| t.dtype() == DType::F32 && t.is_contiguous();
+        let op = match stride {
+            2 => &CONV_TRANSPOSE_2,
+            4 => &CONV_TRANSPOSE_4,
+            _ => return Ok(None),
+        };
+        let s = stride as i64;
+        if !(self.cpu_kernels()
+            && kn[0] == s
+            && kn[1] == s
+            && kn[3] == inp[2]
+            && bias.nelements() == kn[2]
+            && [kernel, input, bias].into_iter().all(f32_contiguous))
+        {
+            return Ok(None);
+        }
+        let ne = [inp[0] * s, inp[1] * s, kn[2], inp[3]];
+        self.cpu_op("conv_transpose", op, &[kernel, input, bias], ne)
+            .map(Some)
     }
 
     /// Whether [`Context::cpu_conv_2d_same`] computes this convolution.
@@ -1503,6 +1549,36 @@ pub(super) mod tests {
                 };
                 let diff = max_abs_difference(&reference, &a) / largest;
                 assert!(diff < bound, "{what}: {diff}");
+            }
+        }
+    }
+
+    /// The transposed convolution of disjoint patches (kernel = stride, 2 and 4) with its
+    /// bias as one CPU node equals ggml's route (copies, a product, permutes, a bias add):
+    /// widths past a span (50), partial groups of virtual channels (5 x 2 x 2 = 20), a batch,
+    /// on 1, 2, 3 and 16 threads; a stride of 3 keeps ggml's route.
+    #[test]
+    fn disjoint_transposed_convolutions_match_ggml() {
+        for (w, h, ic, oc, s, batch) in [
+            (36, 24, 48, 48, 4, 1),
+            (7, 5, 3, 5, 2, 2),
+            (50, 3, 2, 3, 4, 1),
+            (9, 4, 4, 2, 3, 1),
+        ] {
+            let shapes: [&[i64]; 3] = [&[s, s, oc, ic], &[w, h, ic, batch], &[oc]];
+            let deconv =
+                |g: &Context, t: &[Tensor]| g.conv_transpose_2d_bias(&t[0], &t[1], &t[2], s as i32);
+            let one = Backend::cpu(1).unwrap();
+            let (reference, _) = compute_with(&one, &shapes, deconv, |_| ());
+            let what = format!("{w}x{h}x{ic}x{batch} -> {oc}, stride {s}");
+            for threads in [1, 2, 3, 16] {
+                let backend = Backend::cpu(threads).unwrap();
+                let (ours, name) =
+                    compute_with(&backend, &shapes, deconv, |g| g.use_cpu_kernels(true));
+                assert_eq!(name == "conv_transpose", s != 3, "{what}: {name}");
+                let largest = reference.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+                let diff = max_abs_difference(&reference, &ours) / largest;
+                assert!(diff < 1e-5, "{what}, {threads} threads: {diff}");
             }
         }
     }

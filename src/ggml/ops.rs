@@ -1315,6 +1315,31 @@ impl Context {
         self.result(raw, "im2col", &[kernel, input])
     }
 
+    /// [`Context::conv_transpose_2d`] plus a per-channel `bias [OC]`: in CPU-kernel contexts,
+    /// for a kernel that is its stride (2 or 4), one node that writes each patch with its
+    /// bias; elsewhere the transposed convolution, then the bias.
+    pub fn conv_transpose_2d_bias(
+        &self,
+        kernel: &Tensor,
+        input: &Tensor,
+        bias: &Tensor,
+        stride: i32,
+    ) -> Result<Tensor> {
+        let oc = kernel.ne()[2];
+        if bias.nelements() != oc || bias.ne()[0] != oc {
+            return Err(mismatch(
+                "conv_transpose_2d",
+                "the bias must be a vector of the kernel's output channels (ne[2])",
+                &[kernel, bias],
+            ));
+        }
+        if let Some(y) = self.cpu_conv_transpose_2d_bias(kernel, input, bias, stride)? {
+            return Ok(y);
+        }
+        let y = self.conv_transpose_2d(kernel, input, stride)?;
+        self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
+    }
+
     /// Transposed convolution, no padding: `kernel [KW, KH, OC, IC]` (PyTorch ConvTranspose
     /// weights (IC, OC, KH, KW)) over `input [W, H, IC, N]` -> `[(W-1)*s+KW, (H-1)*s+KH, OC, N]`.
     pub fn conv_transpose_2d(
