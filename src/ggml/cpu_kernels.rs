@@ -60,9 +60,15 @@ impl KernelSet {
     fn detect() -> KernelSet {
         #[cfg(target_arch = "x86_64")]
         {
+            // The AVX-512 instance is compiled with AVX2, FMA and F16C too, and a request
+            // for a lower set (`DA3_CPU_KERNELS`) runs the AVX2 one: every such CPU has
+            // them, but a VM may mask features one by one.
             if is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bf16")
                 && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
             {
                 return KernelSet::Avx512Bf16;
             }
@@ -226,8 +232,9 @@ impl<T> Drop for Scratch<T> {
 // The [`Scratch`] vectors of the kernels, shared by all of them (and every instance), so
 // that a thread keeps no more than the largest buffers any one kernel holds at once: a
 // kernel takes each slot at most once at a time, its largest buffer from the first. Per
-// thread, the largest are a linear layer's packed rows and Winograd's transformed kernels
-// (up to 2.4 MB each).
+// thread, the largest are a linear layer's packed rows (2.4 MB at 3,072 inputs) and
+// Winograd's transformed kernels, 36 values per input and output channel (2.4 MB at 128 ->
+// 128 channels, 9.4 MB at 256 -> 256: DA3-large's head).
 thread_local! {
     pub(super) static SCRATCH_0: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
     pub(super) static SCRATCH_1: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
@@ -264,23 +271,43 @@ fn winograd_set(w: usize) -> KernelSet {
     kernel_set()
 }
 
-/// [`kernel_set`], but on an AVX-512 CPU the AVX2 instance for a map `w` pixels wide where
-/// its narrower vectors pad each row less (rows padded to `wide_step` pixels in AVX-512,
-/// `narrow_step` in AVX2): the padding is computed and dropped, and on Zen 4, which runs
-/// AVX-512 as two halves, a vector of 16 lanes does no more than two of 8.
+/// [`kernel_set`], but on AMD Zen 4 the AVX2 instance for a map `w` pixels wide where its
+/// narrower vectors pad each row less (rows padded to `wide_step` pixels in AVX-512,
+/// `narrow_step` in AVX2): the padding is computed and dropped, and Zen 4 runs AVX-512 as two
+/// halves, so a vector of 16 lanes does no more than two of 8. (Where 512-bit vectors run
+/// whole, as on Intel's AVX-512 cores, they stay: twice the work per instruction outweighs
+/// the padding.)
 #[cfg(target_arch = "x86_64")]
 fn set_for_width(w: usize, wide_step: usize, narrow_step: usize) -> KernelSet {
     let set = kernel_set();
     let padded = |step: usize| w.div_ceil(step) * step;
-    if set == KernelSet::Avx512Bf16
-        && padded(narrow_step) < padded(wide_step)
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-    {
+    // kernel_set() gives the AVX-512 set only where the CPU also has AVX2, FMA and F16C
+    // (KernelSet::detect), which the AVX2 instance needs.
+    if set == KernelSet::Avx512Bf16 && padded(narrow_step) < padded(wide_step) && amd_zen4() {
         return KernelSet::Avx2;
     }
     set
+}
+
+/// Whether the CPU is an AMD Zen 4 (family 19h with AVX-512), whose AVX-512 instructions run
+/// as two 256-bit halves.
+#[cfg(target_arch = "x86_64")]
+fn amd_zen4() -> bool {
+    static ZEN4: OnceLock<bool> = OnceLock::new();
+    *ZEN4.get_or_init(|| {
+        // SAFETY: CPUID leaf 1 exists on every x86-64 CPU and only reads registers.
+        #[allow(unused_unsafe)]
+        let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+        let base = (eax >> 8) & 0xf;
+        let family = if base == 0xf {
+            base + ((eax >> 20) & 0xff)
+        } else {
+            base
+        };
+        cpu_vendor().as_deref() == Some("AuthenticAMD")
+            && family == 0x19
+            && is_x86_feature_detected!("avx512f")
+    })
 }
 
 /// The direct convolution of the rows `out` holds, in the instance [`set_for_width`] picks
@@ -304,7 +331,9 @@ pub(super) fn conv_direct_rows(
         // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
         KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_direct_rows(srcs, out, ne, param) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() or set_for_width checked them.
+        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives Avx2 only where
+        // KernelSet::detect found at least them, and set_for_width only in place of the
+        // AVX-512 set, which detect gives only with them.
         KernelSet::Avx2 => unsafe { avx2::run::conv_direct_rows(srcs, out, ne, param) },
         _ => portable::run::conv_direct_rows(srcs, out, ne, param),
     }
@@ -385,7 +414,9 @@ pub(super) fn conv_same_planes(
             avx2vnni::run::conv_same_planes(srcs, out, ne, channels, param)
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() or set_for_width checked them.
+        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives Avx2 only where
+        // KernelSet::detect found at least them, and set_for_width only in place of the
+        // AVX-512 set, which detect gives only with them.
         KernelSet::Avx2 => unsafe { avx2::run::conv_same_planes(srcs, out, ne, channels, param) },
         _ => portable::run::conv_same_planes(srcs, out, ne, channels, param),
     }
@@ -408,7 +439,9 @@ pub(super) fn conv_winograd_rows(
         // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
         KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_winograd_rows(srcs, out, ne, param) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() or winograd_set checked them.
+        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives Avx2 only where
+        // KernelSet::detect found at least them, and winograd_set only in place of the
+        // AVX-512 set, which detect gives only with them.
         KernelSet::Avx2 => unsafe { avx2::run::conv_winograd_rows(srcs, out, ne, param) },
         _ => portable::run::conv_winograd_rows(srcs, out, ne, param),
     }
@@ -624,7 +657,8 @@ mod avx512 {
             // SAFETY: as for `splat`.
             unsafe {
                 let t = _mm512_max_ps(t, _mm512_set1_ps(-100.0));
-                let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT }>(t);
+                let n =
+                    _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
                 let f = _mm512_sub_ps(t, n);
                 let mut p = _mm512_set1_ps(super::EXP2_FIT[0]);
                 for &c in &super::EXP2_FIT[1..] {
@@ -1983,6 +2017,80 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Scratch vectors carry what the last kernel left (`Scratch`): no stale value reaches a
+    /// result. Every instance's Winograd by rows (input through ReLU) and f32 attention (13
+    /// queries: a partial vector, whose rows past the last read stale columns and are
+    /// dropped) give the same bits with empty scratch slots and with slots full of NaN.
+    #[test]
+    fn stale_scratch_never_reaches_a_result() {
+        fn fill_slots(x: Option<f32>) {
+            for slot in [&SCRATCH_0, &SCRATCH_1, &SCRATCH_2, &SCRATCH_3] {
+                slot.set(x.map_or_else(Vec::new, |x| vec![x; 1 << 22]));
+            }
+        }
+        for (w, h, ic, oc) in [(70, 13, 6, 9), (130, 9, 3, 4), (33, 22, 8, 13)] {
+            let (kernel, input, bias) = (
+                values(9 * ic * oc, 41),
+                values(w * h * ic, 42),
+                values(oc, 43),
+            );
+            let srcs = [
+                src(&kernel, [3, 3, ic, oc]),
+                src(&input, [w, h, ic, 1]),
+                src(&bias, [oc, 1, 1, 1]),
+            ];
+            for (set, by_rows, _) in winograd_band_instances() {
+                let run = || {
+                    let mut out = vec![0.0; w * h * oc];
+                    by_rows(
+                        &srcs,
+                        &mut PlaneRows::whole(&mut out, [w, h, oc]),
+                        [w, h, oc, 1],
+                        1.0,
+                    );
+                    out
+                };
+                fill_slots(None);
+                let clean = run();
+                fill_slots(Some(f32::NAN));
+                let stale = run();
+                let same = clean
+                    .iter()
+                    .zip(&stale)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{set}: Winograd {w}x{h} {ic} -> {oc}");
+            }
+        }
+        let (d, tq, tk, heads) = (64, 13, 300, 2);
+        let (q, k, v) = (
+            values(d * tq * heads, 44),
+            values(d * tk * heads, 45),
+            values(d * tk * heads, 46),
+        );
+        let srcs = [
+            src(&q, [d, tq, heads, 1]),
+            src(&k, [d, tk, heads, 1]),
+            src(&v, [d, tk, heads, 1]),
+        ];
+        for (set, [attention, ..]) in instances() {
+            let run = || {
+                let mut out = vec![0.0; d * heads * tq];
+                attention(&srcs, &mut out, [d, heads, tq, 1], 0..tq, 0.0);
+                out
+            };
+            fill_slots(None);
+            let clean = run();
+            fill_slots(Some(f32::NAN));
+            let stale = run();
+            let same = clean
+                .iter()
+                .zip(&stale)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{set}: attention");
+        }
+        fill_slots(None);
     }
 
     /// The convolution entry runs Winograd only on maps of at least `WINO_MIN_TILES` tiles

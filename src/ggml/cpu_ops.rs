@@ -53,8 +53,11 @@ pub(super) struct PlaneRows<'a> {
 impl<'a> PlaneRows<'a> {
     /// Every row of the `planes` planes of `width` x `height` in `data`.
     pub fn whole(data: &'a mut [f32], [width, height, planes]: [usize; 3]) -> Self {
+        let len = width
+            .checked_mul(height)
+            .and_then(|n| n.checked_mul(planes));
         assert!(
-            data.len() >= width * height * planes,
+            len.is_some_and(|len| data.len() >= len),
             "planes past the result"
         );
         PlaneRows {
@@ -335,7 +338,12 @@ unsafe extern "C" fn run_kernel(
     // SAFETY: `userdata` is one of the `'static` kernels above (see `Context::cpu_op`).
     let kernel = unsafe { &*(userdata as *const Kernel) };
     let ne = shape(dst);
-    let batch = if kernel.per_item.is_empty() { 1 } else { ne[3] };
+    // A band kernel writes one item's planes at a time, so a batch is always items to it.
+    let batch = match kernel.run {
+        Run::Bands(..) => ne[3],
+        _ if kernel.per_item.is_empty() => 1,
+        _ => ne[3],
+    };
     // Units per item of the batch (all of them, without one).
     let item_units = match kernel.run {
         Run::Rows(_) => ne[1] * ne[2] * ne[3] / batch,
@@ -937,8 +945,9 @@ impl Context {
             && cpu_kernels::winograd_convolutions()
             && cpu_kernels::winograd_pays(inp[0] as usize, inp[1] as usize);
         let tiles = on_tiles();
-        let relu = relu_input && !tiles;
         let bf16 = self.bf16_convolutions(tiles) && (tiles || !winograd);
+        // AMX tiles read the input as it is: a ReLU node before them.
+        let relu = relu_input && !(bf16 && tiles);
         // The direct kernel by rows where its weights are small: with a channel split, each
         // thread gathered every input row for its share, and a kernel of two output channels
         // (the head's last) kept one channel per thread on a 1-row tile. Large kernels split
@@ -1483,11 +1492,19 @@ pub(super) mod tests {
             let what = format!("{w}x{h}x{ic}x{batch} -> {oc}, {k}x{k}");
             let diff = max_abs_difference(&reference, &single) / largest;
             assert!(diff < 1e-5, "{what}: {diff}");
+            // With bf16 products too (vector ones, where they pay; f32 elsewhere).
+            let bf16 = |g: &Context| {
+                g.use_cpu_kernels(true);
+                g.use_bf16_products(true);
+            };
+            let (single_bf16, _) = compute_with(&one, &shapes, conv, bf16);
             for threads in [2, 3, 16] {
                 let backend = Backend::cpu(threads).unwrap();
                 let (shared, _) =
                     compute_with(&backend, &shapes, conv, |g| g.use_cpu_kernels(true));
                 assert!(shared == single, "{what}, {threads} threads");
+                let (shared, _) = compute_with(&backend, &shapes, conv, bf16);
+                assert!(shared == single_bf16, "{what}, bf16, {threads} threads");
             }
         }
     }

@@ -139,7 +139,9 @@ fn conv_same_planes(
     let [kw, kh, ..] = srcs[0].ne;
     let [w, h, ..] = srcs[1].ne;
     let relu = relu_input(param);
-    if (kw, kh) == (3, 3) && super::winograd_convolutions() && winograd_pays(w, h) {
+    // The same decision as the graph's (`Context::conv_2d_bias`), which asks the instance
+    // that would run Winograd, not necessarily this one.
+    if (kw, kh) == (3, 3) && super::winograd_convolutions() && super::winograd_pays(w, h) {
         conv3x3_winograd_planes(srcs, out, channels, relu)
     } else {
         conv_planes(srcs, out, channels, false, relu)

@@ -32,9 +32,13 @@ const WINO_TILES: usize = CONV_SPAN;
 /// cost more than the products save: on DA3's head at 504x336 (2 threads, AVX-512 Zen 4) the
 /// 18x12 maps (48 tiles) ran 2.3x slower than direct and the 36x24 ones (96 tiles) 1.3x
 /// slower, while 72x48 (384 tiles) ran 1.4x faster.
+#[allow(dead_code)]
 const WINO_MIN_TILES: usize = 256;
 
 /// Whether a `w` x `h` map is large enough for [`conv3x3_winograd_planes`] to pay.
+/// (`super::winograd_pays` reads the AVX-512 and portable instances' only: AVX2's vectors
+/// have the portable ones' lanes.)
+#[allow(dead_code)]
 #[inline(always)]
 pub(super) fn winograd_pays(w: usize, h: usize) -> bool {
     w.div_ceil(WINO_OUT).div_ceil(LANES) * LANES * h.div_ceil(WINO_OUT) >= WINO_MIN_TILES
@@ -171,7 +175,7 @@ fn conv3x3_winograd(
     if rows.is_empty() || oc == 0 {
         return;
     }
-    debug_assert!(rows.start.is_multiple_of(WINO_OUT));
+    assert!(rows.start.is_multiple_of(WINO_OUT), "a band starts on a row of tiles");
     // The channels in groups for the register tile, as in `conv_planes`.
     let mut groups = Vec::new();
     let mut o = 0;
