@@ -484,6 +484,52 @@ fn conv_transpose_2d_with_mismatched_channels_is_refused() {
     );
 }
 
+/// The fused forms (a convolution of a ReLU'd input, a transposed convolution with its
+/// bias) refuse a bias that is not one value per output channel and mismatched channels,
+/// whether the CPU kernels would compute them or ggml's ops would.
+#[test]
+fn fused_convolutions_refuse_a_wrong_bias_and_mismatched_channels() {
+    for cpu_kernels in [false, true] {
+        let c = ctx();
+        c.use_cpu_kernels(cpu_kernels);
+        let (k, x) = (
+            f32(&c, &[3, 3, 4, 8], "kernel"),
+            f32(&c, &[20, 12, 4, 1], "image"),
+        );
+        let short = f32(&c, &[7], "short");
+        assert_err!(
+            c.conv_2d_of_relu(&k, &x, Some(&short), (1, 1), (1, 1), (1, 1)),
+            Error::ShapeMismatch { op: "conv_2d", .. },
+            ["output channels (ne[3])", "`short` f32 [7]"]
+        );
+        let x3 = f32(&c, &[20, 12, 3, 1], "three");
+        assert_err!(
+            c.conv_2d_of_relu(&k, &x3, None, (1, 1), (1, 1), (1, 1)),
+            Error::ShapeMismatch { op: "conv_2d", .. },
+            ["`three` f32 [20, 12, 3]"]
+        );
+        let (kt, xt) = (f32(&c, &[2, 2, 8, 4], "up"), f32(&c, &[5, 5, 4, 1], "low"));
+        assert_err!(
+            c.conv_transpose_2d_bias(&kt, &xt, &short, 2),
+            Error::ShapeMismatch {
+                op: "conv_transpose_2d",
+                ..
+            },
+            ["output channels (ne[2])", "`short` f32 [7]"]
+        );
+        let x3 = f32(&c, &[5, 5, 3, 1], "three_low");
+        let bias = f32(&c, &[8], "bias");
+        assert_err!(
+            c.conv_transpose_2d_bias(&kt, &x3, &bias, 2),
+            Error::ShapeMismatch {
+                op: "conv_transpose_2d",
+                ..
+            },
+            ["[2, 2, 8, 4]", "[5, 5, 3]"]
+        );
+    }
+}
+
 /// ggml sizes pool output as `(in + 2p - k) / s + 1` in float and truncates the sum, so an
 /// input one short of the kernel with stride 2 gives 0.5 -> 0 and ggml asserts.
 #[test]

@@ -245,6 +245,29 @@ thread_local! {
     pub(super) static SCRATCH_PAIRS_1: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
+/// Runs kernel `$name` with `$args` in the instance of `$set`, which must be [`kernel_set`]
+/// or, in its place where that is the AVX-512 set, the AVX2 one ([`set_for_width`]).
+macro_rules! run_in {
+    ($set:expr, $name:ident($($arg:expr),* $(,)?)) => {
+        match $set {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: kernel_set() gives this set only where KernelSet::detect found avx512f,
+            // avx512bf16, avx512vnni, avx2, fma and f16c, this instance's features.
+            KernelSet::Avx512Bf16 => unsafe { avx512::run::$name($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma, f16c and
+            // avxvnni (avx2_vnni_detected).
+            KernelSet::Avx2Vnni => unsafe { avx2vnni::run::$name($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives this set only where
+            // KernelSet::detect found at least them, and set_for_width only in place of the
+            // AVX-512 set, which detect gives only with them.
+            KernelSet::Avx2 => unsafe { avx2::run::$name($($arg),*) },
+            _ => portable::run::$name($($arg),*),
+        }
+    };
+}
+
 /// Output rows (and columns) of a Winograd tile: [`conv_winograd_rows`] is shared among
 /// threads by bands of this many rows.
 pub(super) const WINOGRAD_TILE: usize = 4;
@@ -267,6 +290,16 @@ pub(super) fn winograd_pays(w: usize, h: usize) -> bool {
 fn winograd_set(w: usize) -> KernelSet {
     #[cfg(target_arch = "x86_64")]
     return set_for_width(w, avx512::WINO_ROW_STEP, avx2::WINO_ROW_STEP);
+    #[cfg(not(target_arch = "x86_64"))]
+    kernel_set()
+}
+
+/// The instance that runs the direct convolution over a map `w` pixels wide
+/// ([`set_for_width`]): on Zen 4, 18x12 768 -> 128 channels took 3.3 ms in AVX2 (rows of 32
+/// pixels) against 4.7 in AVX-512 (48).
+fn direct_set(w: usize) -> KernelSet {
+    #[cfg(target_arch = "x86_64")]
+    return set_for_width(w, avx512::CONV_ROW_STEP, avx2::CONV_ROW_STEP);
     #[cfg(not(target_arch = "x86_64"))]
     kernel_set()
 }
@@ -310,33 +343,15 @@ fn amd_zen4() -> bool {
     })
 }
 
-/// The direct convolution of the rows `out` holds, in the instance [`set_for_width`] picks
-/// for the map's width (as [`conv_same_planes`]).
+/// The direct convolution of the rows `out` holds, in the instance [`direct_set`] picks for
+/// the map's width.
 pub(super) fn conv_direct_rows(
     srcs: &[Src<'_>],
     out: &mut PlaneRows<'_>,
     ne: [usize; 4],
     param: f32,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    let set = set_for_width(ne[0], avx512::CONV_ROW_STEP, avx2::CONV_ROW_STEP);
-    #[cfg(not(target_arch = "x86_64"))]
-    let set = kernel_set();
-    match set {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: set_for_width gives this set only where kernel_set() does, i.e. where the
-        // CPU has avx512f, avx512bf16 and avx512vnni (with avx2, fma and f16c).
-        KernelSet::Avx512Bf16 => unsafe { avx512::run::conv_direct_rows(srcs, out, ne, param) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
-        KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_direct_rows(srcs, out, ne, param) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives Avx2 only where
-        // KernelSet::detect found at least them, and set_for_width only in place of the
-        // AVX-512 set, which detect gives only with them.
-        KernelSet::Avx2 => unsafe { avx2::run::conv_direct_rows(srcs, out, ne, param) },
-        _ => portable::run::conv_direct_rows(srcs, out, ne, param),
-    }
+    run_in!(direct_set(ne[0]), conv_direct_rows(srcs, out, ne, param))
 }
 
 /// The transposed convolution of disjoint patches, in the instance of [`kernel_set`].
@@ -346,19 +361,7 @@ pub(super) fn conv_transpose_rows(
     ne: [usize; 4],
     param: f32,
 ) {
-    match kernel_set() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: kernel_set() gives this set only where the CPU has avx512f, avx512bf16 and
-        // avx512vnni (with avx2, fma and f16c).
-        KernelSet::Avx512Bf16 => unsafe { avx512::run::conv_transpose_rows(srcs, out, ne, param) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
-        KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_transpose_rows(srcs, out, ne, param) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c (kernel_set()).
-        KernelSet::Avx2 => unsafe { avx2::run::conv_transpose_rows(srcs, out, ne, param) },
-        _ => portable::run::conv_transpose_rows(srcs, out, ne, param),
-    }
+    run_in!(kernel_set(), conv_transpose_rows(srcs, out, ne, param))
 }
 
 /// [`conv_direct_rows`] with bf16 products, in the instance of [`kernel_set`].
@@ -368,28 +371,11 @@ pub(super) fn conv_direct_rows_bf16(
     ne: [usize; 4],
     param: f32,
 ) {
-    match kernel_set() {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: kernel_set() gives this set only where the CPU has avx512f, avx512bf16 and
-        // avx512vnni (with avx2, fma and f16c).
-        KernelSet::Avx512Bf16 => unsafe {
-            avx512::run::conv_direct_rows_bf16(srcs, out, ne, param)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
-        KernelSet::Avx2Vnni => unsafe {
-            avx2vnni::run::conv_direct_rows_bf16(srcs, out, ne, param)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c (kernel_set()).
-        KernelSet::Avx2 => unsafe { avx2::run::conv_direct_rows_bf16(srcs, out, ne, param) },
-        _ => portable::run::conv_direct_rows_bf16(srcs, out, ne, param),
-    }
+    run_in!(kernel_set(), conv_direct_rows_bf16(srcs, out, ne, param))
 }
 
 /// The direct (or, on large maps, Winograd) convolution of output channels `channels`, in
-/// the instance [`set_for_width`] picks for the map's width: on Zen 4, 18x12 768 -> 128
-/// channels took 3.3 ms in AVX2 (rows of 32 pixels) against 4.7 in AVX-512 (48).
+/// the instance [`direct_set`] picks for the map's width.
 pub(super) fn conv_same_planes(
     srcs: &[Src<'_>],
     out: &mut [f32],
@@ -397,29 +383,10 @@ pub(super) fn conv_same_planes(
     channels: Range<usize>,
     param: f32,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    let set = set_for_width(ne[0], avx512::CONV_ROW_STEP, avx2::CONV_ROW_STEP);
-    #[cfg(not(target_arch = "x86_64"))]
-    let set = kernel_set();
-    match set {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: set_for_width gives this set only where kernel_set() does, i.e. where the
-        // CPU has avx512f, avx512bf16 and avx512vnni (with avx2, fma and f16c).
-        KernelSet::Avx512Bf16 => unsafe {
-            avx512::run::conv_same_planes(srcs, out, ne, channels, param)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
-        KernelSet::Avx2Vnni => unsafe {
-            avx2vnni::run::conv_same_planes(srcs, out, ne, channels, param)
-        },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives Avx2 only where
-        // KernelSet::detect found at least them, and set_for_width only in place of the
-        // AVX-512 set, which detect gives only with them.
-        KernelSet::Avx2 => unsafe { avx2::run::conv_same_planes(srcs, out, ne, channels, param) },
-        _ => portable::run::conv_same_planes(srcs, out, ne, channels, param),
-    }
+    run_in!(
+        direct_set(ne[0]),
+        conv_same_planes(srcs, out, ne, channels, param)
+    )
 }
 
 /// Winograd's 3x3 convolution of the rows `out` holds, in the instance [`winograd_set`]
@@ -430,21 +397,10 @@ pub(super) fn conv_winograd_rows(
     ne: [usize; 4],
     param: f32,
 ) {
-    match winograd_set(ne[0]) {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: winograd_set gives this set only where kernel_set() does, i.e. where the
-        // CPU has avx512f, avx512bf16 and avx512vnni (with avx2, fma and f16c).
-        KernelSet::Avx512Bf16 => unsafe { avx512::run::conv_winograd_rows(srcs, out, ne, param) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma, f16c and avxvnni (kernel_set()).
-        KernelSet::Avx2Vnni => unsafe { avx2vnni::run::conv_winograd_rows(srcs, out, ne, param) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the CPU has avx2, fma and f16c: kernel_set() gives Avx2 only where
-        // KernelSet::detect found at least them, and winograd_set only in place of the
-        // AVX-512 set, which detect gives only with them.
-        KernelSet::Avx2 => unsafe { avx2::run::conv_winograd_rows(srcs, out, ne, param) },
-        _ => portable::run::conv_winograd_rows(srcs, out, ne, param),
-    }
+    run_in!(
+        winograd_set(ne[0]),
+        conv_winograd_rows(srcs, out, ne, param)
+    )
 }
 
 /// The CPUID vendor string ("AuthenticAMD", "GenuineIntel", ...).
@@ -1236,26 +1192,7 @@ macro_rules! dispatch {
                 units: Range<usize>,
                 param: f32,
             ) {
-                match kernel_set() {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: kernel_set() gives this set only where the CPU has avx512f,
-                    // avx512bf16 and avx512vnni (with avx2, fma and f16c, which every such CPU
-                    // has).
-                    KernelSet::Avx512Bf16 => unsafe {
-                        avx512::run::$name(srcs, out, ne, units, param)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma,
-                    // f16c and avxvnni.
-                    KernelSet::Avx2Vnni => unsafe {
-                        avx2vnni::run::$name(srcs, out, ne, units, param)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: kernel_set() gives this set only where the CPU has avx2, fma and
-                    // f16c.
-                    KernelSet::Avx2 => unsafe { avx2::run::$name(srcs, out, ne, units, param) },
-                    _ => portable::run::$name(srcs, out, ne, units, param),
-                }
+                run_in!(kernel_set(), $name(srcs, out, ne, units, param))
             }
         )*
     };

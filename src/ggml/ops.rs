@@ -135,13 +135,14 @@ fn conv_2d_output(
     Ok((ow, oh))
 }
 
-/// A convolution's bias is a vector of the kernel's output channels (ne[3]).
-fn conv_bias_fits(kernel: &Tensor, bias: &Tensor) -> Result<()> {
-    let oc = kernel.ne()[3];
+/// A convolution's bias is a vector of the kernel's output channels, its `ne[dim]` (3 for
+/// a convolution, 2 for a transposed one).
+fn conv_bias_fits(op: &'static str, kernel: &Tensor, dim: usize, bias: &Tensor) -> Result<()> {
+    let oc = kernel.ne()[dim];
     if bias.nelements() != oc || bias.ne()[0] != oc {
         return Err(mismatch(
-            "conv_2d",
-            "the bias must be a vector of the kernel's output channels (ne[3])",
+            op,
+            format!("the bias must be a vector of the kernel's output channels (ne[{dim}])"),
             &[kernel, bias],
         ));
     }
@@ -1173,7 +1174,7 @@ impl Context {
         dilation: (i32, i32),
     ) -> Result<Tensor> {
         let oc = kernel.ne()[3];
-        conv_bias_fits(kernel, bias)?;
+        conv_bias_fits("conv_2d", kernel, 3, bias)?;
         let fused = bias.dtype() == DType::F32 && bias.is_contiguous();
         if fused
             && self.cpu_kernels()
@@ -1199,8 +1200,10 @@ impl Context {
         padding: (i32, i32),
         dilation: (i32, i32),
     ) -> Result<Tensor> {
+        // Checked before the ReLU node, so that an error names the caller's input.
+        conv_2d_output(kernel, input, stride, padding, dilation)?;
         if let Some(b) = bias {
-            conv_bias_fits(kernel, b)?;
+            conv_bias_fits("conv_2d", kernel, 3, b)?;
         }
         let fused_bias = bias.is_none_or(|b| b.dtype() == DType::F32 && b.is_contiguous());
         if fused_bias
@@ -1325,14 +1328,8 @@ impl Context {
         bias: &Tensor,
         stride: i32,
     ) -> Result<Tensor> {
+        conv_bias_fits("conv_transpose_2d", kernel, 2, bias)?;
         let oc = kernel.ne()[2];
-        if bias.nelements() != oc || bias.ne()[0] != oc {
-            return Err(mismatch(
-                "conv_transpose_2d",
-                "the bias must be a vector of the kernel's output channels (ne[2])",
-                &[kernel, bias],
-            ));
-        }
         if let Some(y) = self.cpu_conv_transpose_2d_bias(kernel, input, bias, stride)? {
             return Ok(y);
         }

@@ -312,6 +312,23 @@ fn conv_planes_amx(
     }
 }
 
+/// Output channels `0..count` in groups for the convolutions' register tile, as (first,
+/// rows): [`CONV_CHANNELS`] at a time, then 4, 2 and 1 for what is left.
+#[inline(always)]
+fn channel_groups(count: usize) -> Vec<(usize, usize)> {
+    let mut groups = Vec::new();
+    let mut o = 0;
+    while o < count {
+        let r = [CONV_CHANNELS, 4, 2, 1]
+            .into_iter()
+            .find(|&r| count - o >= r)
+            .unwrap_or(1);
+        groups.push((o, r));
+        o += r;
+    }
+    groups
+}
+
 /// A kernel row's operands: f32 weights over an f32 band, or bf16 pairs over a pair band.
 #[derive(Clone, Copy)]
 enum Taps<'a> {
@@ -384,17 +401,7 @@ fn conv_rows(
     }
     // The channels in groups of CONV_CHANNELS, then of 4, 2 and 1 for what is left, each
     // group's weights packed for the tile.
-    let mut groups = Vec::new();
-    let mut o = channels.start;
-    while o < channels.end {
-        let left = channels.end - o;
-        let r = [CONV_CHANNELS, 4, 2, 1]
-            .into_iter()
-            .find(|&r| left >= r)
-            .unwrap_or(1);
-        groups.push((o - channels.start, r));
-        o += r;
-    }
+    let groups = channel_groups(channels.len());
     let mut packed = vec![0.0f32; if bf16 { 0 } else { channels.len() * conv.k_len }];
     let mut packed_pairs = vec![0u32; pair_weights.len()];
     for &(i, r) in &groups {
@@ -539,33 +546,25 @@ fn conv_transpose_rows(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, _ne: [usize; 4
     // Virtual channel v = (o s + dy) s + dx; its weights over the input channels are
     // kernel[c q + v], q apart: transposed to rows, then packed for the tile in groups.
     let q = oc * s * s;
-    let mut rows_of_v = vec![0.0f32; q * ic];
+    let mut rows_of_v = super::Scratch::take(&super::SCRATCH_0, q * ic, 0.0);
     for (c, weights) in kernel.data.chunks_exact(q).take(ic).enumerate() {
         for (v, &x) in weights.iter().enumerate() {
             rows_of_v[v * ic + c] = x;
         }
     }
-    let mut groups = Vec::new();
-    let mut v = 0;
-    while v < q {
-        let r = [CONV_CHANNELS, 4, 2, 1]
-            .into_iter()
-            .find(|&r| q - v >= r)
-            .unwrap_or(1);
-        groups.push((v, r));
-        v += r;
-    }
-    let mut packed = vec![0.0f32; q * ic];
+    let groups = channel_groups(q);
+    let mut packed = super::Scratch::take(&super::SCRATCH_1, q * ic, 0.0);
     for &(v, r) in &groups {
         let group: Vec<&[f32]> = (v..v + r).map(|v| &rows_of_v[v * ic..]).collect();
         pack_rows(&group, ic, &mut packed[v * ic..]);
     }
     // One input row of every channel, zero-padded to whole spans.
     let padded_w = w.div_ceil(CONV_SPAN) * CONV_SPAN;
-    let mut band = vec![0.0f32; ic * padded_w];
+    let mut band = super::Scratch::take(&super::SCRATCH_2, ic * padded_w, 0.0);
     for y in rows.start / s..rows.end.div_ceil(s) {
         for (c, row) in band.chunks_exact_mut(padded_w).enumerate() {
             row[..w].copy_from_slice(&input.data[(c * h + y) * w..][..w]);
+            row[w..].fill(0.0);
         }
         for x0 in (0..w).step_by(CONV_SPAN) {
             let n = CONV_SPAN.min(w - x0);

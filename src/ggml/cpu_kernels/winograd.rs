@@ -184,16 +184,7 @@ fn conv3x3_winograd(
     }
     assert!(rows.start.is_multiple_of(WINO_OUT), "a band starts on a row of tiles");
     // The channels in groups for the register tile, as in `conv_planes`.
-    let mut groups = Vec::new();
-    let mut o = 0;
-    while o < oc {
-        let r = [CONV_CHANNELS, 4, 2, 1]
-            .into_iter()
-            .find(|&r| oc - o >= r)
-            .unwrap_or(1);
-        groups.push((o, r));
-        o += r;
-    }
+    let groups = channel_groups(oc);
     // Transformed kernels, point by point, each group's rows packed for the tile:
     // u[p * u_stride + i * ic + c * r + row] for the group (i, r). One cache line between
     // points past the OC x IC values: at a multiple of 4 KB apart, as DA3's channel counts
