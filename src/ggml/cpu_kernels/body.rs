@@ -1823,7 +1823,7 @@ fn linear_rows_q8(
     let quads = k / 4;
     let block_rows = LINEAR_ROW_BLOCK.min(rows.len());
     let max_groups = block_rows.div_ceil(Q8_ROWS);
-    let mut x_quads = vec![0u32; max_groups * Q8_ROWS * quads];
+    let mut x_quads: Vec<simd::Q8Word> = vec![Default::default(); max_groups * Q8_ROWS * quads];
     let mut x_scales = vec![0f32; max_groups * Q8_ROWS * blocks];
     let mut start = rows.start;
     while start < rows.end {
@@ -1843,7 +1843,7 @@ fn linear_rows_q8(
                     scales[b * Q8_ROWS + r] = scale;
                     // Packed for the tile as it is written: word q of block b of row r.
                     for (q, word) in words.into_iter().enumerate() {
-                        group[(b * Q8_BLOCK / 4 + q) * Q8_ROWS + r] = word;
+                        group[(b * Q8_BLOCK / 4 + q) * Q8_ROWS + r] = simd::q8_word(word);
                     }
                 }
             }
@@ -1914,7 +1914,7 @@ fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
 #[inline(always)]
 fn q8_tile<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
-    x: &[u32],
+    x: &[simd::Q8Word],
     dx: &[f32],
     panel: &[f32],
     blocks: usize,
@@ -1937,7 +1937,7 @@ fn q8_tile<const R: usize, const C: usize>(
 
 /// The type of [`q8_tile_steps`] as a function pointer (called as [`tile`] calls its loop).
 type Q8TileSteps<const R: usize, const C: usize> =
-    unsafe fn(&mut [[[f32; LANES]; C]; R], &[u32], &[f32], &[f32], usize);
+    unsafe fn(&mut [[[f32; LANES]; C]; R], &[simd::Q8Word], &[f32], &[f32], usize);
 
 instance_features! {
 /// The loop of [`q8_tile`] (a function of its own for the reason `tile_steps` is).
@@ -1949,7 +1949,7 @@ instance_features! {
 #[inline(never)]
 unsafe fn q8_tile_steps<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
-    x: &[u32],
+    x: &[simd::Q8Word],
     dx: &[f32],
     panel: &[f32],
     blocks: usize,
@@ -1970,7 +1970,7 @@ unsafe fn q8_tile_steps<const R: usize, const C: usize>(
                 let w: [simd::Q8Weights; C] =
                     std::array::from_fn(|v| simd::q8_load(record.add(q * PANEL + v * LANES)));
                 for (r, sums) in sums.iter_mut().enumerate() {
-                    let xs = simd::q8_splat(*xp.add(r));
+                    let xs = simd::q8_splat(xp.add(r));
                     for (s, &w) in sums.iter_mut().zip(&w) {
                         *s = simd::q8_dot(*s, xs, w);
                     }
