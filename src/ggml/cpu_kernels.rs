@@ -826,12 +826,27 @@ macro_rules! avx2_vectors {
         bf16_by_lanes!();
         /// AMX tiles only with the AVX-512 set (every AMX CPU has it).
         pub const AMX_TILES: bool = false;
-        /// The body's formula lane by lane (its loops vectorise it).
-        pub const EXP2_VECTOR: bool = false;
-        #[allow(dead_code)]
+        /// A vector routine of its own: the body's formula vectorised by the compiler
+        /// re-broadcast its six constants from memory for every vector (each broadcast an
+        /// operation of a vector port on Zen 4) and started the fit from 0 by a multiply-add.
+        pub const EXP2_VECTOR: bool = true;
+        /// The body's `exp2_softmax` on a vector, bit for bit: `vroundps` rounds `t` to the
+        /// nearest integer `n` (ties to even, as the body's added 1.5 * 2^23 does), the fit
+        /// runs on `t - n`, and `2^n` is built in the exponent bits.
         #[inline(always)]
         pub fn exp2_softmax(t: F) -> F {
-            from_lanes(to_lanes(t).map(super::exp2_softmax))
+            // SAFETY: as for `splat`.
+            unsafe {
+                let t = _mm256_max_ps(t, _mm256_set1_ps(-100.0));
+                let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(t);
+                let f = _mm256_sub_ps(t, n);
+                let mut p = _mm256_set1_ps(super::EXP2_FIT[0]);
+                for &c in &super::EXP2_FIT[1..] {
+                    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+                }
+                let biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+                _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased)))
+            }
         }
         /// LANES f16 values (bits) from `p`, widened to f32 (F16C).
         /// # Safety
@@ -1027,6 +1042,15 @@ mod avx2 {
     include!("cpu_kernels/body.rs");
     include!("cpu_kernels/winograd.rs");
     entries!(target_feature(enable = "avx2,fma,f16c"));
+    /// [`exp2_vector_and_lanes_for_tests`] compiled with this set's features.
+    ///
+    /// # Safety
+    /// The CPU has the features of this set.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn exp2_lanes_for_tests(t: [f32; 8]) -> ([f32; 8], [f32; 8]) {
+        exp2_vector_and_lanes_for_tests(t)
+    }
 }
 
 /// AVX2 with FMA and AVX-VNNI (Intel Alder Lake and later, AMD Zen 5): the AVX2 kernels with
@@ -1454,22 +1478,46 @@ mod tests {
         }
     }
 
-    /// The AVX-512 set's vector 2^t (rounding and scaling by `vroundscaleps` and
-    /// `vscalefps`) equals the formula lane by lane, bit for bit, from 0 past the clamp.
+    /// The vector 2^t of the AVX-512 set (rounding and scaling by `vroundscaleps` and
+    /// `vscalefps`) and of the AVX2 one (`vroundps`, exponent bits) equal the formula lane by
+    /// lane, bit for bit, from 0 past the clamp, ties of the rounding (t = -0.5, -1.5, ...)
+    /// and a NaN (the clamp's -100) included.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn avx512_vector_exp2_equals_the_formula() {
-        if KernelSet::detect() != KernelSet::Avx512Bf16 {
-            return;
-        }
+    fn vector_exp2_equals_the_formula() {
+        let avx512 = KernelSet::detect() == KernelSet::Avx512Bf16;
+        let avx2 = std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c");
         let mut t = 0.0f32;
+        let mut step = 0;
         while t > -130.0 {
-            let lanes: [f32; 16] = std::array::from_fn(|i| t - i as f32 * 0.0371);
-            // SAFETY: the CPU has the AVX-512 set's features (checked above).
-            let (vector, formula) = unsafe { super::avx512::exp2_lanes_for_tests(lanes) };
-            for ((v, f), t) in vector.iter().zip(&formula).zip(&lanes) {
-                assert_eq!(v.to_bits(), f.to_bits(), "2^{t}: {v} against {f}");
+            let lanes: [f32; 16] = std::array::from_fn(|i| match i {
+                15 if step == 3 => f32::NAN,
+                14 => t.floor() - 0.5,
+                _ => t - i as f32 * 0.0371,
+            });
+            // (inputs, vector, formula) per vector of each set.
+            let mut results: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = Vec::new();
+            if avx512 {
+                // SAFETY: the CPU has the AVX-512 set's features (detected above).
+                let (v, f) = unsafe { super::avx512::exp2_lanes_for_tests(lanes) };
+                results.push((lanes.to_vec(), v.to_vec(), f.to_vec()));
             }
+            if avx2 {
+                for half in lanes.chunks_exact(8) {
+                    // SAFETY: the CPU has the AVX2 set's features (detected above).
+                    let (v, f) =
+                        unsafe { super::avx2::exp2_lanes_for_tests(half.try_into().unwrap()) };
+                    results.push((half.to_vec(), v.to_vec(), f.to_vec()));
+                }
+            }
+            for (inputs, vector, formula) in results {
+                for ((v, f), t) in vector.iter().zip(&formula).zip(&inputs) {
+                    assert_eq!(v.to_bits(), f.to_bits(), "2^{t}: {v} against {f}");
+                }
+            }
+            step += 1;
             t -= 0.59;
         }
     }
