@@ -1031,9 +1031,10 @@ mod avx2 {
         }
         /// Five rows of two vectors of columns: 10 sums, 4 weight vectors and a row's two
         /// activation pairs take the 16 registers (the f32 results wait in memory between
-        /// blocks of 32 inputs). Each broadcast then feeds two products: on Zen 4 a broadcast
-        /// from memory also takes a vector port, and this ran 125-140 GFLOP/s on one core
-        /// against 106-134 for 6 x 1 and 4 x 1 (the 865 rows of DA3's tokens are 173 groups).
+        /// blocks of 32 inputs). Each broadcast then feeds two products: counting Zen 4's
+        /// broadcasts from memory as vector operations predicted each tile's speed (about 18
+        /// multiply-adds per cycle for 6 x 1, 20 for 5 x 2), and this ran 125-140 GFLOP/s on
+        /// one core against 106-134 for 6 x 1 and 4 x 1 (DA3's 865 tokens are 173 groups).
         pub const Q8_TILE: (usize, usize) = (5, 2);
     }
     macro_rules! instance_features {
