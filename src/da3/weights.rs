@@ -1430,6 +1430,8 @@ impl Conv {
     /// [`Conv::forward`] of `relu(x)`: on the CPU kernels, ReLU applied as the convolution
     /// reads its input ([`Context::conv_2d_of_relu`]), not as a pass of its own.
     pub fn forward_of_relu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+        // f16 kernels take ggml's direct convolution (see `forward`), which has no ReLU on
+        // its input: a node of its own.
         if self.weight.dtype() == DType::F16 {
             return self.forward(g, &g.relu(x)?);
         }

@@ -268,6 +268,20 @@ macro_rules! run_in {
     };
 }
 
+/// Calls `$f::<R>($args)` for a group of `$rows` output channels, with `R` the register
+/// tile's rows for it: `CONV_CHANNELS`, 4, 2 or 1, the sizes the convolutions'
+/// `channel_groups` makes (`CONV_CHANNELS` is the calling instance's).
+macro_rules! by_group_rows {
+    ($rows:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $rows {
+            r if r == CONV_CHANNELS => $f::<CONV_CHANNELS>($($arg),*),
+            4 => $f::<4>($($arg),*),
+            2 => $f::<2>($($arg),*),
+            _ => $f::<1>($($arg),*),
+        }
+    };
+}
+
 /// Output rows (and columns) of a Winograd tile: [`conv_winograd_rows`] is shared among
 /// threads by bands of this many rows.
 pub(super) const WINOGRAD_TILE: usize = 4;
@@ -1611,9 +1625,9 @@ mod tests {
         ($($name:ident = $module:ident::$kernel:ident;)*) => {
             $(
                 fn $name(srcs: &[Src<'_>], out: &mut [f32], ne: [usize; 4], units: Range<usize>, param: f32) {
-                    // SAFETY: `instances` lists this entry only where the CPU has the
-                    // features its instance is compiled for (KernelSet::detect,
-                    // avx2_vnni_detected).
+                    // SAFETY: `instances` and `convolution_instances` list this entry only
+                    // where the CPU has the features its instance is compiled for
+                    // (KernelSet::detect, avx2_vnni_detected).
                     unsafe { super::$module::run::$kernel(srcs, out, ne, units, param) }
                 }
             )*
@@ -1915,28 +1929,6 @@ mod tests {
         }
     }
 
-    /// Each instance's Winograd convolution and its direct kernel.
-    fn convolution_instances() -> Vec<(&'static str, Entry, Entry)> {
-        let mut sets: Vec<(&'static str, Entry, Entry)> = vec![(
-            "portable",
-            super::portable::run::conv_winograd_planes,
-            super::portable::run::conv_direct_planes,
-        )];
-        #[cfg(target_arch = "x86_64")]
-        if KernelSet::detect() != KernelSet::Portable {
-            sets.push(("avx2", avx2_conv_winograd, avx2_conv_direct));
-        }
-        #[cfg(target_arch = "x86_64")]
-        if super::avx2_vnni_detected() {
-            sets.push(("avx2vnni", avx2vnni_conv_winograd, avx2vnni_conv_direct));
-        }
-        #[cfg(target_arch = "x86_64")]
-        if KernelSet::detect() == KernelSet::Avx512Bf16 {
-            sets.push(("avx512bf16", avx512_conv_winograd, avx512_conv_direct));
-        }
-        sets
-    }
-
     /// Winograd's F(4x4, 3x3) against the direct kernel, in every instance: images narrower
     /// than a tile, than a vector of tiles and wider than a block, heights that end inside a
     /// tile, one input channel and several, channel ranges that start past 0 and leave partial
@@ -1974,7 +1966,13 @@ mod tests {
                         entry(srcs, &mut out, ne, channels.clone(), 0.0);
                         out
                     };
-                    for (set, winograd, direct) in convolution_instances() {
+                    for ConvEntries {
+                        set,
+                        winograd,
+                        direct,
+                        ..
+                    } in convolution_instances()
+                    {
                         let (fast, reference) = (run(winograd), run(direct));
                         assert!(reference.iter().all(|x| x.is_finite()));
                         // Relative to the largest output: F(4x4, 3x3)'s transforms round
@@ -1995,24 +1993,51 @@ mod tests {
     /// A band entry point (every instance's Winograd by rows has this type).
     type BandEntry = fn(&[Src<'_>], &mut PlaneRows<'_>, [usize; 4], f32);
 
-    /// Each instance's Winograd convolution by bands of rows, beside its Winograd over planes.
-    fn winograd_band_instances() -> Vec<(&'static str, BandEntry, Entry)> {
-        let mut sets: Vec<(&'static str, BandEntry, Entry)> = vec![(
-            "portable",
-            super::portable::run::conv_winograd_rows,
-            super::portable::run::conv_winograd_planes,
-        )];
+    /// One instance's convolution entry points, for the tests that compare them.
+    struct ConvEntries {
+        set: &'static str,
+        /// Winograd over whole planes, whatever the map's size.
+        winograd: Entry,
+        /// The direct kernel over whole planes.
+        direct: Entry,
+        /// Winograd by bands of rows.
+        winograd_rows: BandEntry,
+    }
+
+    /// The convolution entry points of every instance this CPU runs.
+    fn convolution_instances() -> Vec<ConvEntries> {
+        let mut sets = vec![ConvEntries {
+            set: "portable",
+            winograd: super::portable::run::conv_winograd_planes,
+            direct: super::portable::run::conv_direct_planes,
+            winograd_rows: super::portable::run::conv_winograd_rows,
+        }];
         #[cfg(target_arch = "x86_64")]
         if KernelSet::detect() != KernelSet::Portable {
-            sets.push(("avx2", avx2_winograd_rows, avx2_conv_winograd));
+            sets.push(ConvEntries {
+                set: "avx2",
+                winograd: avx2_conv_winograd,
+                direct: avx2_conv_direct,
+                winograd_rows: avx2_winograd_rows,
+            });
         }
         #[cfg(target_arch = "x86_64")]
         if super::avx2_vnni_detected() {
-            sets.push(("avx2vnni", avx2vnni_winograd_rows, avx2vnni_conv_winograd));
+            sets.push(ConvEntries {
+                set: "avx2vnni",
+                winograd: avx2vnni_conv_winograd,
+                direct: avx2vnni_conv_direct,
+                winograd_rows: avx2vnni_winograd_rows,
+            });
         }
         #[cfg(target_arch = "x86_64")]
         if KernelSet::detect() == KernelSet::Avx512Bf16 {
-            sets.push(("avx512bf16", avx512_winograd_rows, avx512_conv_winograd));
+            sets.push(ConvEntries {
+                set: "avx512bf16",
+                winograd: avx512_conv_winograd,
+                direct: avx512_conv_direct,
+                winograd_rows: avx512_winograd_rows,
+            });
         }
         sets
     }
@@ -2023,7 +2048,7 @@ mod tests {
         ($($name:ident = $module:ident::$kernel:ident;)*) => {
             $(
                 fn $name(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32) {
-                    // SAFETY: `winograd_band_instances` lists this entry only where the CPU
+                    // SAFETY: `convolution_instances` lists this entry only where the CPU
                     // has the features its instance is compiled for.
                     unsafe { super::$module::run::$kernel(srcs, out, ne, param) }
                 }
@@ -2056,7 +2081,8 @@ mod tests {
             ];
             let ne = [w, h, oc, 1];
             let bands = [0..4, 4..12, 12..h.next_multiple_of(4), h..h + 8];
-            for (set, by_rows, over_planes) in winograd_band_instances() {
+            for conv in convolution_instances() {
+                let (set, by_rows, over_planes) = (conv.set, conv.winograd_rows, conv.winograd);
                 let mut want = vec![f32::NAN; w * h * oc];
                 over_planes(&srcs, &mut want, ne, 0..oc, 0.0);
                 for band in &bands {
@@ -2102,7 +2128,8 @@ mod tests {
                 src(&input, [w, h, ic, 1]),
                 src(&bias, [oc, 1, 1, 1]),
             ];
-            for (set, by_rows, _) in winograd_band_instances() {
+            for conv in convolution_instances() {
+                let (set, by_rows) = (conv.set, conv.winograd_rows);
                 let run = || {
                     let mut out = vec![0.0; w * h * oc];
                     by_rows(

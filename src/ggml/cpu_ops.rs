@@ -1538,6 +1538,10 @@ pub(super) mod tests {
                     )?;
                     // One node: the convolution reads the input tensor itself.
                     assert!(y.name().starts_with("conv_2d"), "{}", y.name());
+                    assert!(
+                        y.sources().iter().any(|s| s.raw() == t[1].raw()),
+                        "the convolution reads a node made from the input"
+                    );
                     Ok(y)
                 };
                 let unfused = |g: &Context, t: &[Tensor]| {

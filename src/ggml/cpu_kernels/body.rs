@@ -439,15 +439,7 @@ fn conv_rows(
             } else {
                 Taps::F32(&packed[i * conv.k_len..])
             };
-            if r == CONV_CHANNELS {
-                conv_row::<CONV_CHANNELS>(&conv, planes, weights, o, &bias, &band, oy);
-            } else if r == 4 {
-                conv_row::<4>(&conv, planes, weights, o, &bias, &band, oy);
-            } else if r == 2 {
-                conv_row::<2>(&conv, planes, weights, o, &bias, &band, oy);
-            } else {
-                conv_row::<1>(&conv, planes, weights, o, &bias, &band, oy);
-            }
+            by_group_rows!(r, conv_row(&conv, planes, weights, o, &bias, &band, oy));
         }
     }
 }
@@ -487,15 +479,7 @@ fn conv1x1_rows(
         };
         for &(i, r) in groups {
             let weights = &packed[i * ic..];
-            if r == CONV_CHANNELS {
-                conv1x1_span::<CONV_CHANNELS>(out, (weights, ic), (b, stride), (x0, n, w), o + i, i, bias);
-            } else if r == 4 {
-                conv1x1_span::<4>(out, (weights, ic), (b, stride), (x0, n, w), o + i, i, bias);
-            } else if r == 2 {
-                conv1x1_span::<2>(out, (weights, ic), (b, stride), (x0, n, w), o + i, i, bias);
-            } else {
-                conv1x1_span::<1>(out, (weights, ic), (b, stride), (x0, n, w), o + i, i, bias);
-            }
+            by_group_rows!(r, conv1x1_span(out, (weights, ic), (b, stride), (x0, n, w), o + i, i, bias));
         }
     }
 }
@@ -572,15 +556,7 @@ fn conv_transpose_rows(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, _ne: [usize; 4
             for &(v, r) in &groups {
                 let a = (&packed[v * ic..], ic);
                 let at = ((x0, n, y, s), v);
-                if r == CONV_CHANNELS {
-                    conv_transpose_span::<CONV_CHANNELS>(out, a, b, at, bias);
-                } else if r == 4 {
-                    conv_transpose_span::<4>(out, a, b, at, bias);
-                } else if r == 2 {
-                    conv_transpose_span::<2>(out, a, b, at, bias);
-                } else {
-                    conv_transpose_span::<1>(out, a, b, at, bias);
-                }
+                by_group_rows!(r, conv_transpose_span(out, a, b, at, bias));
             }
         }
     }

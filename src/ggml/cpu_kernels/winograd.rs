@@ -252,15 +252,7 @@ fn conv3x3_winograd(
             let u = (&u[i * ic..], u_stride);
             let s = &mut scratch;
             let block = ((w, h), block);
-            if r == CONV_CHANNELS {
-                wino_group::<CONV_CHANNELS>(u, (v, v_stride), ic, m, planes, &bias, block, s);
-            } else if r == 4 {
-                wino_group::<4>(u, (v, v_stride), ic, m, planes, &bias, block, s);
-            } else if r == 2 {
-                wino_group::<2>(u, (v, v_stride), ic, m, planes, &bias, block, s);
-            } else {
-                wino_group::<1>(u, (v, v_stride), ic, m, planes, &bias, block, s);
-            }
+            by_group_rows!(r, wino_group(u, (v, v_stride), ic, m, planes, &bias, block, s));
         }
     }
 }
