@@ -16,11 +16,11 @@
 #   TYPES="f32 f16 q8_0"  weight types of our files; RUNS=10; ROUNDS=1 (rounds interleave all
 #     engines, so that drift of the machine hits each alike; the table has every round's rows);
 #   PIN="taskset -c 0,1"  a command prefix for every timed process.
-# An AVX2 machine's figures on a CPU with AVX-512 (a proxy; BENCHMARKS.md, session 19): build
-# ours with RUSTFLAGS="-C target-cpu=znver3" (ggml compiled for AVX2 only), run it with
-# DA3_CPU_KERNELS=avx2 (a wrapper script in BUILDS), and hold PyTorch with
-# ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2; ONNX Runtime
-# reads CPUID itself and cannot be held.
+# An AVX2 machine's figures on a CPU with AVX-512 (a proxy; BENCHMARKS.md, session 20): build
+# tests/reference/avx2_only.c (its header says how) and set PIN=target/avx2-only: every engine
+# then reads CPUID without AVX-512, AVX-VNNI or AMX and its own dispatch picks its AVX2 code
+# (ggml's haswell variant and our avx2 kernels in a default build, PyTorch's AVX2 kernels,
+# ONNX Runtime's AVX2 MLAS). Needs a CPU and kernel with CPUID faulting (`cpuid_fault`).
 # Writes the JSON of every run in $OUT_DIR (default: target/speed).
 set -euo pipefail
 PY=${1:?usage: compare_speed.sh PYTHON [presets] [threads] [device]}
