@@ -402,7 +402,7 @@ pub fn ggml_version() -> String {
 /// What computes on the CPU in this process, one line: the kernel set of the CPU kernels
 /// ([`super::kernel_set`]) and the variant of ggml's CPU backend (with the vector units ggml
 /// reports it was compiled for), e.g.
-/// `kernels avx2 (int8 products for quantised files); ggml CPU haswell of
+/// `kernels avx2 (int8 products with 7-bit activations for quantised files); ggml CPU haswell of
 /// x86_64,haswell,zen4 (AVX2 FMA F16C)`.
 pub fn cpu_features() -> String {
     let set = super::kernel_set();
@@ -412,9 +412,13 @@ pub fn cpu_features() -> String {
         } else {
             "bf16 products for f16 files"
         };
+        let bits = match super::int8_activation_bits() {
+            8 => "",
+            _ => " with 7-bit activations",
+        };
         let products = match (super::linear_bf16(), super::linear_q8()) {
-            (true, true) => format!(" ({bf16}, int8 for quantised ones)"),
-            (false, true) => " (int8 products for quantised files)".to_string(),
+            (true, true) => format!(" ({bf16}, int8{bits} for quantised ones)"),
+            (false, true) => format!(" (int8 products{bits} for quantised files)"),
             (true, false) => format!(" ({bf16})"),
             (false, false) => String::new(),
         };

@@ -51,7 +51,7 @@ pub use backend::{
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
 pub use cpu_ops::{
-    amx_bf16_tiles, kernel_set, linear_bf16, linear_q8, pack_linear_panels,
+    amx_bf16_tiles, int8_activation_bits, kernel_set, linear_bf16, linear_q8, pack_linear_panels,
     pack_linear_panels_bf16, pack_linear_panels_f16, pack_linear_panels_q8, KernelSet,
     LINEAR_PANEL, LINEAR_Q8_RECORD,
 };

@@ -1867,21 +1867,22 @@ fn linear_rows_q8(
 /// One block of 32 inputs quantised as ggml's `quantize_row_q8_0` does for a product's
 /// activations: the scale (rounded through f16, as ggml stores it) and the bytes, four per
 /// word, offset to unsigned where the set's products take them so ([`simd::Q8_OFFSET`]).
+/// The 7-bit set ([`simd::Q8_LEVELS`] 63) quantises the same way to -63..63.
 #[inline(always)]
 fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
     let max = simd::q8_max(values);
-    let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
-    let offset = if simd::Q8_OFFSET { 0x80 } else { 0 };
-    // Rounded to the nearest integer, ties to even, by adding 1.5 * 2^23: the integer is
-    // then the low bits of the sum's mantissa, and for values within [-127, 127] its low
-    // byte is the two's-complement byte (a float-to-int cast saturates; in vectors this is
-    // one add and one narrowing).
+    let inverse = if max != 0.0 { simd::Q8_LEVELS / max } else { 0.0 };
+    // Rounded to the nearest integer, ties to even, by adding 1.5 * 2^23 (and the offset,
+    // even, so the ties still go to the even value): the integer is then the low bits of the
+    // sum's mantissa, and for values within [-128, 255] its low byte is the byte (the
+    // two's complement of a negative one; 1.5 * 2^23 is a multiple of 256). A float-to-int
+    // cast saturates; in vectors this is one add and one narrowing.
     const SHIFT: f32 = 12_582_912.0;
-    let bytes = simd::q8_bytes(values, inverse, SHIFT, offset);
+    let bytes = simd::q8_bytes(values, inverse, SHIFT + simd::Q8_OFFSET);
     let words = std::array::from_fn(|q| {
         u32::from_le_bytes([bytes[4 * q], bytes[4 * q + 1], bytes[4 * q + 2], bytes[4 * q + 3]])
     });
-    (half::f16::from_f32(max / 127.0).to_f32(), words)
+    (half::f16::from_f32(max / simd::Q8_LEVELS).to_f32(), words)
 }
 
 /// The int8 register tile: `acc[r][v] += Σ_b dx[b][r] dw_b[v] Σ_i x_b[i][r] w_b[i][v]` over
