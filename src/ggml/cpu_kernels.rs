@@ -473,6 +473,11 @@ pub(super) const ATTENTION_DV_MULTIPLE: usize = 16;
 /// One x86 vector width: its type, lanes, registers and the four intrinsics used. The
 /// functions are safe to call only because the module they are expanded into is private to
 /// one kernel instance, whose code runs only inside that instance's `run` functions.
+///
+/// The vector helpers here and in the instances' `simd` modules use no closures around
+/// intrinsics: a closure is a function of its own without the instance's features, and
+/// where the compiler did not inline one its intrinsics became calls (the 7-bit instance's
+/// `q8_bytes` in a build for the baseline target: its int8 layers at 55-85% of their speed).
 #[cfg(target_arch = "x86_64")]
 macro_rules! x86_vectors {
     ($f:ty, $lanes:expr, $registers:expr, $splat:ident, $fma:ident, $mul:ident, $add:ident, $sub:ident, $div:ident, $min:ident, $max:ident, $load:ident, $store:ident) => {
@@ -714,7 +719,9 @@ mod avx512 {
             assert!(src.len() >= 4 * LANES);
             // SAFETY: the assertion covers the four loads; the instruction set as for `splat`.
             unsafe {
-                let [a, b, c, d] = [0, 1, 2, 3].map(|i| _mm512_loadu_ps(src.as_ptr().add(16 * i)));
+                let p = src.as_ptr();
+                let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                let (c, d) = (_mm512_loadu_ps(p.add(32)), _mm512_loadu_ps(p.add(48)));
                 transpose_quarters(a, b, c, d)
             }
         }
@@ -917,7 +924,9 @@ macro_rules! avx2_vectors {
             assert!(src.len() >= 4 * LANES);
             // SAFETY: the assertion covers the four loads; the instruction set as for `splat`.
             unsafe {
-                let [a, b, c, d] = [0, 1, 2, 3].map(|i| _mm256_loadu_ps(src.as_ptr().add(8 * i)));
+                let p = src.as_ptr();
+                let (a, b) = (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)));
+                let (c, d) = (_mm256_loadu_ps(p.add(16)), _mm256_loadu_ps(p.add(24)));
                 transpose_halves(a, b, c, d)
             }
         }
@@ -956,9 +965,10 @@ macro_rules! avx2_vectors {
             // SAFETY: the instruction set as for `splat`; the loads read the block's 32 values.
             unsafe {
                 let sign = _mm256_set1_ps(-0.0);
-                let v: [__m256; 4] = std::array::from_fn(|i| {
-                    _mm256_andnot_ps(sign, _mm256_loadu_ps(values.as_ptr().add(8 * i)))
-                });
+                let mut v = [sign; 4];
+                for (i, v) in v.iter_mut().enumerate() {
+                    *v = _mm256_andnot_ps(sign, _mm256_loadu_ps(values.as_ptr().add(8 * i)));
+                }
                 let m = _mm256_max_ps(_mm256_max_ps(v[0], v[1]), _mm256_max_ps(v[2], v[3]));
                 let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
                 let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -973,11 +983,12 @@ macro_rules! avx2_vectors {
             unsafe {
                 let (m, s) = (_mm256_set1_ps(inverse), _mm256_set1_ps(shift));
                 let low = _mm256_set1_epi32(0xff);
-                let v: [__m256i; 4] = std::array::from_fn(|i| {
-                    let v = _mm256_loadu_ps(values.as_ptr().add(8 * i));
-                    let bits = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(v, m), s));
-                    _mm256_and_si256(bits, low)
-                });
+                let mut v = [_mm256_setzero_si256(); 4];
+                for (i, v) in v.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(values.as_ptr().add(8 * i));
+                    let bits = _mm256_castps_si256(_mm256_add_ps(_mm256_mul_ps(x, m), s));
+                    *v = _mm256_and_si256(bits, low);
+                }
                 // Bytes 0..255 pass both unsigned packs unchanged; the packs work per
                 // 128-bit half, so the dwords come out as a0 b0 c0 d0 | a1 b1 c1 d1.
                 let packed = _mm256_packus_epi16(
@@ -1616,7 +1627,11 @@ mod tests {
         assert_eq!(d(KernelSet::Avx2, Some("nonsense")), 7);
         assert_eq!(d(KernelSet::Avx2, Some("8")), 8);
         // The VNNI sets multiply 8-bit activations at full speed; the portable one is exact.
-        for set in [KernelSet::Avx512Bf16, KernelSet::Avx2Vnni, KernelSet::Portable] {
+        for set in [
+            KernelSet::Avx512Bf16,
+            KernelSet::Avx2Vnni,
+            KernelSet::Portable,
+        ] {
             assert_eq!(d(set, None), 8);
             assert_eq!(d(set, Some("7")), 8);
         }
@@ -2491,7 +2506,9 @@ mod tests {
         srcs[0].nb = [1, Q8_RECORD, Q8_RECORD * k / Q8_BLOCK, words.len()];
         let mut got = vec![f32::NAN; n * t];
         // SAFETY: the CPU has AVX2, FMA and F16C (KernelSet::detect is not Portable).
-        unsafe { super::avx2_int7::run::linear_bias_rows(&srcs, &mut got, [n, t, 1, 1], 0..t, 0.0) };
+        unsafe {
+            super::avx2_int7::run::linear_bias_rows(&srcs, &mut got, [n, t, 1, 1], 0..t, 0.0)
+        };
         let blocks: Vec<(f32, &[u8])> = q8
             .chunks_exact(34)
             .map(|block| {
@@ -2530,10 +2547,16 @@ mod tests {
             }
         }
         let diff = max_abs_difference(&want, &got);
-        assert!(diff < 1e-5, "7-bit int8 products are {diff} from their definition");
+        assert!(
+            diff < 1e-5,
+            "7-bit int8 products are {diff} from their definition"
+        );
         // Each input off by up to 1/126 of its block's largest: about 0.03 per sum of 128.
         let off_exact = max_abs_difference(&got, &exact);
-        assert!(off_exact < 0.15, "7-bit int8 products are {off_exact} from f32");
+        assert!(
+            off_exact < 0.15,
+            "7-bit int8 products are {off_exact} from f32"
+        );
     }
 
     /// Convolutions whose taps fill AMX tiles (where the CPU has them, the AVX-512 instance
