@@ -189,9 +189,10 @@ pub fn winograd_convolutions() -> bool {
 /// in the AVX2 set (AVX2 without VNNI), where it is 7 unless `DA3_INT8_ACTIVATION_BITS=8`:
 /// without VNNI the exact route is held back by the instructions around its products, and
 /// 7-bit activations make the int8 layers 1.3-1.45x faster ([`avx2_int7`]) for a little more
-/// rounding (da3-small and da3-base q8_0 files, depth correlation with the f32 file 0.99960
-/// and 0.99982 against 0.99982 and 0.99991 with 8 bits). oneDNN and ONNX Runtime's
-/// `reduce_range` narrow int8 operands to 7 bits on such CPUs for the same reason.
+/// rounding (da3-small and da3-base q8_0 files on the AVX2 kernels, depth correlation with
+/// the f32 file 0.99967 and 0.99986 against 0.99989 and 0.99996 with 8 bits). oneDNN and
+/// ONNX Runtime's `reduce_range` narrow int8 operands to 7 bits on such CPUs for the same
+/// reason.
 pub fn int8_activation_bits() -> u32 {
     static BITS: OnceLock<u32> = OnceLock::new();
     *BITS.get_or_init(|| {
@@ -1010,12 +1011,14 @@ macro_rules! avx2_vectors {
 mod avx2 {
     mod simd {
         avx2_vectors!();
-        // int8 products without VNNI, by `vpmaddwd` on bytes widened to i16: each lane sums
-        // two exact products into i32, 16 multiply-adds per instruction. The `vpmaddubsw`
-        // route (unsigned by signed bytes in pairs saturating at i16, so |w| and x with w's
-        // sign, then `vpmaddwd` by ones) takes three instructions per 32 multiply-adds, and
-        // measured on Zen 4 `vpsignb`, `vpmaddubsw` and `vpmaddwd` all issue on the same two
-        // ports, two per cycle together; the shifts that widen the bytes here issue on others.
+        // int8 products without VNNI on ggml's 8-bit activations (`DA3_INT8_ACTIVATION_BITS=8`;
+        // by default this set's int8 layers run in `avx2_int7`), by `vpmaddwd` on bytes
+        // widened to i16: each lane sums two exact products into i32, 16 multiply-adds per
+        // instruction. The `vpmaddubsw` route (unsigned by signed bytes in pairs saturating
+        // at i16, so |w| and x with w's sign, then `vpmaddwd` by ones) takes three
+        // instructions per 32 multiply-adds, and measured on Zen 4 `vpsignb`, `vpmaddubsw`
+        // and `vpmaddwd` all issue on the same two ports, two per cycle together; the shifts
+        // that widen the bytes here issue on others.
         //
         // A weight word holds bytes k .. k + 3 of one column, a lane per column. Its 16-bit
         // halves shifted left by 8 then arithmetically right by 8 give (k, k + 2) as i16,
@@ -2405,11 +2408,12 @@ mod tests {
         bound: f32,
     }
 
-    /// The int8 products of every instance agree with the portable ones (whose integer sums
-    /// are plain arithmetic): the offset bytes and corrections of `vpdpbusd`, the bytes
-    /// widened to pairs of i16 for `vpmaddwd` and the portable sums give the same integers,
-    /// scaled alike; 11 rows leave a partial group in every set's tile. Weights
-    /// of -128 (which ggml's quantiser never writes, but a file may hold) included.
+    /// The int8 products of every instance on 8-bit activations agree with the portable ones
+    /// (whose integer sums are plain arithmetic): the offset bytes and corrections of
+    /// `vpdpbusd`, the bytes widened to pairs of i16 for `vpmaddwd` and the portable sums
+    /// give the same integers, scaled alike; 11 rows leave a partial group in every set's
+    /// tile. Weights of -128 (which ggml's quantiser never writes, but a file may hold)
+    /// included. (The 7-bit instance: `seven_bit_int8_products_are_their_definition`.)
     #[test]
     fn every_instance_computes_the_same_int8_products() {
         let (k, n, t) = (128, 2 * PANEL, 11);
