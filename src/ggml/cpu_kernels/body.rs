@@ -900,23 +900,13 @@ fn attention_tokens(
                     let mut c0 = 0;
                     while c0 < width {
                         let queries = &queries[c0..];
+                        let tile_scores = &mut scores[kg * KEY_ROWS * FLASH_QT + c0..];
+                        let maxima = &mut block_max[c0..];
                         if width - c0 >= QUERY_SPAN {
-                            let mut tile_acc = [[[0.0f32; LANES]; QUERY_VECTORS]; KEY_ROWS];
-                            tile(F32, &mut tile_acc, group, queries, (d, FLASH_QT), (1, 0));
-                            raise_maxima(&mut block_max[c0..], &tile_acc[..present]);
-                            for (r, t) in tile_acc.iter().enumerate() {
-                                scores[(kg * KEY_ROWS + r) * FLASH_QT + c0..][..QUERY_SPAN]
-                                    .copy_from_slice(t.as_flattened());
-                            }
+                            score_tile::<QUERY_VECTORS>(group, queries, d, tile_scores, maxima, present);
                             c0 += QUERY_SPAN;
                         } else {
-                            let mut tile_acc = [[[0.0f32; LANES]; 1]; KEY_ROWS];
-                            tile(F32, &mut tile_acc, group, queries, (d, FLASH_QT), (1, 0));
-                            raise_maxima(&mut block_max[c0..], &tile_acc[..present]);
-                            for (r, t) in tile_acc.iter().enumerate() {
-                                scores[(kg * KEY_ROWS + r) * FLASH_QT + c0..][..LANES]
-                                    .copy_from_slice(t.as_flattened());
-                            }
+                            score_tile::<1>(group, queries, d, tile_scores, maxima, present);
                             c0 += LANES;
                         }
                     }
@@ -1016,17 +1006,90 @@ fn exp2_block(
     }
 }
 
-/// Raises `maxima[..C * LANES]`, lane by lane, to the largest score in `rows` of a score tile
-/// (keys by vectors of queries); a NaN score leaves the maximum as it was.
+/// One score tile of the f32 kernel: the scores of [`KEY_ROWS`] keys (`keys`, packed as for
+/// [`tile`]) by `C` vectors of queries (`queries`: [d][FLASH_QT] from the tile's first
+/// column), written to `scores` (rows FLASH_QT apart), and `maxima[..C * LANES]` raised lane
+/// by lane to the largest score of the first `present` keys (a NaN score leaves a maximum as
+/// it was). [`tile`] did the products through an accumulator array in memory, which the
+/// maxima and the copy into `scores` then read again: with heads of 64 a tile has only 64
+/// steps, and that traffic made the score product the slower half of attention.
 #[inline(always)]
-fn raise_maxima<const C: usize>(maxima: &mut [f32], rows: &[[[f32; LANES]; C]]) {
-    for (v, maxima) in maxima[..C * LANES].chunks_exact_mut(LANES).enumerate() {
-        let start = simd::from_lanes(maxima.try_into().expect("a vector"));
-        let m = rows
-            .iter()
-            .fold(start, |m, row| simd::max(simd::from_lanes(row[v]), m));
-        maxima.copy_from_slice(&simd::to_lanes(m));
+fn score_tile<const C: usize>(
+    keys: &[f32],
+    queries: &[f32],
+    d: usize,
+    scores: &mut [f32],
+    maxima: &mut [f32],
+    present: usize,
+) {
+    assert!(
+        d > 0
+            && keys.len() >= d * KEY_ROWS
+            && queries.len() >= (d - 1) * FLASH_QT + C * LANES
+            && scores.len() >= (KEY_ROWS - 1) * FLASH_QT + C * LANES
+            && maxima.len() >= C * LANES
+            && present <= KEY_ROWS
+    );
+    // Out of line for the reason `tile_steps` is.
+    let run_steps: ScoreTileSteps<C> = std::hint::black_box(score_tile_steps::<C>);
+    // SAFETY: the assertion is what `score_tile_steps` needs; the instruction set of this
+    // instance is present, since its code runs only inside its `run` functions.
+    unsafe { run_steps(keys, queries, d, scores, maxima, present) }
+}
+
+/// The type of [`score_tile_steps`] as a function pointer.
+type ScoreTileSteps<const C: usize> =
+    unsafe fn(&[f32], &[f32], usize, &mut [f32], &mut [f32], usize);
+
+instance_features! {
+/// The loop of [`score_tile`].
+///
+/// # Safety
+/// `d > 0`, `keys` holds `d * KEY_ROWS` values, `queries` `(d - 1) * FLASH_QT + C * LANES`,
+/// `scores` `(KEY_ROWS - 1) * FLASH_QT + C * LANES`, `maxima` `C * LANES`, `present <=
+/// KEY_ROWS`, and the CPU has this instance's features.
+#[inline(never)]
+unsafe fn score_tile_steps<const C: usize>(
+    keys: &[f32],
+    queries: &[f32],
+    d: usize,
+    scores: &mut [f32],
+    maxima: &mut [f32],
+    present: usize,
+) {
+    // SAFETY: as the caller promises, every access is in bounds: step i reads KEY_ROWS keys
+    // at i * KEY_ROWS and C vectors of queries at i * FLASH_QT; row r of the scores is
+    // written at r * FLASH_QT, C vectors; C vectors of maxima are read and written.
+    unsafe {
+        let mut c = [[simd::splat(0.0); C]; KEY_ROWS];
+        let (mut kp, mut qp) = (keys.as_ptr(), queries.as_ptr());
+        for _ in 0..d {
+            let q: [simd::F; C] = std::array::from_fn(|v| simd::load(qp.add(v * LANES)));
+            for (r, c) in c.iter_mut().enumerate() {
+                let k = simd::splat(*kp.add(r));
+                for (c, &q) in c.iter_mut().zip(&q) {
+                    *c = simd::fma(k, q, *c);
+                }
+            }
+            kp = kp.add(KEY_ROWS);
+            qp = qp.add(FLASH_QT);
+        }
+        let sp = scores.as_mut_ptr();
+        for (r, c) in c.iter().enumerate() {
+            for (v, &c) in c.iter().enumerate() {
+                simd::store(sp.add(r * FLASH_QT + v * LANES), c);
+            }
+        }
+        let mp = maxima.as_mut_ptr();
+        for v in 0..C {
+            let mut m = simd::load(mp.add(v * LANES));
+            for row in c.iter().take(present) {
+                m = simd::max(row[v], m);
+            }
+            simd::store(mp.add(v * LANES), m);
+        }
     }
+}
 }
 
 /// [`attention_tokens`] with bf16 products: Q, K, the probabilities and V rounded to bf16
