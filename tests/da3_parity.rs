@@ -166,10 +166,16 @@ fn q8_0_file_with_7_bit_activations_stays_close_to_f32() {
     }
     assert_eq!(da3::ggml::kernel_set(), da3::ggml::KernelSet::Avx2);
     assert_eq!(da3::ggml::int8_activation_bits(), 7);
-    assert!(da3::ggml::linear_q8(), "q8_0 weights would not take int8 products");
+    assert!(
+        da3::ggml::linear_q8(),
+        "q8_0 weights would not take int8 products"
+    );
     let dir = tempfile::tempdir().unwrap();
     let reference = synthetic_small_depth(dir.path(), WeightType::F32);
-    let corr = correlation(&synthetic_small_depth(dir.path(), WeightType::Q8_0), &reference);
+    let corr = correlation(
+        &synthetic_small_depth(dir.path(), WeightType::Q8_0),
+        &reference,
+    );
     eprintln!("q8_0 with 7-bit activations: depth correlation with f32 {corr:.6}");
     assert!(corr >= 0.999, "correlation {corr}");
 }
