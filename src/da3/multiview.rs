@@ -111,7 +111,7 @@ pub fn positional_reference(views: usize, strategy: RefViewStrategy) -> Option<u
 /// The official `select_reference_view` for one scene. `tokens`: token 0 of every view,
 /// `views` rows of `dim` values. Below [`SELECTION_MIN_VIEWS`] views the official backbone
 /// does not select, and this returns 0 too. Computed in f64 (the official code in f32);
-/// scores within [`SCORE_TIE`] are ties, which go to the first view (see [`first_extreme`]):
+/// scores within `SCORE_TIE` are ties, which go to the first view (see `first_extreme`):
 /// only there can the official pick differ, by its rounding.
 pub fn select_reference_view(tokens: &[f32], dim: usize, strategy: RefViewStrategy) -> usize {
     let s = tokens.len().checked_div(dim).unwrap_or(0);

@@ -475,7 +475,7 @@ fn check_linear_weight(op: &'static str, w: &[f32], k: usize, n: usize) -> Resul
 
 /// Whether this process computes linear layers with bf16 products ([`pack_linear_panels_bf16`]):
 /// where the CPU kernels are the AVX-512 BF16 set ([`kernel_set`]) and either its vector bf16
-/// products are faster than its f32 ones ([`vector_bf16`]) or it multiplies on AMX tiles
+/// products are faster than its f32 ones (`vector_bf16`) or it multiplies on AMX tiles
 /// ([`amx_bf16_tiles`]). Decided at run time, whatever the build's target features.
 pub fn linear_bf16() -> bool {
     kernel_set().has_bf16_products() && (cpu_kernels::bf16_products_pay() || amx_bf16_tiles())
