@@ -882,6 +882,13 @@ macro_rules! avx2_vectors {
             _mm256_storeu_ps
         );
         bf16_by_lanes!();
+        /// The int8 products' integer sums, eight i32 lanes.
+        pub type I = __m256i;
+        #[inline(always)]
+        pub fn q8_to_f32(i: __m256i) -> F {
+            // SAFETY: the instruction set as for `splat`.
+            unsafe { _mm256_cvtepi32_ps(i) }
+        }
         /// AMX tiles only with the AVX-512 set (every AMX CPU has it).
         pub const AMX_TILES: bool = false;
         /// A vector routine of its own: the body's formula vectorised by the compiler
@@ -1006,6 +1013,35 @@ macro_rules! avx2_vectors {
     };
 }
 
+/// The int8 operands of the AVX2 sets that multiply bytes as they are (`vpdpbusd`,
+/// `vpmaddubsw`): weight vectors loaded as stored, activation words of four bytes broadcast.
+#[cfg(target_arch = "x86_64")]
+macro_rules! avx2_byte_words {
+    () => {
+        pub type Q8Weights = __m256i;
+        /// An activation word as the tile reads it: four bytes.
+        pub type Q8Word = u32;
+        #[inline(always)]
+        pub fn q8_word(bytes: u32) -> u32 {
+            bytes
+        }
+        /// # Safety
+        /// `p` is valid for reading LANES words.
+        #[inline(always)]
+        pub unsafe fn q8_load(p: *const f32) -> __m256i {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe { _mm256_loadu_si256(p as *const __m256i) }
+        }
+        /// # Safety
+        /// `x` is valid for reading.
+        #[inline(always)]
+        pub unsafe fn q8_splat(x: *const u32) -> __m256i {
+            // SAFETY: as the caller promises; the instruction set as for `splat`.
+            unsafe { _mm256_set1_epi32(x.read() as i32) }
+        }
+    };
+}
+
 /// AVX2 with FMA.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -1025,7 +1061,6 @@ mod avx2 {
         // shifted right by 8 alone (k + 1, k + 3): two `vpmaddwd` against the activations'
         // (x_k, x_k+2) and (x_k+1, x_k+3), each broadcast as a 32-bit pair, sum the word's
         // four products into the column's lane.
-        pub type I = __m256i;
         /// A vector of weights as its (k, k + 2) and (k + 1, k + 3) pairs of i16.
         pub type Q8Weights = (__m256i, __m256i);
         /// An activation word: (x_k, x_k+2) then (x_k+1, x_k+3), each value an i16.
@@ -1086,11 +1121,6 @@ mod avx2 {
                 _mm256_add_epi32(_mm256_add_epi32(acc, even), _mm256_madd_epi16(w_odd, x_odd))
             }
         }
-        #[inline(always)]
-        pub fn q8_to_f32(i: __m256i) -> F {
-            // SAFETY: the instruction set as for `splat`.
-            unsafe { _mm256_cvtepi32_ps(i) }
-        }
         /// Five rows of two vectors of columns: 10 sums, 4 weight vectors and a row's two
         /// activation pairs take the 16 registers (the f32 results wait in memory between
         /// blocks of 32 inputs). Each broadcast then feeds two products: counting Zen 4's
@@ -1123,38 +1153,12 @@ mod avx2vnni {
     mod simd {
         avx2_vectors!();
         // int8 products as with AVX-512: offset activations, four bytes per lane.
-        pub type I = __m256i;
-        pub type Q8Weights = __m256i;
-        /// An activation word as the tile reads it: four bytes.
-        pub type Q8Word = u32;
+        avx2_byte_words!();
         pub const Q8_LEVELS: f32 = 127.0;
         pub const Q8_OFFSET: f32 = 128.0;
-        #[inline(always)]
-        pub fn q8_word(bytes: u32) -> u32 {
-            bytes
-        }
-        /// # Safety
-        /// `x` is valid for reading.
-        #[inline(always)]
-        pub unsafe fn q8_splat(x: *const u32) -> __m256i {
-            // SAFETY: as the caller promises; the instruction set as for `splat`.
-            unsafe { _mm256_set1_epi32(x.read() as i32) }
-        }
-        #[inline(always)]
-        pub fn q8_to_f32(i: __m256i) -> F {
-            // SAFETY: the instruction set as for `splat`.
-            unsafe { _mm256_cvtepi32_ps(i) }
-        }
         /// One `vpdpbusd` per product: 3 x 2 sums, their 6 results, two weight vectors and a
         /// broadcast fit the 16 registers.
         pub const Q8_TILE: (usize, usize) = (3, 2);
-        /// # Safety
-        /// `p` is valid for reading LANES words.
-        #[inline(always)]
-        pub unsafe fn q8_load(p: *const f32) -> __m256i {
-            // SAFETY: as the caller promises; the instruction set as for `splat`.
-            unsafe { _mm256_loadu_si256(p as *const __m256i) }
-        }
         /// The start of a block's sums: its correction for the offset.
         /// # Safety
         /// `correction` is valid for reading LANES words.
@@ -1194,26 +1198,13 @@ mod avx2vnni {
 mod avx2_int7 {
     mod simd {
         avx2_vectors!();
-        pub type I = __m256i;
-        pub type Q8Weights = __m256i;
-        /// An activation word as the tile reads it: four bytes, each x + 64.
-        pub type Q8Word = u32;
+        avx2_byte_words!();
+        /// Activations in -63..63, each byte x + 64.
         pub const Q8_LEVELS: f32 = 63.0;
         pub const Q8_OFFSET: f32 = 64.0;
-        #[inline(always)]
-        pub fn q8_word(bytes: u32) -> u32 {
-            bytes
-        }
         /// 6 x 2 sums, two weight vectors, a broadcast and the ones take the 16 registers
         /// (5 x 2 ran as fast).
         pub const Q8_TILE: (usize, usize) = (6, 2);
-        /// # Safety
-        /// `p` is valid for reading LANES words.
-        #[inline(always)]
-        pub unsafe fn q8_load(p: *const f32) -> __m256i {
-            // SAFETY: as the caller promises; the instruction set as for `splat`.
-            unsafe { _mm256_loadu_si256(p as *const __m256i) }
-        }
         /// The start of a block's sums, `-64 Σ w`: half the packing's correction for an
         /// offset of 128 (an even number, so the shift is exact).
         /// # Safety
@@ -1223,13 +1214,6 @@ mod avx2_int7 {
             // SAFETY: as for `q8_load`.
             unsafe { _mm256_srai_epi32::<1>(q8_load(correction)) }
         }
-        /// # Safety
-        /// `x` is valid for reading.
-        #[inline(always)]
-        pub unsafe fn q8_splat(x: *const u32) -> __m256i {
-            // SAFETY: as the caller promises; the instruction set as for `splat`.
-            unsafe { _mm256_set1_epi32(x.read() as i32) }
-        }
         #[inline(always)]
         pub fn q8_dot(acc: __m256i, x: __m256i, w: __m256i) -> __m256i {
             // SAFETY: the instruction set as for `splat`.
@@ -1237,11 +1221,6 @@ mod avx2_int7 {
                 let pairs = _mm256_maddubs_epi16(x, w);
                 _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
             }
-        }
-        #[inline(always)]
-        pub fn q8_to_f32(i: __m256i) -> F {
-            // SAFETY: the instruction set as for `splat`.
-            unsafe { _mm256_cvtepi32_ps(i) }
         }
     }
     macro_rules! instance_features {
