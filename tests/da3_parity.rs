@@ -140,31 +140,40 @@ fn quantized_weights_stay_close_to_f32() {
     }
 }
 
+/// Whether this is the run of test `name` with the AVX2 kernels: the kernel set is decided
+/// once per process, so a test of them runs itself again in a child process with
+/// `DA3_CPU_KERNELS=avx2` (and without `DA3_INT8_ACTIVATION_BITS`) and asserts that it
+/// passed. False in the parent, which has then checked the child, or on a CPU without the
+/// AVX2 kernels (not x86-64, or below AVX2; every CI machine of this project has them).
+fn running_with_avx2_kernels(name: &str) -> bool {
+    const CHILD: &str = "DA3_TEST_AVX2_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        assert_eq!(da3::ggml::kernel_set(), da3::ggml::KernelSet::Avx2);
+        return true;
+    }
+    if !cfg!(target_arch = "x86_64") || !da3::ggml::kernel_set().beats_ggml() {
+        eprintln!("no AVX2 kernels on this CPU: ggml's products run here");
+        return false;
+    }
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture"])
+        .env(CHILD, "1")
+        .env("DA3_CPU_KERNELS", "avx2")
+        .env_remove("DA3_INT8_ACTIVATION_BITS")
+        .status()
+        .unwrap();
+    assert!(status.success(), "the child run of {name} failed: {status}");
+    false
+}
+
 /// The AVX2 set (AVX2 without VNNI) quantises the int8 products' activations to 7 bits: a
 /// q8_0 file's depth still correlates with the f32 file's at 0.999 or better (the bar of a
-/// fast mode; 0.99967 measured). The kernel set is decided once per process, so the test
-/// runs itself again with `DA3_CPU_KERNELS=avx2`, on x86-64 CPUs with AVX2 (every CI machine
-/// of this project).
+/// fast mode; 0.99967 measured), with the AVX2 kernels ([`running_with_avx2_kernels`]).
 #[test]
 fn q8_0_file_with_7_bit_activations_stays_close_to_f32() {
-    const NAME: &str = "q8_0_file_with_7_bit_activations_stays_close_to_f32";
-    const CHILD: &str = "DA3_TEST_INT7_CHILD";
-    if std::env::var_os(CHILD).is_none() {
-        if !cfg!(target_arch = "x86_64") || !da3::ggml::kernel_set().beats_ggml() {
-            eprintln!("no AVX2 kernels on this CPU: q8_0 files use ggml's products here");
-            return;
-        }
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture"])
-            .env(CHILD, "1")
-            .env("DA3_CPU_KERNELS", "avx2")
-            .env_remove("DA3_INT8_ACTIVATION_BITS")
-            .status()
-            .unwrap();
-        assert!(status.success(), "the child run failed: {status}");
+    if !running_with_avx2_kernels("q8_0_file_with_7_bit_activations_stays_close_to_f32") {
         return;
     }
-    assert_eq!(da3::ggml::kernel_set(), da3::ggml::KernelSet::Avx2);
     assert_eq!(da3::ggml::int8_activation_bits(), 7);
     assert!(
         da3::ggml::linear_q8(),
@@ -183,29 +192,13 @@ fn q8_0_file_with_7_bit_activations_stays_close_to_f32() {
 /// Where bf16 products do not pay (AVX2 CPUs, Intel without AMX), an f16 file's linear
 /// layers are packed as f16 panels and multiplied in f32: the depth of the f16 file then
 /// equals, to f32 rounding, that of an f32 file holding the same f16-rounded values (ggml's
-/// f16 product, which rounds the activations to f16 as well, is 6e-4 of the depth off). The
-/// kernel set is decided once per process, so the test runs itself again with the AVX2
-/// kernels forced (`DA3_CPU_KERNELS=avx2`), on x86-64 CPUs with AVX2 (every CI machine of
-/// this project).
+/// f16 product, which rounds the activations to f16 as well, is 6e-4 of the depth off), with
+/// the AVX2 kernels ([`running_with_avx2_kernels`]).
 #[test]
 fn f16_file_on_f32_products_matches_its_values_in_f32() {
-    const NAME: &str = "f16_file_on_f32_products_matches_its_values_in_f32";
-    const CHILD: &str = "DA3_TEST_F16_PANELS_CHILD";
-    if std::env::var_os(CHILD).is_none() {
-        if !cfg!(target_arch = "x86_64") || !da3::ggml::kernel_set().beats_ggml() {
-            eprintln!("no AVX2 kernels on this CPU: f16 files use ggml's products here");
-            return;
-        }
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture"])
-            .env(CHILD, "1")
-            .env("DA3_CPU_KERNELS", "avx2")
-            .status()
-            .unwrap();
-        assert!(status.success(), "the child run failed: {status}");
+    if !running_with_avx2_kernels("f16_file_on_f32_products_matches_its_values_in_f32") {
         return;
     }
-    assert_eq!(da3::ggml::kernel_set(), da3::ggml::KernelSet::Avx2);
     assert!(
         !da3::ggml::linear_bf16(),
         "the f16 file would be packed as bf16"
