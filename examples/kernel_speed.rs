@@ -86,11 +86,18 @@ fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
         let tk = TQ * views;
         let mut results = Vec::new();
         // The fused kernel in f32, ggml's, then the fused kernel in bf16 (on AMX tiles, or
-        // vector products where they pay; f32 where neither).
-        for (fused, bf16) in [(true, false), (false, false), (true, true)] {
+        // vector products where they pay; f32 where neither) and with int8 scores (bf16
+        // where that pays).
+        for (fused, bf16, int8) in [
+            (true, false, false),
+            (false, false, false),
+            (true, true, false),
+            (true, false, true),
+        ] {
             let ctx = Context::metadata(8)?;
             ctx.use_cpu_kernels(true);
             ctx.use_bf16_products(bf16);
+            ctx.use_int8_products(int8);
             let q = ctx.new_tensor(DType::F32, &[D, TQ, HEADS])?;
             let k = ctx.new_tensor(DType::F32, &[D, tk, HEADS])?;
             let v = ctx.new_tensor(DType::F32, &[D, tk, HEADS])?;
@@ -120,18 +127,20 @@ fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
             let flop = 4.0 * (TQ * tk * D * HEADS) as f64;
             println!(
                 "attention [64 x 865 x 12] over {tk:5} keys ({views} views): {:<15} {ms:8.2} ms {:6.1} GFLOP/s",
-                match (fused, bf16) {
-                    (true, false) => "fused kernel",
-                    (false, _) => "flash_attn_ext",
-                    (true, true) => "fused bf16",
+                match (fused, bf16, int8) {
+                    (false, _, _) => "flash_attn_ext",
+                    (true, true, _) => "fused bf16",
+                    (true, false, true) => "fused int8",
+                    (true, false, false) => "fused kernel",
                 },
                 flop / ms / 1e6
             );
         }
         println!(
-            "  max difference {:.2e}, bf16 against f32 {:.2e}",
+            "  max difference {:.2e}, bf16 against f32 {:.2e}, int8 against f32 {:.2e}",
             max_difference(&results[0], &results[1]),
-            max_difference(&results[0], &results[2])
+            max_difference(&results[0], &results[2]),
+            max_difference(&results[0], &results[3])
         );
     }
     Ok(())

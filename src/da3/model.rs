@@ -663,11 +663,7 @@ impl Session {
         } = constants;
 
         // The graph.
-        let ctx = graph_context(GRAPH_NODES)?;
-        // On the CPU, ops may use the safe layer's CPU kernels (direct convolutions, fused
-        // attention); a graph for another device keeps to ops every backend has.
-        ctx.use_cpu_kernels(shared.cpu_kernels);
-        ctx.use_bf16_products(shared.weights.bf16_products);
+        let ctx = graph_context(shared, GRAPH_NODES)?;
         let image = ctx
             .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
             .named("image");
@@ -784,8 +780,16 @@ fn runs_half_convolutions(device: &Device) -> bool {
 const GRAPH_NODES: usize = 8192;
 
 /// A metadata context for a graph of up to `nodes` nodes (and the tensors they make).
-fn graph_context(nodes: usize) -> Result<Context, Error> {
-    Ok(Context::metadata_with_graph(3 * nodes, nodes)?)
+/// A context for a graph of up to `nodes` nodes of `shared`'s model. On the CPU, its ops may
+/// use the safe layer's CPU kernels (direct convolutions, fused attention), in the precision
+/// the weights were loaded for (bf16 products for half-precision files where they pay, int8
+/// products for quantised ones); a graph for another device keeps to ops every backend has.
+fn graph_context(shared: &ModelShared, nodes: usize) -> Result<Context, Error> {
+    let ctx = Context::metadata_with_graph(3 * nodes, nodes)?;
+    ctx.use_cpu_kernels(shared.cpu_kernels);
+    ctx.use_bf16_products(shared.weights.bf16_products);
+    ctx.use_int8_products(shared.weights.int8_products);
+    Ok(ctx)
 }
 
 fn scaled_uv(w: usize, h: usize, channels: usize, aspect: f64) -> Result<Vec<f32>, Error> {

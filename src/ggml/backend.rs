@@ -402,8 +402,8 @@ pub fn ggml_version() -> String {
 /// What computes on the CPU in this process, one line: the kernel set of the CPU kernels
 /// ([`super::kernel_set`]) and the variant of ggml's CPU backend (with the vector units ggml
 /// reports it was compiled for), e.g.
-/// `kernels avx2 (int8 products with 7-bit activations for quantised files); ggml CPU haswell of
-/// x86_64,haswell,zen4 (AVX2 FMA F16C)`.
+/// `kernels avx2 (int8 products with 7-bit activations and int8 attention scores for quantised
+/// files); ggml CPU haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`.
 pub fn cpu_features() -> String {
     let set = super::kernel_set();
     let kernels = if set.beats_ggml() {
@@ -418,7 +418,10 @@ pub fn cpu_features() -> String {
         };
         let products = match (super::linear_bf16(), super::linear_q8()) {
             (true, true) => format!(" ({bf16}, int8{bits} for quantised ones)"),
-            (false, true) => format!(" (int8 products{bits} for quantised files)"),
+            // Quantised files' attention takes int8 scores where it does not multiply in bf16.
+            (false, true) => {
+                format!(" (int8 products{bits} and int8 attention scores for quantised files)")
+            }
             (true, false) => format!(" ({bf16})"),
             (false, false) => String::new(),
         };

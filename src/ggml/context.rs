@@ -23,6 +23,9 @@ pub(crate) struct ContextInner {
     cpu_kernels: Cell<bool>,
     /// CPU kernels may round their operands to bf16 (see [`Context::use_bf16_products`]).
     bf16_products: Cell<bool>,
+    /// CPU attention may compute its scores with int8 products (see
+    /// [`Context::use_int8_products`]).
+    int8_products: Cell<bool>,
     /// Frozen contexts whose tensors this context's ops use (see [`Context::import`]).
     imports: super::shared::Imports,
 }
@@ -131,6 +134,7 @@ impl Context {
                 keep_alive: RefCell::new(Vec::new()),
                 cpu_kernels: Cell::new(false),
                 bf16_products: Cell::new(false),
+                int8_products: Cell::new(false),
                 imports: Default::default(),
             }),
         })
@@ -188,6 +192,19 @@ impl Context {
     /// Has no effect elsewhere.
     pub fn use_bf16_products(&self, on: bool) {
         self.inner.bf16_products.set(on);
+    }
+    /// Lets the CPU attention built from now on compute its scores with int8 products, as the
+    /// int8 linear layers of quantised files compute theirs (queries and keys quantised per
+    /// block of 32 values; softmax and weighted values in f32), where it does not multiply in
+    /// bf16 ([`Context::use_bf16_products`] wins where both are on and bf16 pays). About
+    /// 1.2x faster attention on AVX2; depth within 0.9995 correlation of f32 on DA3's
+    /// quantised files. Has no effect elsewhere.
+    pub fn use_int8_products(&self, on: bool) {
+        self.inner.int8_products.set(on);
+    }
+    /// Whether attention computes its scores with int8 products.
+    pub(crate) fn int8_attention(&self) -> bool {
+        self.inner.int8_products.get() && !self.bf16_attention()
     }
     /// Whether attention multiplies in bf16: on AMX tiles, or with vector products that pay.
     pub(crate) fn bf16_attention(&self) -> bool {

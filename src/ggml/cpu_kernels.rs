@@ -596,16 +596,17 @@ macro_rules! entries {
                 conv_transpose_rows);
             entries!(@each $attr; conv_same_planes conv_same_planes_bf16 gelu_erf_rows
                 bilinear_align_corners_planes concat_rows transpose_rows attention_tokens
-                attention_tokens_bf16 linear_bias_rows linear_bias_gelu_rows
+                attention_tokens_bf16 attention_tokens_int8 linear_bias_rows linear_bias_gelu_rows
                 linear_scaled_residual_rows layer_norm_rows);
         }
     };
-    // Only the linear layers: the 7-bit int8 instance runs nothing else.
-    (@linear $attr:meta) => {
+    // Only the int8 products (linear layers, attention's scores): the 7-bit int8 instance
+    // runs nothing else.
+    (@int8 $attr:meta) => {
         pub(super) mod run {
             use super::*;
             entries!(@each $attr; linear_bias_rows linear_bias_gelu_rows
-                linear_scaled_residual_rows);
+                linear_scaled_residual_rows attention_tokens_int8);
         }
     };
     (@bands $attr:meta; $($name:ident)*) => {
@@ -1228,7 +1229,7 @@ mod avx2_int7 {
     }
     include!("cpu_kernels/body.rs");
     include!("cpu_kernels/winograd.rs");
-    entries!(@linear target_feature(enable = "avx2,fma,f16c"));
+    entries!(@int8 target_feature(enable = "avx2,fma,f16c"));
 }
 
 /// Plain arrays, for any target.
@@ -1446,6 +1447,27 @@ macro_rules! dispatch_linear {
 
 dispatch_linear!(linear_bias_rows linear_bias_gelu_rows linear_scaled_residual_rows);
 
+/// Attention with int8 scores, in the instance whose int8 products the linear layers use
+/// (the 7-bit one where [`int8_activation_bits`] is 7).
+pub(super) fn attention_tokens_int8(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    ne: [usize; 4],
+    units: Range<usize>,
+    param: f32,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if int8_activation_bits() == 7 {
+        // SAFETY: int8_activation_bits() is 7 only in the AVX2 set, which kernel_set()
+        // gives only where the CPU has avx2, fma and f16c, the features of this instance.
+        return unsafe { avx2_int7::run::attention_tokens_int8(srcs, out, ne, units, param) };
+    }
+    run_in!(
+        kernel_set(),
+        attention_tokens_int8(srcs, out, ne, units, param)
+    )
+}
+
 /// Part `part` of `parts` of `data`, asked into the L2 cache ahead of its use: a linear
 /// layer reads its weight once per image, from memory, and the hardware prefetchers stop at
 /// every 4 KB page, so the first group of rows to meet a panel waited for it line by line.
@@ -1527,16 +1549,33 @@ pub(super) fn pack_panels_q8(q8: &[u8], k: usize, n: usize) -> Vec<u32> {
         for c in 0..PANEL {
             let block = &q8[((p * PANEL + c) * blocks + b) * BLOCK_BYTES..][..BLOCK_BYTES];
             let scale = half::f16::from_le_bytes([block[0], block[1]]).to_f32();
-            let quants = &block[2..];
-            for (q, quad) in quants.chunks_exact(4).enumerate() {
-                record[q * PANEL + c] = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
-            }
-            let sum: i32 = quants.iter().map(|&v| v as i8 as i32).sum();
-            record[Q8_SCALES + c] = scale.to_bits();
-            record[Q8_CORRECTIONS + c] = (-128 * sum) as u32;
+            let quants = block[2..].try_into().expect("a block's bytes");
+            q8_record_column(c, quants, scale, |i, word| record[i] = word);
         }
     }
     packed
+}
+
+/// Column `column` of a record of the int8 products' packing ([`Q8_RECORD`]): a block's 32
+/// signed bytes (`quants`), its scale and its offset correction, each word handed to `put`
+/// with its place in the record. The one place that knows a record's layout, for the weights
+/// packed at load ([`pack_panels_q8`]) and the queries that attention packs as it runs.
+#[inline(always)]
+pub(super) fn q8_record_column(
+    column: usize,
+    quants: &[u8; Q8_BLOCK],
+    scale: f32,
+    mut put: impl FnMut(usize, u32),
+) {
+    for (q, quad) in quants.chunks_exact(4).enumerate() {
+        put(
+            q * PANEL + column,
+            u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]),
+        );
+    }
+    let sum: i32 = quants.iter().map(|&v| v as i8 as i32).sum();
+    put(Q8_SCALES + column, scale.to_bits());
+    put(Q8_CORRECTIONS + column, (-128 * sum) as u32);
 }
 
 /// f32 to bf16, rounding to nearest even (the weights and inputs of bf16 products are finite).
@@ -1811,6 +1850,10 @@ mod tests {
         avx2vnni_conv_direct = avx2vnni::conv_direct_planes;
         avx512_conv_direct = avx512::conv_direct_planes;
         avx2_conv_winograd = avx2::conv_winograd_planes;
+        avx2_attention_int8 = avx2::attention_tokens_int8;
+        avx2int7_attention_int8 = avx2_int7::attention_tokens_int8;
+        avx2vnni_attention_int8 = avx2vnni::attention_tokens_int8;
+        avx512_attention_int8 = avx512::attention_tokens_int8;
         avx2vnni_conv_winograd = avx2vnni::conv_winograd_planes;
         avx512_conv_winograd = avx512::conv_winograd_planes;
     }
@@ -2683,6 +2726,151 @@ mod tests {
                     expected[0]
                 );
             }
+        }
+    }
+
+    /// Each instance's attention with int8 scores, with the bits its keys are quantised to
+    /// (the 7-bit instance's 63 levels, 127 elsewhere).
+    fn int8_attention_instances() -> Vec<(&'static str, Entry, f32)> {
+        let mut sets: Vec<(&'static str, Entry, f32)> = vec![(
+            "portable",
+            super::portable::run::attention_tokens_int8,
+            127.0,
+        )];
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() != KernelSet::Portable {
+            sets.push(("avx2", avx2_attention_int8, 127.0));
+            sets.push(("avx2_int7", avx2int7_attention_int8, 63.0));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if super::avx2_vnni_detected() {
+            sets.push(("avx2vnni", avx2vnni_attention_int8, 127.0));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if KernelSet::detect() == KernelSet::Avx512Bf16 {
+            sets.push(("avx512bf16", avx512_attention_int8, 127.0));
+        }
+        sets
+    }
+
+    /// Attention with int8 scores is its definition in every instance: an f64 softmax and
+    /// weighted sum over the scores of the quantised operands, the keys less their mean (in
+    /// f32, summed in key order as the kernel sums them) quantised per block of 32 to the
+    /// instance's levels with an f16-rounded scale, the queries to 127 levels with an f32
+    /// scale; each block's integer sum scaled by both. Keys with a large common part (which
+    /// the mean takes out), 2 heads, 250 keys (a block of 240 and a partial one, in partial
+    /// groups), queries 3..104 of 107 (whole and partial tiles and spans). It also stays
+    /// within 1% of the largest value of exact attention.
+    #[test]
+    fn every_instance_int8_attention_is_its_definition() {
+        let (d, dv, tq, tk, heads) = (64, 32, 107, 250, 2);
+        let tokens = 3..104;
+        let q = values(d * tq * heads, 41);
+        let k: Vec<f32> = values(d * tk * heads, 42)
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + if i % d < 8 { 3.0 } else { 0.0 })
+            .collect();
+        let v = values(dv * tk * heads, 43);
+        let srcs = [
+            src(&q, [d, tq, heads, 1]),
+            src(&k, [d, tk, heads, 1]),
+            src(&v, [dv, tk, heads, 1]),
+        ];
+        // (integers, scale) per block of 32, the scale's rounding given by `round_scale`.
+        let quantise = |xs: &[f32], levels: f32, round_scale: fn(f32) -> f32| {
+            let max = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let inverse = if max != 0.0 { levels / max } else { 0.0 };
+            let ints: Vec<i64> = xs
+                .iter()
+                .map(|x| (x * inverse).round_ties_even() as i64)
+                .collect();
+            (ints, round_scale(max / levels))
+        };
+        let to_f16 = |x: f32| half::f16::from_f32(x).to_f32();
+        let attention = |key_levels: f32, exact: bool| -> Vec<f64> {
+            let mut out = vec![0f64; dv * heads * tokens.len()];
+            for h in 0..heads {
+                let key = |j: usize| &k[(h * tk + j) * d..][..d];
+                let mut mean = vec![0f32; d];
+                for j in 0..tk {
+                    for (m, &x) in mean.iter_mut().zip(key(j)) {
+                        *m += x;
+                    }
+                }
+                let inverse = 1.0 / tk as f32;
+                mean.iter_mut().for_each(|m| *m *= inverse);
+                let keys: Vec<Vec<(Vec<i64>, f32)>> = (0..tk)
+                    .map(|j| {
+                        let centred: Vec<f32> =
+                            key(j).iter().zip(&mean).map(|(x, m)| x - m).collect();
+                        centred
+                            .chunks_exact(Q8_BLOCK)
+                            .map(|b| quantise(b, key_levels, to_f16))
+                            .collect()
+                    })
+                    .collect();
+                for (t_out, t) in tokens.clone().enumerate() {
+                    let query = &q[(h * tq + t) * d..][..d];
+                    let blocks: Vec<(Vec<i64>, f32)> = query
+                        .chunks_exact(Q8_BLOCK)
+                        .map(|b| quantise(b, 127.0, |s| s))
+                        .collect();
+                    let scores: Vec<f64> = (0..tk)
+                        .map(|j| {
+                            let dot: f64 = if exact {
+                                query
+                                    .iter()
+                                    .zip(key(j))
+                                    .map(|(&a, &b)| a as f64 * b as f64)
+                                    .sum()
+                            } else {
+                                blocks
+                                    .iter()
+                                    .zip(&keys[j])
+                                    .map(|((qi, qs), (ki, ks))| {
+                                        let sum: i64 = qi.iter().zip(ki).map(|(a, b)| a * b).sum();
+                                        sum as f64 * *qs as f64 * *ks as f64
+                                    })
+                                    .sum()
+                            };
+                            dot / (d as f64).sqrt()
+                        })
+                        .collect();
+                    let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                    let total: f64 = weights.iter().sum();
+                    for c in 0..dv {
+                        out[(t_out * heads + h) * dv + c] = (0..tk)
+                            .map(|j| weights[j] * v[(h * tk + j) * dv + c] as f64)
+                            .sum::<f64>()
+                            / total;
+                    }
+                }
+            }
+            out
+        };
+        let exact = attention(127.0, true);
+        let largest = exact.iter().fold(0f64, |m, x| m.max(x.abs()));
+        for (name, entry, key_levels) in int8_attention_instances() {
+            let want = attention(key_levels, false);
+            let mut got = vec![f32::NAN; dv * heads * tokens.len()];
+            entry(&srcs, &mut got, [dv, heads, tq, 1], tokens.clone(), 0.0);
+            let off = |reference: &[f64]| {
+                got.iter()
+                    .zip(reference)
+                    .map(|(&g, &w)| (g as f64 - w).abs())
+                    .fold(0.0, f64::max)
+            };
+            let (definition, approximation) = (off(&want), off(&exact));
+            assert!(
+                definition < 2e-6 * largest,
+                "{name}: {definition} from its definition (values up to {largest})"
+            );
+            assert!(
+                approximation < 0.01 * largest,
+                "{name}: {approximation} from exact attention (values up to {largest})"
+            );
         }
     }
 

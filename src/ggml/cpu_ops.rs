@@ -294,6 +294,13 @@ static ATTENTION_BF16: Kernel = Kernel {
     per_item: &[0, 1, 2],
     param: 0.0,
 };
+static ATTENTION_INT8: Kernel = Kernel {
+    run: Run::Planes(cpu_kernels::attention_tokens_int8),
+    layout: Layout::RowsContiguous,
+    packed_weights: false,
+    per_item: &[0, 1, 2],
+    param: 0.0,
+};
 static ATTENTION: Kernel = Kernel {
     run: Run::Planes(cpu_kernels::attention_tokens),
     layout: Layout::RowsContiguous,
@@ -824,6 +831,8 @@ impl Context {
         let (qn, vn) = (q.ne(), v.ne());
         let kernel = if self.bf16_attention() {
             &ATTENTION_BF16
+        } else if self.int8_attention() && Self::int8_attention_applies(q) {
+            &ATTENTION_INT8
         } else {
             &ATTENTION
         };
@@ -833,6 +842,11 @@ impl Context {
             &[q, k, v],
             [vn[0], qn[2], qn[1], qn[3]],
         )
+    }
+
+    /// Whether the int8 scores take these queries: heads of whole blocks of 32 values.
+    fn int8_attention_applies(q: &Tensor) -> bool {
+        (q.ne()[0] as usize).is_multiple_of(cpu_kernels::Q8_BLOCK)
     }
 
     /// Whether [`Context::cpu_attention`] computes this attention: f32 heads of matching
@@ -1695,6 +1709,37 @@ pub(super) mod tests {
         // On AMX tiles, or with vector products where those pay.
         let applies = super::vector_bf16() || super::amx_bf16_tiles();
         assert_bf16_close(diff, 3e-2, applies, "attention");
+    }
+
+    /// A context told to use int8 products computes attention with int8 scores: close to
+    /// f32 but not equal; heads of 48 values (not whole blocks of 32) stay in f32; and where
+    /// bf16 products apply as well, those win.
+    #[test]
+    fn int8_attention_is_chosen_where_it_applies_and_stays_close_to_f32() {
+        let int8_difference = |d: i64, bf16: bool| {
+            let (tq, tk, heads) = (30, 61, 2);
+            let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
+            let scale = 1.0 / (d as f32).sqrt();
+            max_difference_between(
+                &shapes,
+                |g, t| g.attention(&t[0], &t[1], &t[2], scale),
+                |ctx, int8| {
+                    ctx.use_cpu_kernels(true);
+                    ctx.use_bf16_products(bf16);
+                    ctx.use_int8_products(int8);
+                },
+            )
+        };
+        let diff = int8_difference(64, false);
+        assert!(diff > 0.0 && diff < 3e-2, "int8 attention: {diff}");
+        assert_eq!(int8_difference(48, false), 0.0, "heads of 48");
+        let bf16_applies = super::vector_bf16() || super::amx_bf16_tiles();
+        let beside_bf16 = int8_difference(64, true);
+        assert_eq!(
+            beside_bf16 == 0.0,
+            bf16_applies,
+            "beside bf16: {beside_bf16}"
+        );
     }
 
     /// Odd tap counts leave a half-empty last pair; sums of up to 27 products.

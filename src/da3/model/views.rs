@@ -460,9 +460,7 @@ impl Session {
 
         // The per-view parts (head, camera decoder) add about 160 nodes a view.
         let nodes = GRAPH_NODES + 256 * views;
-        let ctx = graph_context(nodes)?;
-        ctx.use_cpu_kernels(shared.cpu_kernels);
-        ctx.use_bf16_products(shared.weights.bf16_products);
+        let ctx = graph_context(shared, nodes)?;
         let input = match part {
             Part::Whole | Part::Stem(_) => ctx
                 .new_tensor(DType::F32, &[width as i64, height as i64, 3, s])?

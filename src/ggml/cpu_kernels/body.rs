@@ -841,31 +841,112 @@ fn attention_tokens(
     tokens: Range<usize>,
     _param: f32,
 ) {
+    attention_flash::<false>(srcs, out, tokens)
+}
+
+/// [`attention_tokens`] with the scores from int8 products, as the int8 linear layers
+/// compute theirs ([`q8_tile`]), for heads of whole blocks of 32 values: per head, the keys
+/// less their mean (which moves all the scores of a query by the same amount, so the softmax
+/// is unchanged, and leaves the quantisation only the keys' spread) quantised block by block
+/// as those layers quantise their inputs ([`quantize_block`]: 8 bits, or 7 in the AVX2
+/// route that takes 7-bit activations); per tile of queries, the queries quantised to 8 bits
+/// per block (scale `max |q| / 127`) and packed as a q8_0 weight's panels. The softmax and
+/// the weighted values are the f32 kernel's.
+#[inline(always)]
+fn attention_tokens_int8(
+    srcs: &[Src<'_>],
+    out: &mut [f32],
+    _ne: [usize; 4],
+    tokens: Range<usize>,
+    _param: f32,
+) {
+    attention_flash::<true>(srcs, out, tokens)
+}
+
+/// Panels of int8 queries per tile of [`FLASH_QT`] queries.
+const QUERY_PANELS: usize = FLASH_QT / PANEL;
+const _: () = assert!(
+    FLASH_QT.is_multiple_of(PANEL)
+        && PANEL.is_multiple_of(Q8_SPAN)
+        && KEY_BLOCK.is_multiple_of(Q8_ROWS)
+);
+
+/// [`attention_tokens`] (`INT8` false) or [`attention_tokens_int8`].
+#[inline(always)]
+fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: Range<usize>) {
     let (q, k, v) = (&srcs[0], &srcs[1], &srcs[2]);
     let [d, _, heads, _] = q.ne;
     let [dv, tk, _, _] = v.ne;
     let log2_scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
-    // Keys of a head packed for the score tile, KEY_ROWS at a time (zeros past the last).
+    if INT8 {
+        assert!(d.is_multiple_of(Q8_BLOCK), "int8 scores take whole blocks");
+    }
+    // f32: the keys of a head packed for the score tile, KEY_ROWS at a time (zeros past the
+    // last). int8: the keys less their mean, [tk][d].
     let key_groups = tk.div_ceil(KEY_ROWS);
-    let mut keys = super::Scratch::take(&super::SCRATCH_0, key_groups * KEY_ROWS * d, 0.0);
-    // The tile's queries transposed, [d][FLASH_QT]; a block's scores, then probabilities,
-    // [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
-    let mut queries = super::Scratch::take(&super::SCRATCH_1, d * FLASH_QT, 0.0);
+    let keys_len = if INT8 { tk * d } else { key_groups * KEY_ROWS * d };
+    let mut keys = super::Scratch::take(&super::SCRATCH_0, keys_len, 0.0);
+    // int8: the keys quantised and packed for the tile, Q8_ROWS at a time; their mean.
+    let (blocks, quads) = (d / Q8_BLOCK, d / 4);
+    let q8_groups = if INT8 { tk.div_ceil(Q8_ROWS) } else { 0 };
+    let mut key_quads: Vec<simd::Q8Word> = vec![Default::default(); q8_groups * Q8_ROWS * quads];
+    let mut key_scales = vec![0f32; q8_groups * Q8_ROWS * blocks];
+    let mut key_mean = vec![0f32; if INT8 { d } else { 0 }];
+    // The tile's queries: f32 transposed, [d][FLASH_QT], or int8 panels; a block's scores,
+    // then probabilities, [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
+    let queries_len = if INT8 {
+        QUERY_PANELS * blocks * Q8_RECORD
+    } else {
+        d * FLASH_QT
+    };
+    let mut queries = super::Scratch::take(&super::SCRATCH_1, queries_len, 0.0);
     let mut scores = super::Scratch::take(&super::SCRATCH_2, KEY_BLOCK * FLASH_QT, 0.0);
     let mut acc = super::Scratch::take(&super::SCRATCH_3, FLASH_QT * dv, 0.0);
     // A row of zeros: the keys past the last and the queries past a tile's end.
     let zeros = vec![0.0f32; d];
     for h in 0..heads {
-        for (g, dst) in keys.chunks_exact_mut(KEY_ROWS * d).enumerate() {
-            let rows: [&[f32]; KEY_ROWS] = std::array::from_fn(|r| {
-                let j = g * KEY_ROWS + r;
-                if j < tk {
-                    &k.data[j * k.nb[1] + h * k.nb[2]..][..d]
-                } else {
-                    &zeros
+        let k_row = |j: usize| &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
+        if INT8 {
+            key_mean.fill(0.0);
+            for j in 0..tk {
+                for (m, &x) in key_mean.iter_mut().zip(k_row(j)) {
+                    *m += x;
                 }
-            });
-            pack_rows(&rows, d, dst);
+            }
+            let inverse = 1.0 / tk as f32;
+            key_mean.iter_mut().for_each(|m| *m *= inverse);
+            for (j, dst) in keys.chunks_exact_mut(d).enumerate() {
+                for ((c, &x), &m) in dst.iter_mut().zip(k_row(j)).zip(&key_mean) {
+                    *c = x - m;
+                }
+            }
+            for g in 0..q8_groups {
+                let rows: [&[f32]; Q8_ROWS] = std::array::from_fn(|r| {
+                    let j = g * Q8_ROWS + r;
+                    if j < tk {
+                        &keys[j * d..][..d]
+                    } else {
+                        &zeros
+                    }
+                });
+                pack_q8_rows(
+                    &rows,
+                    &mut key_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads],
+                    &mut key_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks],
+                );
+            }
+        } else {
+            for (g, dst) in keys.chunks_exact_mut(KEY_ROWS * d).enumerate() {
+                let rows: [&[f32]; KEY_ROWS] = std::array::from_fn(|r| {
+                    let j = g * KEY_ROWS + r;
+                    if j < tk {
+                        k_row(j)
+                    } else {
+                        &zeros
+                    }
+                });
+                pack_rows(&rows, d, dst);
+            }
         }
         // The values of this head from their first row: row j at j * nb[1].
         let v_head = &v.data[h * v.nb[2]..];
@@ -883,7 +964,11 @@ fn attention_tokens(
                     &zeros
                 }
             });
-            pack_rows(&rows, d, &mut queries);
+            if INT8 {
+                pack_q8_queries(&rows, blocks, &mut queries);
+            } else {
+                pack_rows(&rows, d, &mut queries);
+            }
             let mut maxima = [f32::NEG_INFINITY; FLASH_QT];
             let mut sums = [0.0f64; FLASH_QT];
             for j0 in (0..tk).step_by(KEY_BLOCK) {
@@ -893,21 +978,44 @@ fn attention_tokens(
                 // in memory, one masked store per row, and took a fifth of the time outside
                 // the products).
                 let mut block_max = maxima;
-                for kg in 0..len.div_ceil(KEY_ROWS) {
-                    let group = &keys[(j0 / KEY_ROWS + kg) * KEY_ROWS * d..][..KEY_ROWS * d];
-                    // The group's keys that exist: the rest are zeros past the last key.
-                    let present = (len - kg * KEY_ROWS).min(KEY_ROWS);
-                    let mut c0 = 0;
-                    while c0 < width {
-                        let queries = &queries[c0..];
-                        let tile_scores = &mut scores[kg * KEY_ROWS * FLASH_QT + c0..];
-                        let maxima = &mut block_max[c0..];
-                        if width - c0 >= QUERY_SPAN {
-                            score_tile::<QUERY_VECTORS>(group, queries, d, tile_scores, maxima, present);
-                            c0 += QUERY_SPAN;
-                        } else {
-                            score_tile::<1>(group, queries, d, tile_scores, maxima, present);
-                            c0 += LANES;
+                if INT8 {
+                    for kg in 0..len.div_ceil(Q8_ROWS) {
+                        let g = j0 / Q8_ROWS + kg;
+                        let group = &key_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads];
+                        let group_scales = &key_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks];
+                        let present = (len - kg * Q8_ROWS).min(Q8_ROWS);
+                        let mut c0 = 0;
+                        while c0 < width {
+                            let panel = &queries[c0 / PANEL * blocks * Q8_RECORD + c0 % PANEL..];
+                            let tile_scores = &mut scores[kg * Q8_ROWS * FLASH_QT + c0..];
+                            let maxima = &mut block_max[c0..];
+                            let keys = (group, group_scales, present);
+                            if width - c0 >= Q8_SPAN {
+                                q8_scores::<Q8_VECTORS>(keys, panel, blocks, tile_scores, maxima);
+                                c0 += Q8_SPAN;
+                            } else {
+                                q8_scores::<1>(keys, panel, blocks, tile_scores, maxima);
+                                c0 += LANES;
+                            }
+                        }
+                    }
+                } else {
+                    for kg in 0..len.div_ceil(KEY_ROWS) {
+                        let group = &keys[(j0 / KEY_ROWS + kg) * KEY_ROWS * d..][..KEY_ROWS * d];
+                        // The group's keys that exist: the rest are zeros past the last key.
+                        let present = (len - kg * KEY_ROWS).min(KEY_ROWS);
+                        let mut c0 = 0;
+                        while c0 < width {
+                            let queries = &queries[c0..];
+                            let tile_scores = &mut scores[kg * KEY_ROWS * FLASH_QT + c0..];
+                            let maxima = &mut block_max[c0..];
+                            if width - c0 >= QUERY_SPAN {
+                                score_tile::<QUERY_VECTORS>(group, queries, d, tile_scores, maxima, present);
+                                c0 += QUERY_SPAN;
+                            } else {
+                                score_tile::<1>(group, queries, d, tile_scores, maxima, present);
+                                c0 += LANES;
+                            }
                         }
                     }
                 }
@@ -967,6 +1075,50 @@ fn attention_tokens(
                 }
             }
             t0 += n;
+        }
+    }
+}
+
+/// The queries of a tile (`rows`, whole blocks of 32 values) as int8 weights in
+/// [`QUERY_PANELS`] panels of `blocks` records ([`super::q8_record_column`]): each block
+/// quantised to -127..127 with the scale `max |q| / 127`.
+#[inline(always)]
+fn pack_q8_queries(rows: &[&[f32]; FLASH_QT], blocks: usize, panels: &mut [f32]) {
+    for (c, row) in rows.iter().enumerate() {
+        let (p, column) = (c / PANEL, c % PANEL);
+        for (b, chunk) in row.chunks_exact(Q8_BLOCK).enumerate() {
+            let values: &[f32; Q8_BLOCK] = chunk.try_into().expect("a block");
+            let max = simd::q8_max(values);
+            let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
+            let quants = simd::q8_bytes(values, inverse, ROUNDING_SHIFT);
+            let record = &mut panels[(p * blocks + b) * Q8_RECORD..][..Q8_RECORD];
+            super::q8_record_column(column, &quants, max / 127.0, |i, word| {
+                record[i] = f32::from_bits(word)
+            });
+        }
+    }
+}
+
+/// One int8 score tile: the scores of the [`Q8_ROWS`] keys of `keys` (packed quads, their
+/// scales, and how many exist) by `C` vectors of queries (`panel`, from the tile's first
+/// column), written to `scores` (rows FLASH_QT apart), with `maxima[..C * LANES]` raised to
+/// the largest score of the keys that exist (a NaN leaves a maximum as it was).
+#[inline(always)]
+fn q8_scores<const C: usize>(
+    (keys, key_scales, present): (&[simd::Q8Word], &[f32], usize),
+    panel: &[f32],
+    blocks: usize,
+    scores: &mut [f32],
+    maxima: &mut [f32],
+) {
+    let mut tile = [[[0.0f32; LANES]; C]; Q8_ROWS];
+    q8_tile(&mut tile, keys, key_scales, panel, blocks);
+    for (r, row) in tile.iter().enumerate() {
+        scores[r * FLASH_QT..][..C * LANES].copy_from_slice(row.as_flattened());
+    }
+    for row in tile.iter().take(present) {
+        for (m, &s) in maxima[..C * LANES].iter_mut().zip(row.as_flattened()) {
+            *m = if s > *m { s } else { *m };
         }
     }
 }
@@ -1872,20 +2024,15 @@ fn linear_rows_q8(
         // The block's rows quantised and packed for the tile in groups of Q8_ROWS (rows past
         // the end repeat the last one; their results are dropped).
         for g in 0..groups {
-            let scales = &mut x_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks];
-            let group = &mut x_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads];
-            for r in 0..Q8_ROWS {
+            let rows: [&[f32]; Q8_ROWS] = std::array::from_fn(|r| {
                 let row = start + (g * Q8_ROWS + r).min(count - 1);
-                let values = &x.data[row * x.nb[1]..][..k];
-                for (b, chunk) in values.chunks_exact(Q8_BLOCK).enumerate() {
-                    let (scale, words) = quantize_block(chunk.try_into().expect("a block"));
-                    scales[b * Q8_ROWS + r] = scale;
-                    // Packed for the tile as it is written: word q of block b of row r.
-                    for (q, word) in words.into_iter().enumerate() {
-                        group[(b * Q8_BLOCK / 4 + q) * Q8_ROWS + r] = simd::q8_word(word);
-                    }
-                }
-            }
+                &x.data[row * x.nb[1]..][..k]
+            });
+            pack_q8_rows(
+                &rows,
+                &mut x_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads],
+                &mut x_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks],
+            );
         }
         let block_out = &mut out[(start - rows.start) * n..(end - rows.start) * n];
         let record_len = blocks * Q8_RECORD;
@@ -1927,6 +2074,29 @@ fn linear_rows_q8(
     }
 }
 
+/// `rows` (whole blocks of 32 values each) quantised block by block ([`quantize_block`]) and
+/// packed for [`q8_tile`] as the rows of its register tile: word q of block b of row r at
+/// `quads[(b * 8 + q) * Q8_ROWS + r]`, its scale at `scales[b * Q8_ROWS + r]`.
+#[inline(always)]
+fn pack_q8_rows(rows: &[&[f32]; Q8_ROWS], quads: &mut [simd::Q8Word], scales: &mut [f32]) {
+    for (r, values) in rows.iter().enumerate() {
+        for (b, chunk) in values.chunks_exact(Q8_BLOCK).enumerate() {
+            let (scale, words) = quantize_block(chunk.try_into().expect("a block"));
+            scales[b * Q8_ROWS + r] = scale;
+            for (q, word) in words.into_iter().enumerate() {
+                quads[(b * Q8_BLOCK / 4 + q) * Q8_ROWS + r] = simd::q8_word(word);
+            }
+        }
+    }
+}
+
+/// Values are rounded to the nearest integer, ties to even, by adding 1.5 * 2^23 (and an
+/// offset, even, so the ties still go to the even value): the integer is then the low bits of
+/// the sum's mantissa, and for values within [-128, 255] its low byte is the byte (the two's
+/// complement of a negative one; 1.5 * 2^23 is a multiple of 256). A float-to-int cast
+/// saturates; in vectors this is one add and one narrowing.
+const ROUNDING_SHIFT: f32 = 12_582_912.0;
+
 /// One block of 32 inputs quantised as ggml's `quantize_row_q8_0` does for a product's
 /// activations: the scale (rounded through f16, as ggml stores it) and the bytes, four per
 /// word, offset to unsigned where the set's products take them so ([`simd::Q8_OFFSET`]).
@@ -1935,13 +2105,7 @@ fn linear_rows_q8(
 fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
     let max = simd::q8_max(values);
     let inverse = if max != 0.0 { simd::Q8_LEVELS / max } else { 0.0 };
-    // Rounded to the nearest integer, ties to even, by adding 1.5 * 2^23 (and the offset,
-    // even, so the ties still go to the even value): the integer is then the low bits of the
-    // sum's mantissa, and for values within [-128, 255] its low byte is the byte (the
-    // two's complement of a negative one; 1.5 * 2^23 is a multiple of 256). A float-to-int
-    // cast saturates; in vectors this is one add and one narrowing.
-    const SHIFT: f32 = 12_582_912.0;
-    let bytes = simd::q8_bytes(values, inverse, SHIFT + simd::Q8_OFFSET);
+    let bytes = simd::q8_bytes(values, inverse, ROUNDING_SHIFT + simd::Q8_OFFSET);
     let words = std::array::from_fn(|q| {
         u32::from_le_bytes([bytes[4 * q], bytes[4 * q + 1], bytes[4 * q + 2], bytes[4 * q + 3]])
     });
