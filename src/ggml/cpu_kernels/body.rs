@@ -1102,7 +1102,8 @@ fn pack_q8_queries(rows: &[&[f32]; FLASH_QT], blocks: usize, panels: &mut [f32])
 /// One int8 score tile: the scores of the [`Q8_ROWS`] keys of `keys` (packed quads, their
 /// scales, and how many exist) by `C` vectors of queries (`panel`, from the tile's first
 /// column), written to `scores` (rows FLASH_QT apart), with `maxima[..C * LANES]` raised to
-/// the largest score of the keys that exist (a NaN leaves a maximum as it was).
+/// the largest score of the keys that exist (a NaN leaves a maximum as it was): as
+/// [`score_tile`], from the int8 tile's sums ([`q8_sums`]) while they are in registers.
 #[inline(always)]
 fn q8_scores<const C: usize>(
     (keys, key_scales, present): (&[simd::Q8Word], &[f32], usize),
@@ -1111,16 +1112,49 @@ fn q8_scores<const C: usize>(
     scores: &mut [f32],
     maxima: &mut [f32],
 ) {
-    let mut tile = [[[0.0f32; LANES]; C]; Q8_ROWS];
-    q8_tile(&mut tile, keys, key_scales, panel, blocks);
-    for (r, row) in tile.iter().enumerate() {
-        scores[r * FLASH_QT..][..C * LANES].copy_from_slice(row.as_flattened());
+    assert!(
+        blocks > 0
+            && panel.len() >= (blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES
+            && keys.len() >= blocks * Q8_BLOCK / 4 * Q8_ROWS
+            && key_scales.len() >= blocks * Q8_ROWS
+            && C * LANES <= PANEL
+            && scores.len() >= (Q8_ROWS - 1) * FLASH_QT + C * LANES
+            && maxima.len() >= C * LANES
+            && present <= Q8_ROWS
+    );
+    // Out of line for the reason `tile_steps` is.
+    let run_steps: Q8ScoreSteps<C> = std::hint::black_box(q8_score_steps::<C>);
+    // SAFETY: the assertion is what `q8_score_steps` needs; the instruction set of this
+    // instance is present, since its code runs only inside its `run` functions.
+    unsafe { run_steps((keys, key_scales, present), panel, blocks, scores, maxima) }
+}
+
+/// The type of [`q8_score_steps`] as a function pointer.
+type Q8ScoreSteps<const C: usize> =
+    unsafe fn((&[simd::Q8Word], &[f32], usize), &[f32], usize, &mut [f32], &mut [f32]);
+
+instance_features! {
+/// The loop of [`q8_scores`].
+///
+/// # Safety
+/// As [`q8_sums`] needs for `Q8_ROWS` rows (`keys` and `key_scales` its `x` and `dx`),
+/// `scores` holds `(Q8_ROWS - 1) * FLASH_QT + C * LANES` values, `maxima` `C * LANES`,
+/// `present <= Q8_ROWS`, and the CPU has this instance's features.
+#[inline(never)]
+unsafe fn q8_score_steps<const C: usize>(
+    (keys, key_scales, present): (&[simd::Q8Word], &[f32], usize),
+    panel: &[f32],
+    blocks: usize,
+    scores: &mut [f32],
+    maxima: &mut [f32],
+) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        let zeros = [[simd::splat(0.0); C]; Q8_ROWS];
+        let c = q8_sums::<Q8_ROWS, C>(zeros, keys, key_scales, panel, blocks);
+        store_scores(&c, scores, maxima, present);
     }
-    for row in tile.iter().take(present) {
-        for (m, &s) in maxima[..C * LANES].iter_mut().zip(row.as_flattened()) {
-            *m = if s > *m { s } else { *m };
-        }
-    }
+}
 }
 
 /// The probabilities of a block of scores in place, `2^(log2_scale x + shift)` for the
@@ -1226,6 +1260,27 @@ unsafe fn score_tile_steps<const C: usize>(
             kp = kp.add(KEY_ROWS);
             qp = qp.add(FLASH_QT);
         }
+        store_scores(&c, scores, maxima, present);
+    }
+}
+}
+
+/// A score tile's rows `c` written to `scores` (rows FLASH_QT apart), and `maxima` raised
+/// lane by lane to the largest of the first `present` rows (a NaN score leaves a maximum as
+/// it was).
+///
+/// # Safety
+/// `scores` holds `(R - 1) * FLASH_QT + C * LANES` values, `maxima` `C * LANES`; inlined only
+/// into functions compiled with this instance's features.
+#[inline(always)]
+unsafe fn store_scores<const R: usize, const C: usize>(
+    c: &[[simd::F; C]; R],
+    scores: &mut [f32],
+    maxima: &mut [f32],
+    present: usize,
+) {
+    // SAFETY: as the caller promises: row r's C vectors at r * FLASH_QT, C vectors of maxima.
+    unsafe {
         let sp = scores.as_mut_ptr();
         for (r, c) in c.iter().enumerate() {
             for (v, &c) in c.iter().enumerate() {
@@ -1241,7 +1296,6 @@ unsafe fn score_tile_steps<const C: usize>(
             simd::store(mp.add(v * LANES), m);
         }
     }
-}
 }
 
 /// [`attention_tokens`] with bf16 products: Q, K, the probabilities and V rounded to bf16
@@ -2147,9 +2201,7 @@ instance_features! {
 /// The loop of [`q8_tile`] (a function of its own for the reason `tile_steps` is).
 ///
 /// # Safety
-/// `panel` holds `(blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES` words, `x`
-/// `blocks * 8 * R`, `dx` `blocks * R`, `C * LANES <= PANEL`, and the CPU has this instance's
-/// features.
+/// As for [`q8_sums`], and the CPU has this instance's features.
 #[inline(never)]
 unsafe fn q8_tile_steps<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
@@ -2158,12 +2210,38 @@ unsafe fn q8_tile_steps<const R: usize, const C: usize>(
     panel: &[f32],
     blocks: usize,
 ) {
+    // SAFETY: `acc` holds R x C vectors; the rest as the caller promises.
+    unsafe {
+        let c = std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
+        let c = q8_sums::<R, C>(c, x, dx, panel, blocks);
+        for (acc, c) in acc.iter_mut().zip(&c) {
+            for (acc, &c) in acc.iter_mut().zip(c) {
+                simd::store(acc.as_mut_ptr(), c);
+            }
+        }
+    }
+}
+}
+
+/// The products of the int8 register tile added to `c`, in registers: `c[r][v] += Σ_b dx[b][r]
+/// dw_b[v] Σ_i x_b[i][r] w_b[i][v]` ([`q8_tile`]).
+///
+/// # Safety
+/// `panel` holds `(blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES` words, `x`
+/// `blocks * 8 * R`, `dx` `blocks * R`, and `C * LANES <= PANEL`; inlined only into functions
+/// compiled with this instance's features.
+#[inline(always)]
+unsafe fn q8_sums<const R: usize, const C: usize>(
+    mut c: [[simd::F; C]; R],
+    x: &[simd::Q8Word],
+    dx: &[f32],
+    panel: &[f32],
+    blocks: usize,
+) -> [[simd::F; C]; R] {
     // SAFETY: as the caller promises, every read is in bounds: block b reads C vectors at
     // b * Q8_RECORD + q * PANEL (q < 8), + Q8_SCALES and + Q8_CORRECTIONS, all below the
     // promised length since C * LANES <= PANEL; 8 * R words of `x` and R of `dx` per block.
     unsafe {
-        let mut c: [[simd::F; C]; R] =
-            std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
         let mut xp = x.as_ptr();
         for b in 0..blocks {
             let record = panel.as_ptr().add(b * Q8_RECORD);
@@ -2190,13 +2268,8 @@ unsafe fn q8_tile_steps<const R: usize, const C: usize>(
                 }
             }
         }
-        for (acc, c) in acc.iter_mut().zip(&c) {
-            for (acc, &c) in acc.iter_mut().zip(c) {
-                simd::store(acc.as_mut_ptr(), c);
-            }
-        }
+        c
     }
-}
 }
 
 /// How the register tile multiplies: f32 FMAs (over f32 or f16 values of `b`), or pairs of
