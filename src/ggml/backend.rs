@@ -417,8 +417,13 @@ pub fn cpu_features() -> String {
             _ => " with 7-bit activations",
         };
         let products = match (super::linear_bf16(), super::linear_q8()) {
-            (true, true) => format!(" ({bf16}, int8{bits} for quantised ones)"),
-            // Quantised files' attention takes int8 scores where it does not multiply in bf16.
+            (true, true) if super::amx_bf16_tiles() => {
+                format!(" ({bf16}, int8{bits} for quantised ones)")
+            }
+            (true, true) => {
+                format!(" ({bf16}, int8{bits} products and attention scores for quantised ones)")
+            }
+            // Quantised files' attention takes int8 scores unless it runs on AMX tiles.
             (false, true) => {
                 format!(" (int8 products{bits} and int8 attention scores for quantised files)")
             }

@@ -195,16 +195,18 @@ impl Context {
     }
     /// Lets the CPU attention built from now on compute its scores with int8 products, as the
     /// int8 linear layers of quantised files compute theirs (queries and keys quantised per
-    /// block of 32 values; softmax and weighted values in f32), where it does not multiply in
-    /// bf16 ([`Context::use_bf16_products`] wins where both are on and bf16 pays). About
-    /// 1.2x faster attention on AVX2; depth within 0.9995 correlation of f32 on DA3's
-    /// quantised files. Has no effect elsewhere.
+    /// block of 32 values; softmax and weighted values in f32), for heads of whole blocks.
+    /// Where bf16 products are on as well, int8 wins except on AMX tiles: on Zen 4 (AVX-512
+    /// VNNI and BF16) int8 attention took 52.5-53.6 ms of DA3-small's graph against 60.1-60.4
+    /// in bf16; held to AVX2, 1.15-1.19x the f32 kernel. Has no effect elsewhere.
     pub fn use_int8_products(&self, on: bool) {
         self.inner.int8_products.set(on);
     }
-    /// Whether attention computes its scores with int8 products.
+    /// Whether attention computes its scores with int8 products: asked for, and bf16 products
+    /// not on AMX tiles (which beat them).
     pub(crate) fn int8_attention(&self) -> bool {
-        self.inner.int8_products.get() && !self.bf16_attention()
+        self.inner.int8_products.get()
+            && !(self.inner.bf16_products.get() && super::cpu_ops::amx_bf16_tiles())
     }
     /// Whether attention multiplies in bf16: on AMX tiles, or with vector products that pay.
     pub(crate) fn bf16_attention(&self) -> bool {
