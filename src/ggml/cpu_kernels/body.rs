@@ -851,7 +851,8 @@ fn attention_tokens(
 /// as those layers quantise their inputs ([`quantize_block`]: 8 bits, or 7 in the AVX2
 /// route that takes 7-bit activations); per tile of queries, the queries quantised to 8 bits
 /// per block (scale `max |q| / 127`) and packed as a q8_0 weight's panels. The softmax and
-/// the weighted values are the f32 kernel's.
+/// the weighted values are the f32 kernel's: probabilities in 8 bits would round away the
+/// many small weights of a long row of keys.
 #[inline(always)]
 fn attention_tokens_int8(
     srcs: &[Src<'_>],
