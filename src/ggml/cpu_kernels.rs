@@ -2759,12 +2759,22 @@ mod tests {
     /// instance's levels with an f16-rounded scale, the queries to 127 levels with an f32
     /// scale; each block's integer sum scaled by both. Keys with a large common part (which
     /// the mean takes out), 2 heads, 250 keys (a block of 240 and a partial one, in partial
-    /// groups), queries 3..104 of 107 (whole and partial tiles and spans). It also stays
-    /// within 1% of the largest value of exact attention.
+    /// groups), queries 3..104 of 107 (whole and partial tiles and spans); and one head of
+    /// one block over 5 keys (fewer than a group) for one query (a single vector). It also
+    /// stays within 1% of the largest value of exact attention.
     #[test]
     fn every_instance_int8_attention_is_its_definition() {
-        let (d, dv, tq, tk, heads) = (64, 32, 107, 250, 2);
-        let tokens = 3..104;
+        int8_attention_against_its_definition((64, 32), (107, 250, 2), 3..104);
+        int8_attention_against_its_definition((32, 16), (2, 5, 1), 1..2);
+    }
+
+    /// [`every_instance_int8_attention_is_its_definition`] for heads of `d` and `dv` values,
+    /// `tq` queries, `tk` keys and `heads` heads, computing `tokens`.
+    fn int8_attention_against_its_definition(
+        (d, dv): (usize, usize),
+        (tq, tk, heads): (usize, usize, usize),
+        tokens: Range<usize>,
+    ) {
         let q = values(d * tq * heads, 41);
         let k: Vec<f32> = values(d * tk * heads, 42)
             .iter()
