@@ -779,11 +779,11 @@ fn runs_half_convolutions(device: &Device) -> bool {
 /// Graph capacity of one view: the giant variant builds about 2,700 nodes.
 const GRAPH_NODES: usize = 8192;
 
-/// A metadata context for a graph of up to `nodes` nodes (and the tensors they make).
-/// A context for a graph of up to `nodes` nodes of `shared`'s model. On the CPU, its ops may
-/// use the safe layer's CPU kernels (direct convolutions, fused attention), in the precision
-/// the weights were loaded for (bf16 products for half-precision files where they pay, int8
-/// products for quantised ones); a graph for another device keeps to ops every backend has.
+/// A metadata context for a graph of up to `nodes` nodes (and the tensors they make) of
+/// `shared`'s model. On the CPU, its ops may use the safe layer's CPU kernels (direct
+/// convolutions, fused attention), in the precision the weights were loaded for (bf16
+/// products for half-precision files where they pay, int8 products for quantised ones); a
+/// graph for another device keeps to ops every backend has.
 fn graph_context(shared: &ModelShared, nodes: usize) -> Result<Context, Error> {
     let ctx = Context::metadata_with_graph(3 * nodes, nodes)?;
     ctx.use_cpu_kernels(shared.cpu_kernels);

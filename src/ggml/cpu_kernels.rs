@@ -1182,8 +1182,9 @@ mod avx2vnni {
     entries!(target_feature(enable = "avx2,fma,f16c,avxvnni"));
 }
 
-/// AVX2 with FMA, the int8 products of quantised files' linear layers on activations
-/// quantised to 7 bits ([`int8_activation_bits`]); every other kernel runs in [`avx2`].
+/// AVX2 with FMA, the int8 products of quantised files (their linear layers and attention's
+/// scores) on activations quantised to 7 bits ([`int8_activation_bits`]); every other kernel
+/// runs in [`avx2`].
 ///
 /// `vpmaddubsw` multiplies unsigned bytes by signed ones and adds the pairs into an i16,
 /// saturating: exact for activations offset to 1..127 (x + 64 for x in -63..63) by weights
@@ -1420,10 +1421,11 @@ macro_rules! dispatch {
 dispatch!(conv_same_planes_bf16 gelu_erf_rows bilinear_align_corners_planes
     concat_rows transpose_rows attention_tokens attention_tokens_bf16 layer_norm_rows);
 
-/// The linear-layer kernels ggml calls: as [`dispatch!`]'s, except that the int8 products of
-/// the AVX2 set take 7-bit activations where [`int8_activation_bits`] says so.
-macro_rules! dispatch_linear {
-    ($($name:ident)*) => {
+/// The kernels ggml calls that may run int8 products (`$int8(srcs)` says whether a call
+/// does): as [`dispatch!`]'s, except that the int8 products of the AVX2 set take 7-bit
+/// activations where [`int8_activation_bits`] says so.
+macro_rules! dispatch_int8 {
+    ($int8:expr; $($name:ident)*) => {
         $(
             pub(super) fn $name(
                 srcs: &[Src<'_>],
@@ -1433,7 +1435,7 @@ macro_rules! dispatch_linear {
                 param: f32,
             ) {
                 #[cfg(target_arch = "x86_64")]
-                if srcs[0].dtype == DType::I8 && int8_activation_bits() == 7 {
+                if $int8(srcs) && int8_activation_bits() == 7 {
                     // SAFETY: int8_activation_bits() is 7 only in the AVX2 set, which
                     // kernel_set() gives only where the CPU has avx2, fma and f16c, the
                     // features of this instance.
@@ -1445,28 +1447,11 @@ macro_rules! dispatch_linear {
     };
 }
 
-dispatch_linear!(linear_bias_rows linear_bias_gelu_rows linear_scaled_residual_rows);
-
-/// Attention with int8 scores, in the instance whose int8 products the linear layers use
-/// (the 7-bit one where [`int8_activation_bits`] is 7).
-pub(super) fn attention_tokens_int8(
-    srcs: &[Src<'_>],
-    out: &mut [f32],
-    ne: [usize; 4],
-    units: Range<usize>,
-    param: f32,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if int8_activation_bits() == 7 {
-        // SAFETY: int8_activation_bits() is 7 only in the AVX2 set, which kernel_set()
-        // gives only where the CPU has avx2, fma and f16c, the features of this instance.
-        return unsafe { avx2_int7::run::attention_tokens_int8(srcs, out, ne, units, param) };
-    }
-    run_in!(
-        kernel_set(),
-        attention_tokens_int8(srcs, out, ne, units, param)
-    )
-}
+// Linear layers take int8 products for weights packed for them; attention's int8 kernel
+// always does.
+dispatch_int8!(|srcs: &[Src<'_>]| srcs[0].dtype == DType::I8;
+    linear_bias_rows linear_bias_gelu_rows linear_scaled_residual_rows);
+dispatch_int8!(|_: &[Src<'_>]| true; attention_tokens_int8);
 
 /// Part `part` of `parts` of `data`, asked into the L2 cache ahead of its use: a linear
 /// layer reads its weight once per image, from memory, and the hardware prefetchers stop at

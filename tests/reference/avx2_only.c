@@ -73,20 +73,25 @@ static void emulate_cpuid(struct user_regs_struct *regs) {
     regs->rip += 2;
 }
 
+// Runs one instruction (`what`) of the stopped thread `pid` and waits for it to stop again.
+static void single_step(pid_t pid, const char *what) {
+    int status;
+    if (ptrace(PTRACE_SINGLESTEP, pid, 0, 0) == -1) die(what);
+    if (waitpid(pid, &status, __WALL) == -1) die(what);
+    if (!WIFSTOPPED(status) || WSTOPSIG(status) != SIGTRAP) {
+        fprintf(stderr, "avx2-only: the thread did not stop after one step over %s\n", what);
+        exit(125);
+    }
+}
+
 // Makes the thread `pid`, stopped at an exec, run arch_prctl(ARCH_SET_CPUID, 0): a SYSCALL
 // instruction written over its next two bytes, one single step, the bytes and registers put
 // back.
 static void disable_cpuid(pid_t pid) {
     struct user_regs_struct saved, regs;
-    int status;
     // The exec stop is still inside execve, whose return value would overwrite RAX: one step
     // first (the program's first instruction, never CPUID) stops the thread in user mode.
-    if (ptrace(PTRACE_SINGLESTEP, pid, 0, 0) == -1) die("step into the new program");
-    if (waitpid(pid, &status, __WALL) == -1) die("wait for the new program");
-    if (!WIFSTOPPED(status) || WSTOPSIG(status) != SIGTRAP) {
-        fprintf(stderr, "avx2-only: the new program did not stop after one step\n");
-        exit(125);
-    }
+    single_step(pid, "the new program's first instruction");
     if (ptrace(PTRACE_GETREGS, pid, 0, &saved) == -1) die("read the registers after exec");
     errno = 0;
     long word = ptrace(PTRACE_PEEKTEXT, pid, (void *)saved.rip, 0);
@@ -99,12 +104,7 @@ static void disable_cpuid(pid_t pid) {
     regs.rdi = ARCH_SET_CPUID;
     regs.rsi = 0;
     if (ptrace(PTRACE_SETREGS, pid, 0, &regs) == -1) die("set the registers for arch_prctl");
-    if (ptrace(PTRACE_SINGLESTEP, pid, 0, 0) == -1) die("step over arch_prctl");
-    if (waitpid(pid, &status, __WALL) == -1) die("wait for arch_prctl");
-    if (!WIFSTOPPED(status) || WSTOPSIG(status) != SIGTRAP) {
-        fprintf(stderr, "avx2-only: the thread did not stop after arch_prctl\n");
-        exit(125);
-    }
+    single_step(pid, "arch_prctl");
     if (ptrace(PTRACE_GETREGS, pid, 0, &regs) == -1) die("read arch_prctl's result");
     if ((long)regs.rax != 0) {
         fprintf(stderr,
