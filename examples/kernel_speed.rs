@@ -86,8 +86,8 @@ fn attention(cpu: &Backend) -> Result<(), Box<dyn Error>> {
         let tk = TQ * views;
         let mut results = Vec::new();
         // The fused kernel in f32, ggml's, then the fused kernel in bf16 (on AMX tiles, or
-        // vector products where they pay; f32 where neither) and with int8 scores (bf16
-        // where that pays).
+        // vector products where they pay; f32 where neither) and in int8 (bf16 where that
+        // pays).
         for (fused, bf16, int8) in [
             (true, false, false),
             (false, false, false),

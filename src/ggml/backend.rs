@@ -402,8 +402,8 @@ pub fn ggml_version() -> String {
 /// What computes on the CPU in this process, one line: the kernel set of the CPU kernels
 /// ([`super::kernel_set`]) and the variant of ggml's CPU backend (with the vector units ggml
 /// reports it was compiled for), e.g.
-/// `kernels avx2 (int8 products with 7-bit activations and int8 attention scores for quantised
-/// files); ggml CPU haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`.
+/// `kernels avx2 (int8 products with 7-bit activations and int8 attention for quantised files);
+/// ggml CPU haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`.
 pub fn cpu_features() -> String {
     let set = super::kernel_set();
     let kernels = if set.beats_ggml() {
@@ -421,11 +421,11 @@ pub fn cpu_features() -> String {
                 format!(" ({bf16}, int8{bits} for quantised ones)")
             }
             (true, true) => {
-                format!(" ({bf16}, int8{bits} products and attention scores for quantised ones)")
+                format!(" ({bf16}, int8{bits} products and attention for quantised ones)")
             }
-            // Quantised files' attention takes int8 scores unless it runs on AMX tiles.
+            // Quantised files' attention runs int8 products unless it runs on AMX tiles.
             (false, true) => {
-                format!(" (int8 products{bits} and int8 attention scores for quantised files)")
+                format!(" (int8 products{bits} and int8 attention for quantised files)")
             }
             (true, false) => format!(" ({bf16})"),
             (false, false) => String::new(),

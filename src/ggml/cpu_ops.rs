@@ -829,7 +829,7 @@ impl Context {
     /// Only for the cases [`Context::cpu_attention_applies`] accepts.
     pub(super) fn cpu_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let (qn, vn) = (q.ne(), v.ne());
-        let kernel = if self.int8_attention() && Self::int8_attention_applies(q) {
+        let kernel = if self.int8_attention() && Self::int8_attention_applies(q, v) {
             &ATTENTION_INT8
         } else if self.bf16_attention() {
             &ATTENTION_BF16
@@ -844,9 +844,11 @@ impl Context {
         )
     }
 
-    /// Whether the int8 scores take these queries: heads of whole blocks of 32 values.
-    fn int8_attention_applies(q: &Tensor) -> bool {
-        (q.ne()[0] as usize).is_multiple_of(cpu_kernels::Q8_BLOCK)
+    /// Whether int8 attention takes these heads: queries (so keys) and values of whole
+    /// blocks of 32 values, the blocks its products quantise.
+    fn int8_attention_applies(q: &Tensor, v: &Tensor) -> bool {
+        let whole_blocks = |t: &Tensor| (t.ne()[0] as usize).is_multiple_of(cpu_kernels::Q8_BLOCK);
+        whole_blocks(q) && whole_blocks(v)
     }
 
     /// Whether [`Context::cpu_attention`] computes this attention: f32 heads of matching
@@ -1711,14 +1713,14 @@ pub(super) mod tests {
         assert_bf16_close(diff, 3e-2, applies, "attention");
     }
 
-    /// A context told to use int8 products computes attention with int8 scores: close to
-    /// f32 but not equal; heads of 48 values (not whole blocks of 32) stay in f32; and beside
-    /// bf16 products int8 wins, except on AMX tiles.
+    /// A context told to use int8 products computes attention in int8: close to f32 but not
+    /// equal; heads of 48 values (not whole blocks of 32), in the queries or in the values,
+    /// stay in f32; and beside bf16 products int8 wins, except on AMX tiles.
     #[test]
     fn int8_attention_is_chosen_where_it_applies_and_stays_close_to_f32() {
-        let int8_difference = |d: i64, bf16: bool| {
+        let int8_difference_of = |d: i64, dv: i64, bf16: bool| {
             let (tq, tk, heads) = (30, 61, 2);
-            let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[d, tk, heads]];
+            let shapes: [&[i64]; 3] = [&[d, tq, heads], &[d, tk, heads], &[dv, tk, heads]];
             let scale = 1.0 / (d as f32).sqrt();
             max_difference_between(
                 &shapes,
@@ -1730,9 +1732,11 @@ pub(super) mod tests {
                 },
             )
         };
+        let int8_difference = |d: i64, bf16: bool| int8_difference_of(d, d, bf16);
         let diff = int8_difference(64, false);
         assert!(diff > 0.0 && diff < 3e-2, "int8 attention: {diff}");
         assert_eq!(int8_difference(48, false), 0.0, "heads of 48");
+        assert_eq!(int8_difference_of(64, 48, false), 0.0, "values of 48");
         let beside_bf16 = int8_difference(64, true);
         assert_eq!(
             beside_bf16 == 0.0,

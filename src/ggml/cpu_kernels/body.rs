@@ -844,15 +844,19 @@ fn attention_tokens(
     attention_flash::<false>(srcs, out, tokens)
 }
 
-/// [`attention_tokens`] with the scores from int8 products, as the int8 linear layers
-/// compute theirs ([`q8_tile`]), for heads of whole blocks of 32 values: per head, the keys
-/// less their mean (which moves all the scores of a query by the same amount, so the softmax
-/// is unchanged, and leaves the quantisation only the keys' spread) quantised block by block
-/// as those layers quantise their inputs ([`quantize_block`]: 8 bits, or 7 in the AVX2
-/// route that takes 7-bit activations); per tile of queries, the queries quantised to 8 bits
-/// per block (scale `max |q| / 127`) and packed as a q8_0 weight's panels. The softmax and
-/// the weighted values are the f32 kernel's: probabilities in 8 bits would round away the
-/// many small weights of a long row of keys.
+/// [`attention_tokens`] with both products in int8, as the int8 linear layers compute theirs
+/// ([`q8_tile`]), for heads (queries and values) of whole blocks of 32 values. Scores: per
+/// head, the keys less their mean (which moves all the scores of a query by the same amount,
+/// so the softmax is unchanged, and leaves the quantisation only the keys' spread) quantised
+/// block by block as those layers quantise their inputs ([`quantize_block`]: 8 bits, or 7 in
+/// the AVX2 route that takes 7-bit activations); per tile of queries, the queries quantised
+/// to 8 bits per block (scale `max |q| / 127`) and packed as a q8_0 weight's panels.
+/// Weighted values: per head, the values less their mean per channel packed the same way
+/// ([`pack_q8_values`]); per block of keys of the running softmax ([`Q8_KEY_BLOCK`]), the
+/// probabilities quantised per query and block of 32 keys relative to that block's largest
+/// ([`quantize_probabilities`]), so a block of small probabilities keeps its own 7 bits
+/// instead of rounding to zero against the row's largest. The softmax (exponentials, maxima,
+/// the sums that divide) stays f32.
 #[inline(always)]
 fn attention_tokens_int8(
     srcs: &[Src<'_>],
@@ -866,10 +870,23 @@ fn attention_tokens_int8(
 
 /// Panels of int8 queries per tile of [`FLASH_QT`] queries.
 const QUERY_PANELS: usize = FLASH_QT / PANEL;
+/// Keys per block of the int8 kernel's running softmax: whole groups of its score tile's
+/// [`Q8_ROWS`] keys and whole blocks of 32 for the probabilities' quantisation, the
+/// smallest such multiple at or above [`KEY_BLOCK`] (288 keys for groups of 6, 320 for 5).
+pub(super) const Q8_KEY_BLOCK: usize = {
+    let (mut a, mut b) = (Q8_ROWS, Q8_BLOCK);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    let multiple = Q8_ROWS / a * Q8_BLOCK;
+    KEY_BLOCK.div_ceil(multiple) * multiple
+};
 const _: () = assert!(
     FLASH_QT.is_multiple_of(PANEL)
         && PANEL.is_multiple_of(Q8_SPAN)
-        && KEY_BLOCK.is_multiple_of(Q8_ROWS)
+        && Q8_KEY_BLOCK.is_multiple_of(Q8_ROWS)
+        && Q8_KEY_BLOCK.is_multiple_of(Q8_BLOCK)
+        && Q8_KEY_BLOCK >= KEY_BLOCK
 );
 
 /// [`attention_tokens`] (`INT8` false) or [`attention_tokens_int8`].
@@ -880,8 +897,12 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
     let [dv, tk, _, _] = v.ne;
     let log2_scale = std::f32::consts::LOG2_E / (d as f32).sqrt();
     if INT8 {
-        assert!(d.is_multiple_of(Q8_BLOCK), "int8 scores take whole blocks");
+        assert!(
+            d.is_multiple_of(Q8_BLOCK) && dv.is_multiple_of(Q8_BLOCK),
+            "int8 attention takes heads of whole blocks"
+        );
     }
+    let key_block = if INT8 { Q8_KEY_BLOCK } else { KEY_BLOCK };
     // f32: the keys of a head packed for the score tile, KEY_ROWS at a time (zeros past the
     // last). int8: the keys less their mean, [tk][d].
     let key_groups = tk.div_ceil(KEY_ROWS);
@@ -893,6 +914,15 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
     let mut key_quads: Vec<simd::Q8Word> = vec![Default::default(); q8_groups * Q8_ROWS * quads];
     let mut key_scales = vec![0f32; q8_groups * Q8_ROWS * blocks];
     let mut key_mean = vec![0f32; if INT8 { d } else { 0 }];
+    // int8: a head's values less their mean as int8 panels, and a key block's probabilities
+    // quantised ([`pack_q8_values`], [`quantize_probabilities`]).
+    let value_blocks = if INT8 { tk.div_ceil(Q8_BLOCK) } else { 0 };
+    let mut value_panels = vec![0f32; dv / PANEL * value_blocks * Q8_RECORD];
+    let mut value_mean = vec![0f32; if INT8 { dv } else { 0 }];
+    let probability_steps = if INT8 { Q8_KEY_BLOCK / 4 } else { 0 };
+    let mut probability_words: Vec<simd::Q8Word> =
+        vec![Default::default(); probability_steps * PROBABILITY_STEP];
+    let mut probability_scales = vec![0f32; probability_steps / 8 * PROBABILITY_STEP];
     // The tile's queries: f32 transposed, [d][FLASH_QT], or int8 panels; a block's scores,
     // then probabilities, [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
     let queries_len = if INT8 {
@@ -901,7 +931,7 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
         d * FLASH_QT
     };
     let mut queries = super::Scratch::take(&super::SCRATCH_1, queries_len, 0.0);
-    let mut scores = super::Scratch::take(&super::SCRATCH_2, KEY_BLOCK * FLASH_QT, 0.0);
+    let mut scores = super::Scratch::take(&super::SCRATCH_2, key_block * FLASH_QT, 0.0);
     let mut acc = super::Scratch::take(&super::SCRATCH_3, FLASH_QT * dv, 0.0);
     // A row of zeros: the keys past the last and the queries past a tile's end.
     let zeros = vec![0.0f32; d];
@@ -951,6 +981,10 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
         }
         // The values of this head from their first row: row j at j * nb[1].
         let v_head = &v.data[h * v.nb[2]..];
+        if INT8 {
+            let value_row = |j: usize| &v_head[j * v.nb[1]..][..dv];
+            pack_q8_values(value_row, (tk, dv), &mut value_mean, &mut value_panels);
+        }
         let mut t0 = tokens.start;
         while t0 < tokens.end {
             let n = FLASH_QT.min(tokens.end - t0);
@@ -972,8 +1006,8 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
             }
             let mut maxima = [f32::NEG_INFINITY; FLASH_QT];
             let mut sums = [0.0f64; FLASH_QT];
-            for j0 in (0..tk).step_by(KEY_BLOCK) {
-                let len = KEY_BLOCK.min(tk - j0);
+            for j0 in (0..tk).step_by(key_block) {
+                let len = key_block.min(tk - j0);
                 // The block's largest score per query, raised tile by tile while the tile is
                 // at hand (a pass of its own over the block's scores kept a running maximum
                 // in memory, one masked store per row, and took a fifth of the time outside
@@ -1036,15 +1070,25 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
                 maxima = block_max;
                 let shift = maxima.map(|m| -m * log2_scale);
                 let mut block_sums = [0.0f32; FLASH_QT];
-                if simd::EXP2_VECTOR {
-                    exp2_block(&mut scores[..len * FLASH_QT], width, log2_scale, &shift, &mut block_sums);
-                } else {
-                    for row in scores.chunks_exact_mut(FLASH_QT).take(len) {
-                        let row = &mut row[..width];
-                        for ((x, &shift), s) in row.iter_mut().zip(&shift).zip(&mut block_sums) {
-                            *x = exp2_softmax(madd(*x, log2_scale, shift));
-                            *s += *x;
+                // int8: 32 keys at a time, each block quantised for the weighted values while
+                // its probabilities are in the L1 cache.
+                let keys_per_pass = if INT8 { Q8_BLOCK } else { len };
+                let (words, scales) = (&mut probability_words, &mut probability_scales);
+                let passes = scores[..len * FLASH_QT].chunks_mut(keys_per_pass * FLASH_QT);
+                for (b, rows) in passes.enumerate() {
+                    if simd::EXP2_VECTOR {
+                        exp2_block(rows, width, log2_scale, &shift, &mut block_sums);
+                    } else {
+                        for row in rows.chunks_exact_mut(FLASH_QT) {
+                            let row = &mut row[..width];
+                            for ((x, &shift), s) in row.iter_mut().zip(&shift).zip(&mut block_sums) {
+                                *x = exp2_softmax(madd(*x, log2_scale, shift));
+                                *s += *x;
+                            }
                         }
+                    }
+                    if INT8 {
+                        quantize_probabilities(rows, b, width, words, scales);
                     }
                 }
                 for (sum, &b) in sums.iter_mut().zip(&block_sums) {
@@ -1053,6 +1097,31 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
                 // The weighted values: a query per tile row, its probabilities FLASH_QT apart.
                 // A group of VALUE_ROWS queries may reach past `width` into columns this
                 // block did not write; they feed only rows past `n`, which are not stored.
+                if INT8 {
+                    let (words, scales) = (&probability_words, &probability_scales);
+                    let (blocks, first) = (len.div_ceil(Q8_BLOCK), j0 / Q8_BLOCK);
+                    for r0 in (0..n).step_by(Q8_ROWS) {
+                        let rows = (&words[r0..], &scales[r0..], PROBABILITY_STEP);
+                        let stored = Q8_ROWS.min(n - r0);
+                        for c0 in (0..dv).step_by(Q8_SPAN) {
+                            let record = ((c0 / PANEL) * value_blocks + first) * Q8_RECORD;
+                            let panel = &value_panels[record + c0 % PANEL..];
+                            let mut tile = [[[0.0; LANES]; Q8_VECTORS]; Q8_ROWS];
+                            for (r, tile) in tile.iter_mut().enumerate().take(stored) {
+                                if j0 > 0 {
+                                    let row = &acc[(r0 + r) * dv + c0..][..Q8_SPAN];
+                                    tile.as_flattened_mut().copy_from_slice(row);
+                                }
+                            }
+                            q8_tile(&mut tile, rows, panel, blocks);
+                            for (r, tile) in tile.iter().enumerate().take(stored) {
+                                let row = &mut acc[(r0 + r) * dv + c0..][..Q8_SPAN];
+                                row.copy_from_slice(tile.as_flattened());
+                            }
+                        }
+                    }
+                    continue;
+                }
                 let values = &v_head[j0 * v.nb[1]..];
                 for r0 in (0..n).step_by(VALUE_ROWS) {
                     let p = (&scores[r0..], FLASH_QT);
@@ -1074,6 +1143,11 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
                 for (o, &a) in dst.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
                     *o = a / sum;
                 }
+                if INT8 {
+                    for (o, &m) in dst.iter_mut().zip(&value_mean) {
+                        *o += m;
+                    }
+                }
             }
             t0 += n;
         }
@@ -1088,15 +1162,163 @@ fn pack_q8_queries(rows: &[&[f32]; FLASH_QT], blocks: usize, panels: &mut [f32])
     for (c, row) in rows.iter().enumerate() {
         let (p, column) = (c / PANEL, c % PANEL);
         for (b, chunk) in row.chunks_exact(Q8_BLOCK).enumerate() {
-            let values: &[f32; Q8_BLOCK] = chunk.try_into().expect("a block");
-            let max = simd::q8_max(values);
-            let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
-            let quants = simd::q8_bytes(values, inverse, ROUNDING_SHIFT);
             let record = &mut panels[(p * blocks + b) * Q8_RECORD..][..Q8_RECORD];
-            super::q8_record_column(column, &quants, max / 127.0, |i, word| {
-                record[i] = f32::from_bits(word)
-            });
+            pack_q8_weight_block(chunk.try_into().expect("a block"), column, true, record);
         }
+    }
+}
+
+/// One block of 32 values of a weight packed as it runs (attention's queries, its values)
+/// into column `column` of `record`: quantised to -127..127 with the scale `max |w| / 127`,
+/// with the offset correction where `offset_activations` ([`super::q8_record_column`]).
+#[inline(always)]
+fn pack_q8_weight_block(
+    values: &[f32; Q8_BLOCK],
+    column: usize,
+    offset_activations: bool,
+    record: &mut [f32],
+) {
+    let max = simd::q8_max(values);
+    let inverse = if max != 0.0 { 127.0 / max } else { 0.0 };
+    let quants = simd::q8_bytes(values, inverse, ROUNDING_SHIFT);
+    super::q8_record_column(column, &quants, max / 127.0, offset_activations, |i, word| {
+        record[i] = f32::from_bits(word)
+    });
+}
+
+/// Words of the quantised probabilities per step of four keys: a column per query of a tile,
+/// and the overhang of the last group of rows that [`q8_tile`] reads (rows it does not store).
+const PROBABILITY_STEP: usize = FLASH_QT + Q8_ROWS;
+
+/// The values of a head (`value_row(j)`, `tk` rows of `dv`) as the weight of the int8
+/// weighted values: less their mean per channel (`mean`, which [`attention_flash`] adds back
+/// to the results, since the probabilities of a query sum to one after normalising), each
+/// channel's block of 32 keys (zeros past the last) quantised to -127..127 with the scale
+/// `max |v| / 127` ([`quantize_columns`], channels in lanes) into column `c % PANEL` of panel
+/// `c / PANEL`, whose block b is record `(c / PANEL) * tk.div_ceil(32) + b` of `panels`
+/// ([`super::q8_record_column`]'s layout). No offset correction: the probabilities are
+/// unsigned bytes as they are.
+#[inline(always)]
+fn pack_q8_values<'a>(
+    value_row: impl Fn(usize) -> &'a [f32],
+    (tk, dv): (usize, usize),
+    mean: &mut [f32],
+    panels: &mut [f32],
+) {
+    let blocks = tk.div_ceil(Q8_BLOCK);
+    mean.fill(0.0);
+    for j in 0..tk {
+        for (m, &x) in mean.iter_mut().zip(value_row(j)) {
+            *m += x;
+        }
+    }
+    let inverse = 1.0 / tk as f32;
+    mean.iter_mut().for_each(|m| *m *= inverse);
+    for c in (0..dv).step_by(LANES) {
+        let m = simd::from_lanes(mean[c..][..LANES].try_into().expect("LANES channels"));
+        let column = c % PANEL;
+        for b in 0..blocks {
+            let load = |i: usize| {
+                let j = b * Q8_BLOCK + i;
+                if j < tk {
+                    simd::sub(load_vector(&value_row(j)[c..]), m)
+                } else {
+                    simd::splat(0.0)
+                }
+            };
+            let record = &mut panels[((c / PANEL) * blocks + b) * Q8_RECORD..][..Q8_RECORD];
+            let scales = quantize_columns(load, |q, words| {
+                for (dst, word) in record[q * PANEL + column..][..LANES].iter_mut().zip(words) {
+                    *dst = f32::from_bits(word);
+                }
+            });
+            record[Q8_SCALES + column..][..LANES].copy_from_slice(&scales);
+            record[Q8_CORRECTIONS + column..][..LANES].fill(0.0);
+        }
+    }
+}
+
+/// The first LANES values of `x` as a vector (bounds checked, unlike `simd::load`).
+#[inline(always)]
+fn load_vector(x: &[f32]) -> simd::F {
+    simd::from_lanes(x[..LANES].try_into().expect("LANES values"))
+}
+
+/// A block of 32 rows (`row(i)`, a vector of columns each) quantised column by column: each
+/// lane's 32 values to -127..127 with the scale `max |x| / 127`, rounded to even, four rows
+/// to a word (`put(q, words)` for rows 4q .. 4q + 3, a word per column); returns the
+/// scales. For blocks laid out across vectors, as attention's values and probabilities are.
+#[inline(always)]
+fn quantize_columns(
+    row: impl Fn(usize) -> simd::F,
+    mut put: impl FnMut(usize, [u32; LANES]),
+) -> [f32; LANES] {
+    let zero = simd::splat(0.0);
+    let max = (0..Q8_BLOCK).fold(zero, |m, i| {
+        let x = row(i);
+        simd::max(m, simd::max(x, simd::sub(zero, x)))
+    });
+    // (Element-wise closures over lanes, not `array::map`: that stayed an out-of-line call
+    // per use in the AVX-512 instance, with a `vzeroupper` each.)
+    let max = simd::to_lanes(max);
+    let inverse = simd::from_lanes(std::array::from_fn(|l| {
+        if max[l] > 0.0 {
+            127.0 / max[l]
+        } else {
+            0.0
+        }
+    }));
+    let shift = simd::splat(ROUNDING_SHIFT);
+    for q in 0..Q8_BLOCK / 4 {
+        // A product then an add, not a fused multiply-add: the product rounded to f32 first,
+        // as `q8_bytes` and the tests' definition round it. The rounded bytes are the low
+        // bytes of the sums' bits (`ROUNDING_SHIFT`).
+        let rounded: [[f32; LANES]; 4] = std::array::from_fn(|i| {
+            simd::to_lanes(simd::add(simd::mul(row(4 * q + i), inverse), shift))
+        });
+        let byte = |i: usize, l: usize| rounded[i][l].to_bits() & 0xff;
+        put(
+            q,
+            std::array::from_fn(|l| {
+                byte(0, l) | byte(1, l) << 8 | byte(2, l) << 16 | byte(3, l) << 24
+            }),
+        );
+    }
+    std::array::from_fn(|l| max[l] / 127.0)
+}
+
+/// The probabilities of block `b` of 32 keys (`rows`: up to 32 rows of [`FLASH_QT`], the
+/// first `width` columns, whole vectors) quantised as the int8 weighted values' activations:
+/// per query (zeros for keys past the rows), by [`quantize_columns`] with queries in lanes:
+/// probabilities are not negative, so their bytes are 0..127, which every set's products
+/// take exactly as unsigned bytes without an offset (and the sign's bit is not lost to it).
+/// Query r's word of keys 4s .. 4s + 3 (of the key block) goes to
+/// `words[s * PROBABILITY_STEP + r]`, its scale to `scales[b * PROBABILITY_STEP + r]`: the
+/// layout [`q8_tile`] reads with a step of [`PROBABILITY_STEP`].
+#[inline(always)]
+fn quantize_probabilities(
+    rows: &[f32],
+    b: usize,
+    width: usize,
+    words: &mut [simd::Q8Word],
+    scales: &mut [f32],
+) {
+    let keys = rows.len() / FLASH_QT;
+    for r in (0..width).step_by(LANES) {
+        let load = |i: usize| {
+            if i < keys {
+                load_vector(&rows[i * FLASH_QT + r..])
+            } else {
+                simd::splat(0.0)
+            }
+        };
+        let block_scales = quantize_columns(load, |q, quads| {
+            let dst = &mut words[(b * Q8_BLOCK / 4 + q) * PROBABILITY_STEP + r..][..LANES];
+            for (dst, quad) in dst.iter_mut().zip(quads) {
+                *dst = simd::q8_word(quad);
+            }
+        });
+        scales[b * PROBABILITY_STEP + r..][..LANES].copy_from_slice(&block_scales);
     }
 }
 
@@ -1152,7 +1374,7 @@ unsafe fn q8_score_steps<const C: usize>(
     // SAFETY: as the caller promises.
     unsafe {
         let zeros = [[simd::splat(0.0); C]; Q8_ROWS];
-        let c = q8_sums::<Q8_ROWS, C>(zeros, keys, key_scales, panel, blocks);
+        let c = q8_sums::<Q8_ROWS, C>(zeros, (keys, key_scales, Q8_ROWS), panel, blocks);
         store_scores(&c, scores, maxima, present);
     }
 }
@@ -2109,13 +2331,12 @@ fn linear_rows_q8(
                         tile_index += 1;
                     }
                     let mut acc = [bias; Q8_ROWS];
-                    q8_tile(
-                        &mut acc,
+                    let rows = (
                         &x_quads[g * Q8_ROWS * quads..][..Q8_ROWS * quads],
                         &x_scales[g * Q8_ROWS * blocks..][..Q8_ROWS * blocks],
-                        &panel[span..],
-                        blocks,
+                        Q8_ROWS,
                     );
+                    q8_tile(&mut acc, rows, &panel[span..], blocks);
                     let r0 = g * Q8_ROWS;
                     for (r, acc) in acc.iter().enumerate().take(Q8_ROWS.min(count - r0)) {
                         let dst = &mut block_out[(r0 + r) * n + col..][..Q8_SPAN];
@@ -2173,8 +2394,7 @@ fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
 #[inline(always)]
 fn q8_tile<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
-    x: &[simd::Q8Word],
-    dx: &[f32],
+    (x, dx, x_step): (&[simd::Q8Word], &[f32], usize),
     panel: &[f32],
     blocks: usize,
 ) {
@@ -2184,19 +2404,20 @@ fn q8_tile<const R: usize, const C: usize>(
     let last_read = (blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES;
     assert!(
         panel.len() >= last_read
-            && x.len() >= blocks * Q8_BLOCK / 4 * R
-            && dx.len() >= blocks * R
+            && x_step >= R
+            && x.len() >= (blocks * Q8_BLOCK / 4 - 1) * x_step + R
+            && dx.len() >= (blocks - 1) * x_step + R
             && C * LANES <= PANEL
     );
     let run_steps: Q8TileSteps<R, C> = std::hint::black_box(q8_tile_steps::<R, C>);
     // SAFETY: the assertion is what `q8_tile_steps` needs; the instruction set of this
     // instance is present, since its code runs only inside its `run` functions.
-    unsafe { run_steps(acc, x, dx, panel, blocks) }
+    unsafe { run_steps(acc, (x, dx, x_step), panel, blocks) }
 }
 
 /// The type of [`q8_tile_steps`] as a function pointer (called as [`tile`] calls its loop).
 type Q8TileSteps<const R: usize, const C: usize> =
-    unsafe fn(&mut [[[f32; LANES]; C]; R], &[simd::Q8Word], &[f32], &[f32], usize);
+    unsafe fn(&mut [[[f32; LANES]; C]; R], (&[simd::Q8Word], &[f32], usize), &[f32], usize);
 
 instance_features! {
 /// The loop of [`q8_tile`] (a function of its own for the reason `tile_steps` is).
@@ -2206,15 +2427,14 @@ instance_features! {
 #[inline(never)]
 unsafe fn q8_tile_steps<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
-    x: &[simd::Q8Word],
-    dx: &[f32],
+    rows: (&[simd::Q8Word], &[f32], usize),
     panel: &[f32],
     blocks: usize,
 ) {
     // SAFETY: `acc` holds R x C vectors; the rest as the caller promises.
     unsafe {
         let c = std::array::from_fn(|r| std::array::from_fn(|v| simd::load(acc[r][v].as_ptr())));
-        let c = q8_sums::<R, C>(c, x, dx, panel, blocks);
+        let c = q8_sums::<R, C>(c, rows, panel, blocks);
         for (acc, c) in acc.iter_mut().zip(&c) {
             for (acc, &c) in acc.iter_mut().zip(c) {
                 simd::store(acc.as_mut_ptr(), c);
@@ -2225,23 +2445,25 @@ unsafe fn q8_tile_steps<const R: usize, const C: usize>(
 }
 
 /// The products of the int8 register tile added to `c`, in registers: `c[r][v] += Σ_b dx[b][r]
-/// dw_b[v] Σ_i x_b[i][r] w_b[i][v]` ([`q8_tile`]).
+/// dw_b[v] Σ_i x_b[i][r] w_b[i][v]` ([`q8_tile`]). Row r's word of step s (block s / 8, its
+/// inputs 4 (s % 8) .. + 3) is `x[s * x_step + r]`, its scale of block b `dx[b * x_step + r]`:
+/// rows packed for the tile (`x_step` R), or a wider matrix's rows read in place.
 ///
 /// # Safety
 /// `panel` holds `(blocks - 1) * Q8_RECORD + Q8_CORRECTIONS + C * LANES` words, `x`
-/// `blocks * 8 * R`, `dx` `blocks * R`, and `C * LANES <= PANEL`; inlined only into functions
-/// compiled with this instance's features.
+/// `(blocks * 8 - 1) * x_step + R`, `dx` `(blocks - 1) * x_step + R`, `x_step >= R` and
+/// `C * LANES <= PANEL`; inlined only into functions compiled with this instance's features.
 #[inline(always)]
 unsafe fn q8_sums<const R: usize, const C: usize>(
     mut c: [[simd::F; C]; R],
-    x: &[simd::Q8Word],
-    dx: &[f32],
+    (x, dx, x_step): (&[simd::Q8Word], &[f32], usize),
     panel: &[f32],
     blocks: usize,
 ) -> [[simd::F; C]; R] {
     // SAFETY: as the caller promises, every read is in bounds: block b reads C vectors at
     // b * Q8_RECORD + q * PANEL (q < 8), + Q8_SCALES and + Q8_CORRECTIONS, all below the
-    // promised length since C * LANES <= PANEL; 8 * R words of `x` and R of `dx` per block.
+    // promised length since C * LANES <= PANEL; words s * x_step + r (s < 8 * blocks, r < R)
+    // of `x` and b * x_step + r of `dx`.
     unsafe {
         let mut xp = x.as_ptr();
         for b in 0..blocks {
@@ -2258,12 +2480,12 @@ unsafe fn q8_sums<const R: usize, const C: usize>(
                         *s = simd::q8_dot(*s, xs, w);
                     }
                 }
-                xp = xp.add(R);
+                xp = xp.add(x_step);
             }
             let scales: [simd::F; C] =
                 std::array::from_fn(|v| simd::load(record.add(Q8_SCALES + v * LANES)));
             for (r, (c, sums)) in c.iter_mut().zip(&sums).enumerate() {
-                let row_scale = simd::splat(*dx.get_unchecked(b * R + r));
+                let row_scale = simd::splat(*dx.get_unchecked(b * x_step + r));
                 for ((c, &s), &w_scale) in c.iter_mut().zip(sums).zip(&scales) {
                     *c = simd::fma(simd::q8_to_f32(s), simd::mul(w_scale, row_scale), *c);
                 }
