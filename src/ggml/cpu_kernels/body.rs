@@ -1218,16 +1218,12 @@ fn pack_q8_values<'a>(
         let m = simd::from_lanes(mean[c..][..LANES].try_into().expect("LANES channels"));
         let column = c % PANEL;
         for b in 0..blocks {
-            let load = |i: usize| {
-                let j = b * Q8_BLOCK + i;
-                if j < tk {
-                    simd::sub(load_vector(&value_row(j)[c..]), m)
-                } else {
-                    simd::splat(0.0)
-                }
-            };
+            let mut rows = [simd::splat(0.0); Q8_BLOCK];
+            for (row, j) in rows.iter_mut().zip(b * Q8_BLOCK..tk) {
+                *row = simd::sub(load_vector(&value_row(j)[c..]), m);
+            }
             let record = &mut panels[((c / PANEL) * blocks + b) * Q8_RECORD..][..Q8_RECORD];
-            let scales = quantize_columns(load, |q, words| {
+            let scales = quantize_columns(&rows, |q, words| {
                 for (dst, word) in record[q * PANEL + column..][..LANES].iter_mut().zip(words) {
                     *dst = f32::from_bits(word);
                 }
@@ -1244,47 +1240,50 @@ fn load_vector(x: &[f32]) -> simd::F {
     simd::from_lanes(x[..LANES].try_into().expect("LANES values"))
 }
 
-/// A block of 32 rows (`row(i)`, a vector of columns each) quantised column by column: each
-/// lane's 32 values to -127..127 with the scale `max |x| / 127`, rounded to even, four rows
-/// to a word (`put(q, words)` for rows 4q .. 4q + 3, a word per column); returns the
-/// scales. For blocks laid out across vectors, as attention's values and probabilities are.
+/// A block of 32 rows (a vector of columns each) quantised column by column: each lane's 32
+/// values to -127..127 with the scale `max |x| / 127`, rounded to even, four rows to a word
+/// (`put(q, words)` for rows 4q .. 4q + 3, a word per column); returns the scales. For
+/// blocks laid out across vectors, as attention's values and probabilities are. Plain loops,
+/// no closures over vectors: a closure is compiled without the instance's features, and in a
+/// build for the x86-64 baseline its vector operations stayed calls.
 #[inline(always)]
 fn quantize_columns(
-    row: impl Fn(usize) -> simd::F,
+    rows: &[simd::F; Q8_BLOCK],
     mut put: impl FnMut(usize, [u32; LANES]),
 ) -> [f32; LANES] {
     let zero = simd::splat(0.0);
-    let max = (0..Q8_BLOCK).fold(zero, |m, i| {
-        let x = row(i);
-        simd::max(m, simd::max(x, simd::sub(zero, x)))
-    });
-    // (Element-wise closures over lanes, not `array::map`: that stayed an out-of-line call
-    // per use in the AVX-512 instance, with a `vzeroupper` each.)
+    let mut max = zero;
+    for &x in rows {
+        max = simd::max(max, simd::max(x, simd::sub(zero, x)));
+    }
     let max = simd::to_lanes(max);
-    let inverse = simd::from_lanes(std::array::from_fn(|l| {
+    let mut inverse = [0.0; LANES];
+    let mut scales = [0.0; LANES];
+    for l in 0..LANES {
         if max[l] > 0.0 {
-            127.0 / max[l]
-        } else {
-            0.0
+            inverse[l] = 127.0 / max[l];
         }
-    }));
+        scales[l] = max[l] / 127.0;
+    }
+    let inverse = simd::from_lanes(inverse);
     let shift = simd::splat(ROUNDING_SHIFT);
-    for q in 0..Q8_BLOCK / 4 {
+    for (q, quad) in rows.chunks_exact(4).enumerate() {
         // A product then an add, not a fused multiply-add: the product rounded to f32 first,
         // as `q8_bytes` and the tests' definition round it. The rounded bytes are the low
         // bytes of the sums' bits (`ROUNDING_SHIFT`).
-        let rounded: [[f32; LANES]; 4] = std::array::from_fn(|i| {
-            simd::to_lanes(simd::add(simd::mul(row(4 * q + i), inverse), shift))
-        });
-        let byte = |i: usize, l: usize| rounded[i][l].to_bits() & 0xff;
-        put(
-            q,
-            std::array::from_fn(|l| {
-                byte(0, l) | byte(1, l) << 8 | byte(2, l) << 16 | byte(3, l) << 24
-            }),
-        );
+        let mut rounded = [[0.0f32; LANES]; 4];
+        for (rounded, &x) in rounded.iter_mut().zip(quad) {
+            *rounded = simd::to_lanes(simd::add(simd::mul(x, inverse), shift));
+        }
+        let mut words = [0u32; LANES];
+        for (l, word) in words.iter_mut().enumerate() {
+            for (i, rounded) in rounded.iter().enumerate() {
+                *word |= (rounded[l].to_bits() & 0xff) << (8 * i);
+            }
+        }
+        put(q, words);
     }
-    std::array::from_fn(|l| max[l] / 127.0)
+    scales
 }
 
 /// The probabilities of block `b` of 32 keys (`rows`: up to 32 rows of [`FLASH_QT`], the
@@ -1305,14 +1304,11 @@ fn quantize_probabilities(
 ) {
     let keys = rows.len() / FLASH_QT;
     for r in (0..width).step_by(LANES) {
-        let load = |i: usize| {
-            if i < keys {
-                load_vector(&rows[i * FLASH_QT + r..])
-            } else {
-                simd::splat(0.0)
-            }
-        };
-        let block_scales = quantize_columns(load, |q, quads| {
+        let mut block = [simd::splat(0.0); Q8_BLOCK];
+        for (i, row) in block.iter_mut().enumerate().take(keys) {
+            *row = load_vector(&rows[i * FLASH_QT + r..]);
+        }
+        let block_scales = quantize_columns(&block, |q, quads| {
             let dst = &mut words[(b * Q8_BLOCK / 4 + q) * PROBABILITY_STEP + r..][..LANES];
             for (dst, quad) in dst.iter_mut().zip(quads) {
                 *dst = simd::q8_word(quad);
