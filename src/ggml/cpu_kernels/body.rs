@@ -982,8 +982,8 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
         // The values of this head from their first row: row j at j * nb[1].
         let v_head = &v.data[h * v.nb[2]..];
         if INT8 {
-            let value_row = |j: usize| &v_head[j * v.nb[1]..][..dv];
-            pack_q8_values(value_row, (tk, dv), &mut value_mean, &mut value_panels);
+            let values = (v_head, v.nb[1]);
+            pack_q8_values(values, (tk, dv), &mut value_mean, &mut value_panels);
         }
         let mut t0 = tokens.start;
         while t0 < tokens.end {
@@ -1190,17 +1190,17 @@ fn pack_q8_weight_block(
 /// and the overhang of the last group of rows that [`q8_tile`] reads (rows it does not store).
 const PROBABILITY_STEP: usize = FLASH_QT + Q8_ROWS;
 
-/// The values of a head (`value_row(j)`, `tk` rows of `dv`) as the weight of the int8
-/// weighted values: less their mean per channel (`mean`, which [`attention_flash`] adds back
-/// to the results, since the probabilities of a query sum to one after normalising), each
-/// channel's block of 32 keys (zeros past the last) quantised to -127..127 with the scale
+/// The values of a head (`tk` rows of `dv`, row j at `values[j * stride..]`) as the weight of
+/// the int8 weighted values: less their mean per channel (`mean`, which [`attention_flash`]
+/// adds back to the results, since the probabilities of a query sum to one after normalising),
+/// each channel's block of 32 keys (zeros past the last) quantised to -127..127 with the scale
 /// `max |v| / 127` ([`quantize_columns`], channels in lanes) into column `c % PANEL` of panel
 /// `c / PANEL`, whose block b is record `(c / PANEL) * tk.div_ceil(32) + b` of `panels`
 /// ([`super::q8_record_column`]'s layout). No offset correction: the probabilities are
 /// unsigned bytes as they are.
 #[inline(always)]
-fn pack_q8_values<'a>(
-    value_row: impl Fn(usize) -> &'a [f32],
+fn pack_q8_values(
+    (values, stride): (&[f32], usize),
     (tk, dv): (usize, usize),
     mean: &mut [f32],
     panels: &mut [f32],
@@ -1208,7 +1208,7 @@ fn pack_q8_values<'a>(
     let blocks = tk.div_ceil(Q8_BLOCK);
     mean.fill(0.0);
     for j in 0..tk {
-        for (m, &x) in mean.iter_mut().zip(value_row(j)) {
+        for (m, &x) in mean.iter_mut().zip(&values[j * stride..][..dv]) {
             *m += x;
         }
     }
@@ -1218,12 +1218,10 @@ fn pack_q8_values<'a>(
         let m = simd::from_lanes(mean[c..][..LANES].try_into().expect("LANES channels"));
         let column = c % PANEL;
         for b in 0..blocks {
-            let mut rows = [simd::splat(0.0); Q8_BLOCK];
-            for (row, j) in rows.iter_mut().zip(b * Q8_BLOCK..tk) {
-                *row = simd::sub(load_vector(&value_row(j)[c..]), m);
-            }
+            let j0 = b * Q8_BLOCK;
+            let rows = (&values[j0 * stride + c..], stride, tk - j0);
             let record = &mut panels[((c / PANEL) * blocks + b) * Q8_RECORD..][..Q8_RECORD];
-            let scales = quantize_columns(&rows, |q, words| {
+            let scales = quantize_columns(rows, m, |q, words| {
                 for (dst, word) in record[q * PANEL + column..][..LANES].iter_mut().zip(words) {
                     *dst = f32::from_bits(word);
                 }
@@ -1240,21 +1238,25 @@ fn load_vector(x: &[f32]) -> simd::F {
     simd::from_lanes(x[..LANES].try_into().expect("LANES values"))
 }
 
-/// A block of 32 rows (a vector of columns each) quantised column by column: each lane's 32
-/// values to -127..127 with the scale `max |x| / 127`, rounded to even, four rows to a word
-/// (`put(q, words)` for rows 4q .. 4q + 3, a word per column); returns the scales. For
-/// blocks laid out across vectors, as attention's values and probabilities are. Plain loops,
-/// no closures over vectors: a closure is compiled without the instance's features, and in a
+/// A block of 32 rows quantised column by column, LANES columns at a time: row i is the
+/// vector at `x[i * stride..]` less `offset` for i < `rows`, zeros after; each lane's 32 values
+/// to -127..127 with the scale `max |x| / 127`, rounded to even, four rows to a word
+/// (`put(q, words)` for rows 4q .. 4q + 3, a word per column); returns the scales. For blocks
+/// laid out across vectors, as attention's values and probabilities are. Plain loops, no
+/// closures over vectors: a closure is compiled without the instance's features, and in a
 /// build for the x86-64 baseline its vector operations stayed calls.
 #[inline(always)]
 fn quantize_columns(
-    rows: &[simd::F; Q8_BLOCK],
+    (x, stride, rows): (&[f32], usize, usize),
+    offset: simd::F,
     mut put: impl FnMut(usize, [u32; LANES]),
 ) -> [f32; LANES] {
     let zero = simd::splat(0.0);
+    let rows = rows.min(Q8_BLOCK);
     let mut max = zero;
-    for &x in rows {
-        max = simd::max(max, simd::max(x, simd::sub(zero, x)));
+    for i in 0..rows {
+        let v = simd::sub(load_vector(&x[i * stride..]), offset);
+        max = simd::max(max, simd::max(v, simd::sub(zero, v)));
     }
     let max = simd::to_lanes(max);
     let mut inverse = [0.0; LANES];
@@ -1267,18 +1269,22 @@ fn quantize_columns(
     }
     let inverse = simd::from_lanes(inverse);
     let shift = simd::splat(ROUNDING_SHIFT);
-    for (q, quad) in rows.chunks_exact(4).enumerate() {
+    for q in 0..Q8_BLOCK / 4 {
         // A product then an add, not a fused multiply-add: the product rounded to f32 first,
         // as `q8_bytes` and the tests' definition round it. The rounded bytes are the low
-        // bytes of the sums' bits (`ROUNDING_SHIFT`).
-        let mut rounded = [[0.0f32; LANES]; 4];
-        for (rounded, &x) in rounded.iter_mut().zip(quad) {
-            *rounded = simd::to_lanes(simd::add(simd::mul(x, inverse), shift));
+        // bytes of the sums' bits (`ROUNDING_SHIFT`); zero rows round to zero.
+        let mut rounded = [[ROUNDING_SHIFT; LANES]; 4];
+        for (k, rounded) in rounded.iter_mut().enumerate() {
+            let i = 4 * q + k;
+            if i < rows {
+                let v = simd::sub(load_vector(&x[i * stride..]), offset);
+                *rounded = simd::to_lanes(simd::add(simd::mul(v, inverse), shift));
+            }
         }
         let mut words = [0u32; LANES];
         for (l, word) in words.iter_mut().enumerate() {
-            for (i, rounded) in rounded.iter().enumerate() {
-                *word |= (rounded[l].to_bits() & 0xff) << (8 * i);
+            for (k, rounded) in rounded.iter().enumerate() {
+                *word |= (rounded[l].to_bits() & 0xff) << (8 * k);
             }
         }
         put(q, words);
@@ -1304,11 +1310,8 @@ fn quantize_probabilities(
 ) {
     let keys = rows.len() / FLASH_QT;
     for r in (0..width).step_by(LANES) {
-        let mut block = [simd::splat(0.0); Q8_BLOCK];
-        for (i, row) in block.iter_mut().enumerate().take(keys) {
-            *row = load_vector(&rows[i * FLASH_QT + r..]);
-        }
-        let block_scales = quantize_columns(&block, |q, quads| {
+        let block = (&rows[r..], FLASH_QT, keys);
+        let block_scales = quantize_columns(block, simd::splat(0.0), |q, quads| {
             let dst = &mut words[(b * Q8_BLOCK / 4 + q) * PROBABILITY_STEP + r..][..LANES];
             for (dst, quad) in dst.iter_mut().zip(quads) {
                 *dst = simd::q8_word(quad);
