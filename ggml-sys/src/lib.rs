@@ -28,7 +28,7 @@ pub const GGML_SOURCE_VERSION: &str = match option_env!("GGML_SYS_SOURCE_VERSION
 
 /// The instruction-set variants of ggml's CPU backend in this build, comma-separated:
 /// "x86_64,haswell,zen4" when the `cc` build dispatches at load time (see
-/// [`ggml_sys_cpu_variant`]), "target" for one compiled for the Rust target's features,
+/// [`cpu_variant`]), "target" for one compiled for the Rust target's features,
 /// "unknown" for CMake or prebuilt libraries.
 pub const CPU_VARIANTS: &str = match option_env!("GGML_SYS_CPU_BUILT_VARIANTS") {
     Some(v) => v,
