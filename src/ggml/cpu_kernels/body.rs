@@ -924,7 +924,7 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
         vec![Default::default(); probability_steps * PROBABILITY_STEP];
     let mut probability_scales = vec![0f32; probability_steps / 8 * PROBABILITY_STEP];
     // The tile's queries: f32 transposed, [d][FLASH_QT], or int8 panels; a block's scores,
-    // then probabilities, [KEY_BLOCK][FLASH_QT]; the weighted values [FLASH_QT][dv].
+    // then probabilities, [key_block][FLASH_QT]; the weighted values [FLASH_QT][dv].
     let queries_len = if INT8 {
         QUERY_PANELS * blocks * Q8_RECORD
     } else {
@@ -1094,9 +1094,10 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
                 for (sum, &b) in sums.iter_mut().zip(&block_sums) {
                     *sum += b as f64;
                 }
-                // The weighted values: a query per tile row, its probabilities FLASH_QT apart.
-                // A group of VALUE_ROWS queries may reach past `width` into columns this
-                // block did not write; they feed only rows past `n`, which are not stored.
+                // The weighted values, int8: the register tile's rows are Q8_ROWS queries, their
+                // probabilities' words read in place; the last group may reach past `width`
+                // into columns this block did not write, which feed only rows past `n`, not
+                // stored.
                 if INT8 {
                     let (words, scales) = (&probability_words, &probability_scales);
                     let (blocks, first) = (len.div_ceil(Q8_BLOCK), j0 / Q8_BLOCK);
@@ -1122,6 +1123,8 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
                     }
                     continue;
                 }
+                // f32: a query per tile row, its probabilities FLASH_QT apart. A group of
+                // VALUE_ROWS queries may reach past `width` as the int8 groups do.
                 let values = &v_head[j0 * v.nb[1]..];
                 for r0 in (0..n).step_by(VALUE_ROWS) {
                     let p = (&scores[r0..], FLASH_QT);
@@ -2388,8 +2391,9 @@ fn quantize_block(values: &[f32; Q8_BLOCK]) -> (f32, [u32; Q8_BLOCK / 4]) {
 }
 
 /// The int8 register tile: `acc[r][v] += Σ_b dx[b][r] dw_b[v] Σ_i x_b[i][r] w_b[i][v]` over
-/// `blocks` blocks of 32 inputs, with `x` the rows' packed quads (`[K / 4][R]` words), `dx`
-/// their scales (`[K / 32][R]`) and `panel` a panel's records from the tile's first column.
+/// `blocks` blocks of 32 inputs, with `x` the rows' packed quads (`[K / 4][x_step]` words, the
+/// tile's rows first in each step), `dx` their scales (`[K / 32][x_step]`) and `panel` a
+/// panel's records from the tile's first column ([`q8_sums`]).
 #[inline(always)]
 fn q8_tile<const R: usize, const C: usize>(
     acc: &mut [[[f32; LANES]; C]; R],
