@@ -938,14 +938,7 @@ fn attention_flash<const INT8: bool>(srcs: &[Src<'_>], out: &mut [f32], tokens: 
     for h in 0..heads {
         let k_row = |j: usize| &k.data[j * k.nb[1] + h * k.nb[2]..][..d];
         if INT8 {
-            key_mean.fill(0.0);
-            for j in 0..tk {
-                for (m, &x) in key_mean.iter_mut().zip(k_row(j)) {
-                    *m += x;
-                }
-            }
-            let inverse = 1.0 / tk as f32;
-            key_mean.iter_mut().for_each(|m| *m *= inverse);
+            mean_of_rows(k_row, tk, &mut key_mean);
             for (j, dst) in keys.chunks_exact_mut(d).enumerate() {
                 for ((c, &x), &m) in dst.iter_mut().zip(k_row(j)).zip(&key_mean) {
                     *c = x - m;
@@ -1209,14 +1202,7 @@ fn pack_q8_values(
     panels: &mut [f32],
 ) {
     let blocks = tk.div_ceil(Q8_BLOCK);
-    mean.fill(0.0);
-    for j in 0..tk {
-        for (m, &x) in mean.iter_mut().zip(&values[j * stride..][..dv]) {
-            *m += x;
-        }
-    }
-    let inverse = 1.0 / tk as f32;
-    mean.iter_mut().for_each(|m| *m *= inverse);
+    mean_of_rows(|j| &values[j * stride..][..dv], tk, mean);
     for c in (0..dv).step_by(LANES) {
         let m = simd::from_lanes(mean[c..][..LANES].try_into().expect("LANES channels"));
         let column = c % PANEL;
@@ -1233,6 +1219,20 @@ fn pack_q8_values(
             record[Q8_CORRECTIONS + column..][..LANES].fill(0.0);
         }
     }
+}
+
+/// The mean of `count` rows (`row(j)`, as long as `mean`) into `mean`, summed in row order
+/// in f32: what attention's keys and values are centred by before they are quantised.
+#[inline(always)]
+fn mean_of_rows<'a>(row: impl Fn(usize) -> &'a [f32], count: usize, mean: &mut [f32]) {
+    mean.fill(0.0);
+    for j in 0..count {
+        for (m, &x) in mean.iter_mut().zip(row(j)) {
+            *m += x;
+        }
+    }
+    let inverse = 1.0 / count as f32;
+    mean.iter_mut().for_each(|m| *m *= inverse);
 }
 
 /// The first LANES values of `x` as a vector (bounds checked, unlike `simd::load`).
