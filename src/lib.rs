@@ -21,7 +21,9 @@
 //! - [`Device`] and [`LoadOptions`] choose where and how to compute.
 //!
 //! Layers, each depending only on the ones before it:
-//! - [`ggml`]: a safe layer over ggml (the crate's only `unsafe` code);
+//! - [`ggml`]: a safe layer over ggml (all of the crate's `unsafe` code but [`gguf`]'s memory
+//!   map);
+//! - [`gguf`]: GGUF files, the container of ggml models: format, reader, writer;
 //! - [`residency`]: the pass that checks where every graph operand lives before computing,
 //!   and the one compute entry point built on it;
 //! - the Depth Anything 3 model: GGUF loading, [`preprocess`]ing, graph, [`outputs`], and
@@ -31,11 +33,14 @@
 
 #![warn(missing_docs)]
 
-// Only the safe layer may hold `unsafe` code; the compiler enforces it for the rest.
+// Only the safe layer may hold `unsafe` code (and `gguf`, in the two places that allow it:
+// its memory map); the compiler enforces it for the rest.
 #[doc(hidden)]
 #[deny(unsafe_code)]
 pub mod da3;
 pub mod ggml;
+#[deny(unsafe_code)]
+pub mod gguf;
 #[deny(unsafe_code)]
 pub mod residency;
 

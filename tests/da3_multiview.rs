@@ -493,7 +493,7 @@ fn the_camera_encoder_is_loaded_only_when_asked_for() {
         Model::load(&path, &options).unwrap()
     };
     let (with, without) = (load(true), load(false));
-    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let file = da3::gguf::GgufFile::open(&path).unwrap();
     let encoder_bytes: u64 = file
         .tensors()
         .iter()
@@ -623,7 +623,7 @@ fn the_ray_branch_has_the_layout_of_depth_anything_cpp_with_aux_files() {
     )
     .unwrap();
     let (path, _dir) = synthetic_tiny_file();
-    let ours = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let ours = da3::gguf::GgufFile::open(&path).unwrap();
     let mut theirs_aux = Vec::new();
     for t in listing["tensors"].as_array().unwrap() {
         let name = t["name"].as_str().unwrap();

@@ -6,8 +6,8 @@ mod common;
 
 use common::{agreement, correlation, Fixture};
 use da3::convert::{write_synthetic, WeightType};
-use da3::ggml::gguf::{GgufFile, GgufWriter, Value};
 use da3::ggml::DType;
+use da3::gguf::{GgufFile, GgufWriter, Value};
 use da3::preprocess::preprocess;
 use da3::{synthetic, Config, Device, LoadOptions, Model, Session};
 

@@ -1643,7 +1643,7 @@ fn host_context_weights_feed_a_graph_of_another_context() {
 /// A GGUF file's tensors land in a backend buffer with their names, shapes, types and bytes.
 #[test]
 fn gguf_tensors_load_into_a_backend_buffer() {
-    use da3::ggml::gguf::{GgufFile, GgufWriter};
+    use da3::gguf::{GgufFile, GgufWriter};
     let values: Vec<f32> = (0..64).map(|i| i as f32 * 0.25 - 3.0).collect();
     let mut writer = GgufWriter::new();
     writer
@@ -1665,7 +1665,7 @@ fn gguf_tensors_load_into_a_backend_buffer() {
     writer.write_to_writer(&mut bytes).unwrap();
     let file = GgufFile::from_bytes(bytes).unwrap();
     let backend = Backend::cpu(1).unwrap();
-    let ctx = Context::from_gguf(&file, &backend, BufferUsage::Weights).unwrap();
+    let ctx = file.load_tensors(&backend, BufferUsage::Weights).unwrap();
     let w = ctx.tensor("w").unwrap();
     assert_eq!(w.shape().dims(), &[16, 4]);
     assert_eq!(ctx.read::<f32>(&w).unwrap(), values);

@@ -7,8 +7,8 @@ mod common;
 
 use common::correlation;
 use da3::convert::{conv_kernel_names, is_matmul_weight, quantize, write_synthetic, WeightType};
-use da3::ggml::gguf::{GgufFile, GgufWriter, Value};
 use da3::ggml::DType;
+use da3::gguf::{GgufFile, GgufWriter, Value};
 use da3::{synthetic, Config, Device, LoadOptions, Model};
 use std::path::{Path, PathBuf};
 

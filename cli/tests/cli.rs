@@ -3,8 +3,8 @@
 //! failures on bad input, `info` and `devices`.
 
 use da3::convert::{builtin_model_file, write_synthetic, WeightType};
-use da3::ggml::gguf::{GgufFile, GgufWriter};
 use da3::ggml::DType;
+use da3::gguf::{GgufFile, GgufWriter};
 use da3::{synthetic, Config, Device, LoadOptions, Model};
 use std::path::{Path, PathBuf};
 

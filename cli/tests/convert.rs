@@ -10,8 +10,8 @@ use common::{correlation, da3_in, Run};
 use da3::convert::{
     convert_checkpoint, expected_tensors, official_name, write_synthetic, WeightType,
 };
-use da3::ggml::gguf::GgufFile;
 use da3::ggml::DType;
+use da3::gguf::GgufFile;
 use da3::{synthetic, Config, Device, LoadOptions, Model};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;

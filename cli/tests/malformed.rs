@@ -462,7 +462,7 @@ fn a_model_truncated_while_loading_is_an_error_not_sigbus() {
     let case = Case::new();
     let path = case.path("tiny.gguf");
     tiny_model(&path);
-    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let file = da3::gguf::GgufFile::open(&path).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new()
         .write(true)
@@ -489,7 +489,7 @@ fn a_model_rewritten_in_place_while_loading_is_an_error() {
     let case = Case::new();
     let path = case.path("tiny.gguf");
     tiny_model(&path);
-    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let file = da3::gguf::GgufFile::open(&path).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes).unwrap();
     // Same size, a new modification time (set explicitly: timestamps can be coarse).
@@ -513,7 +513,7 @@ fn a_model_truncated_after_loading_still_computes_the_same_depth() {
     let case = Case::new();
     let path = case.path("tiny.gguf");
     tiny_model(&path);
-    let file = da3::ggml::gguf::GgufFile::open(&path).unwrap();
+    let file = da3::gguf::GgufFile::open(&path).unwrap();
     let mut model = Model::from_gguf(&file, &cpu_options())
         .unwrap()
         .session()
@@ -555,9 +555,9 @@ fn poisoned_model(
     weight_type: da3::convert::WeightType,
     name: &str,
     edit: impl Fn(&mut Vec<u8>),
-    metadata: &[(&str, da3::ggml::gguf::Value)],
+    metadata: &[(&str, da3::gguf::Value)],
 ) {
-    use da3::ggml::gguf::{GgufFile, GgufWriter};
+    use da3::gguf::{GgufFile, GgufWriter};
     let source = dest.with_extension("source.gguf");
     da3::convert::write_synthetic(
         &source,
@@ -592,7 +592,7 @@ fn model_case(
     weight_type: da3::convert::WeightType,
     name: &str,
     edit: impl Fn(&mut Vec<u8>),
-    metadata: &[(&str, da3::ggml::gguf::Value)],
+    metadata: &[(&str, da3::gguf::Value)],
 ) -> Case {
     let case = Case::new();
     poisoned_model(&case.path("model.gguf"), weight_type, name, edit, metadata);
@@ -654,7 +654,7 @@ fn weights_that_overflow_give_an_error_not_a_nan_picture() {
 #[test]
 fn image_normalisation_keys_are_checked() {
     use da3::convert::WeightType;
-    use da3::ggml::gguf::Value;
+    use da3::gguf::Value;
     let keep = |_: &mut Vec<u8>| {};
     let cases: [(&str, Value, &[&str]); 5] = [
         (

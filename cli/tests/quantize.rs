@@ -6,7 +6,7 @@ mod common;
 
 use common::{da3_in, Run};
 use da3::convert::{write_synthetic, WeightType};
-use da3::ggml::gguf::{GgufFile, GgufWriter};
+use da3::gguf::{GgufFile, GgufWriter};
 use da3::Config;
 use std::collections::BTreeMap;
 use std::path::Path;

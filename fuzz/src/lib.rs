@@ -3,9 +3,9 @@
 //! Each function must return (never panic, abort or crash) on any input.
 
 use da3::ggml::{
-    gguf::GgufFile, Backend, Context, DType, Gallocr, Interpolation, Pool, RopeMode, Tensor,
-    TensorView,
+    Backend, Context, DType, Gallocr, Interpolation, Pool, RopeMode, Tensor, TensorView,
 };
+use da3::gguf::GgufFile;
 use da3::{preprocess, Config, Device, LoadOptions, Model};
 
 /// A GGUF file from bytes, every tensor's data, then the DA3 config, the loader and, when the

@@ -3,7 +3,8 @@
 //! test image.
 
 use da3::da3::{convert, synthetic, Config};
-use da3::ggml::{gguf::GgufWriter, DType};
+use da3::ggml::DType;
+use da3::gguf::GgufWriter;
 use std::path::Path;
 
 fn main() {

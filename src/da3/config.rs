@@ -1,7 +1,7 @@
 //! Hyperparameters: one preset per official variant, read back from GGUF metadata.
 
 use super::Error;
-use crate::ggml::gguf::GgufFile;
+use crate::gguf::GgufFile;
 use std::borrow::Cow;
 
 /// How a file names its metadata keys and tensors. depth-anything.cpp writes the metric branch

@@ -3,8 +3,8 @@
 use super::config::{Config, HeadKind};
 use super::weights::Loader;
 use super::{Error, Head};
-use crate::ggml::gguf::GgufWriter;
 use crate::ggml::DType;
+use crate::gguf::GgufWriter;
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -490,14 +490,14 @@ pub fn write_synthetic(path: &Path, config: &Config, weight_type: WeightType) ->
 
 /// The built-in default model: `da3-tiny` with synthetic weights, built in memory (no file,
 /// no download).
-pub fn builtin_model_file() -> Result<crate::ggml::gguf::GgufFile, Error> {
+pub fn builtin_model_file() -> Result<crate::gguf::GgufFile, Error> {
     let config = Config::preset("da3-tiny")?;
     let mut bytes = Vec::new();
     build_gguf(&config, WeightType::F32, |key, shape| {
         Ok(super::synthetic::weight_values(key, shape))
     })?
     .write_to_writer(&mut bytes)?;
-    Ok(crate::ggml::gguf::GgufFile::from_bytes(bytes)?)
+    Ok(crate::gguf::GgufFile::from_bytes(bytes)?)
 }
 
 /// Converts an official checkpoint directory (`config.json` naming a preset as

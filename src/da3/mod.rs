@@ -60,7 +60,7 @@ pub enum Error {
     Image(#[from] image::ImageError),
     /// A GGUF file that cannot be read or does not parse.
     #[error(transparent)]
-    Gguf(#[from] crate::ggml::gguf::GgufError),
+    Gguf(#[from] crate::gguf::GgufError),
     /// An error of the safe ggml layer (shapes, memory, devices, compute).
     #[error(transparent)]
     Ggml(Box<crate::ggml::Error>),

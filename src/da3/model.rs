@@ -12,10 +12,10 @@ use super::outputs::{fill_sky, Pose, Prediction};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
 use super::weights::{ConvKernels, LoadedWeights, Loader};
 use super::Error;
-use crate::ggml::gguf::GgufFile;
 use crate::ggml::{
     Backend, BufferUsage, Context, DType, Device, DeviceKind, DeviceSpec, Graph, Tensor,
 };
+use crate::gguf::GgufFile;
 use crate::residency::{Executor, Policy, Report};
 use std::collections::HashMap;
 use std::path::Path;

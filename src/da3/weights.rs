@@ -3,12 +3,12 @@
 
 use super::config::{Config, FileLayout, HeadKind};
 use super::Error;
-use crate::ggml::gguf::{GgufFile, TensorInfo};
 use crate::ggml::{
     dequantize, linear_bf16, linear_q8, pack_linear_panels, pack_linear_panels_bf16,
     pack_linear_panels_f16, pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device,
     SharedContext, Tensor, TensorView, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
+use crate::gguf::{GgufFile, TensorInfo};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -1646,8 +1646,8 @@ mod tests {
     /// quantised block are refused, naming the tensor.
     #[test]
     fn packed_weights_are_packed_from_their_reordered_rows() {
-        use crate::ggml::gguf::GgufWriter;
         use crate::ggml::{Backend, Gallocr};
+        use crate::gguf::GgufWriter;
         let (n_in, n_out, t) = (64usize, 2 * LINEAR_PANEL, 3usize);
         let w: Vec<f32> = (0..n_in * n_out)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)

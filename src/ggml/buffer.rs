@@ -571,29 +571,6 @@ impl Context {
     }
 }
 
-impl Context {
-    /// Every tensor of a GGUF file, named as in the file, in one `backend` buffer of `usage`.
-    /// Shapes and types are the file's; the data is copied from the file with positioned reads.
-    pub fn from_gguf(
-        file: &super::gguf::GgufFile,
-        backend: &Backend,
-        usage: BufferUsage,
-    ) -> Result<Context> {
-        let ctx = Context::metadata_with_graph(file.tensors().len().max(1), 1)?;
-        let mut loaded = Vec::with_capacity(file.tensors().len());
-        for info in file.tensors() {
-            let ne: Vec<i64> = info.shape().iter().map(|&d| d as i64).collect();
-            let tensor = ctx.new_tensor(info.dtype, &ne)?.named(&info.name);
-            loaded.push((tensor, info));
-        }
-        ctx.allocate_on(backend, usage)?;
-        for (tensor, info) in &loaded {
-            ctx.write_bytes(tensor, &file.read_tensor_data(info)?)?;
-        }
-        Ok(ctx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,6 @@
 //! checked first and reported here, naming the op, the operands and their shapes.
 
 use super::dtype::DType;
-use super::gguf::GgufError;
 use super::tensor::Shape;
 use std::fmt;
 
@@ -231,11 +230,6 @@ pub enum Error {
         /// ggml's `ggml_status` code (anything but `GGML_STATUS_SUCCESS`).
         status: i32,
     },
-
-    // --- files --------------------------------------------------------------------------------
-    /// A GGUF file problem.
-    #[error(transparent)]
-    Gguf(#[from] GgufError),
 }
 
 fn list(operands: &[Operand]) -> String {

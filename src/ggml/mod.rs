@@ -1,9 +1,11 @@
 //! A safe layer over ggml: contexts, tensors, ops, graphs, backends, buffers, the graph
-//! allocator, the scheduler, GGUF files and the RPC backend.
+//! allocator, the scheduler and the RPC backend.
+//! GGUF files are read and written a layer above, in `da3::gguf` (this module knows nothing
+//! of them).
 //!
 //! Every precondition ggml would `abort()` on is checked first and returned as an [`Error`];
 //! every raw handle has one owner that frees it. This module holds all of the crate's
-//! `unsafe` code.
+//! `unsafe` code but the memory map of `da3::gguf`'s reader.
 //!
 //! ```
 //! use da3::ggml::{Backend, Context, DType, Gallocr, TensorView};
@@ -32,7 +34,6 @@ mod cpu_kernels;
 mod cpu_ops;
 pub mod dtype;
 mod error;
-pub mod gguf;
 mod graph;
 mod ops;
 pub mod process;

@@ -2,7 +2,7 @@
 
 use super::common::{DeviceArgs, ModelArgs};
 use anyhow::Context as _;
-use da3::ggml::gguf::GgufFile;
+use da3::gguf::GgufFile;
 use da3::{convert, Model};
 use std::collections::BTreeMap;
 use std::process::ExitCode;

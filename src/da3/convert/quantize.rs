@@ -6,8 +6,8 @@ use super::{conv_kernel_names, is_matmul_weight, WeightType};
 use crate::da3::config::FileLayout;
 use crate::da3::weights::{check_finite, to_f32};
 use crate::da3::{outputs, Config, Error};
-use crate::ggml::gguf::{GgufFile, GgufWriter};
 use crate::ggml::DType;
+use crate::gguf::{GgufFile, GgufWriter};
 use std::collections::HashSet;
 use std::path::Path;
 
