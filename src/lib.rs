@@ -21,6 +21,7 @@
 //! - [`Device`] and [`LoadOptions`] choose where and how to compute.
 //!
 //! Layers, each depending only on the ones before it:
+//! - [`atomic_file`]: how every file is written (a temporary file renamed into place);
 //! - [`ggml`]: a safe layer over ggml (all of the crate's `unsafe` code but [`gguf`]'s memory
 //!   map);
 //! - [`gguf`]: GGUF files, the container of ggml models: format, reader, writer;
@@ -35,6 +36,8 @@
 
 // Only the safe layer may hold `unsafe` code (and `gguf`, in the two places that allow it:
 // its memory map); the compiler enforces it for the rest.
+#[deny(unsafe_code)]
+pub mod atomic_file;
 #[doc(hidden)]
 #[deny(unsafe_code)]
 pub mod da3;

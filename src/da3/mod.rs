@@ -94,6 +94,15 @@ pub enum Error {
     },
 }
 
+impl From<crate::atomic_file::WriteError> for Error {
+    fn from(e: crate::atomic_file::WriteError) -> Self {
+        Error::Output {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 impl From<crate::ggml::Error> for Error {
     fn from(e: crate::ggml::Error) -> Self {
         Error::Ggml(Box::new(e))

@@ -11,8 +11,9 @@
 //! views changes nothing but the order of the sums in global attention: the graph keeps the
 //! input order and gives each view its camera token by slot ([`camera_slots`]).
 
-use super::outputs::{write_atomically, Prediction};
+use super::outputs::Prediction;
 use super::Error;
+use crate::atomic_file;
 use std::path::Path;
 
 /// Fewer views than this never select (the official `THRESH_FOR_REF_SELECTION`): view 0 is
@@ -293,10 +294,10 @@ impl MultiPrediction {
             json["known_poses"] = serde_json::json!(true);
             json["pose_scale"] = serde_json::json!(scale);
         }
-        write_atomically(path.as_ref(), |out| {
+        Ok(atomic_file::write(path.as_ref(), |out| {
             serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
             out.write_all(b"\n")
-        })
+        })?)
     }
 }
 

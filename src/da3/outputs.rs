@@ -1,10 +1,9 @@
 //! What a prediction holds, camera pose from the decoder, the mono sky rule, and the files
-//! the CLI writes (atomically: a temporary file renamed into place).
+//! the CLI writes (atomically, through [`crate::atomic_file`]).
 
 use super::Error;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use crate::atomic_file;
+use std::path::Path;
 
 /// Camera parameters of the input view (DualDPT models).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,10 +139,10 @@ impl Prediction {
             "intrinsics": pose.intrinsics,
             "extrinsics_world_to_camera": pose.extrinsics,
         });
-        write_atomically(path.as_ref(), |out| {
+        Ok(atomic_file::write(path.as_ref(), |out| {
             serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
             out.write_all(b"\n")
-        })
+        })?)
     }
 
     /// The smallest and largest finite depth.
@@ -197,167 +196,6 @@ pub fn quantile(mut values: Vec<f32>, q: f64) -> f32 {
     values[lo] + (values[hi] - values[lo]) * frac
 }
 
-/// Temporary files of writes in progress, for [`remove_temporary_files`].
-static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-fn pending() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    PENDING
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Keeps a temporary file's path in [`PENDING`] while it exists.
-struct Registered(PathBuf);
-
-impl Registered {
-    fn new(path: &Path) -> Registered {
-        pending().push(path.to_path_buf());
-        Registered(path.to_path_buf())
-    }
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        pending().retain(|p| p != &self.0);
-    }
-}
-
-/// Removes the temporary files of [`write_atomically`] calls still in progress. For a
-/// program's SIGINT/SIGTERM handler, which then exits: an interrupted write leaves nothing.
-pub fn remove_temporary_files() {
-    for path in pending().drain(..) {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
-fn output_error(path: &Path, kind: std::io::ErrorKind, why: String) -> Error {
-    Error::Output {
-        path: path.to_path_buf(),
-        source: std::io::Error::new(kind, why),
-    }
-}
-
-/// The folder an output file goes to.
-fn folder_of(path: &Path) -> &Path {
-    path.parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-}
-
-/// Checks that `path` may be replaced by a new file: it names a file in an existing folder,
-/// and is either absent or a regular file (not a directory, device, FIFO, socket or symbolic
-/// link). Returns the permissions of the existing file, which the new one keeps.
-fn check_target(path: &Path) -> Result<Option<std::fs::Permissions>, Error> {
-    use std::io::ErrorKind;
-    if path.file_name().is_none() {
-        return Err(output_error(
-            path,
-            ErrorKind::InvalidInput,
-            "not a file name".into(),
-        ));
-    }
-    let folder = folder_of(path);
-    match std::fs::metadata(folder) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return Err(output_error(
-                path,
-                ErrorKind::NotADirectory,
-                format!("{} is not a folder", folder.display()),
-            ))
-        }
-        Err(e) => {
-            return Err(output_error(
-                path,
-                e.kind(),
-                format!("the folder {} does not exist ({e})", folder.display()),
-            ))
-        }
-    }
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(e) => {
-            return Err(Error::Output {
-                path: path.to_path_buf(),
-                source: e,
-            })
-        }
-    };
-    let kind = meta.file_type();
-    if kind.is_file() {
-        return Ok(Some(meta.permissions()));
-    }
-    let what = if kind.is_dir() {
-        "a directory"
-    } else if kind.is_symlink() {
-        "a symbolic link (name the file it points to)"
-    } else {
-        special_file_kind(&kind)
-    };
-    Err(output_error(
-        path,
-        ErrorKind::AlreadyExists,
-        format!("it is {what}, not a regular file; refusing to replace it"),
-    ))
-}
-
-#[cfg(unix)]
-fn special_file_kind(kind: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_fifo() {
-        "a FIFO"
-    } else if kind.is_socket() {
-        "a socket"
-    } else {
-        "a special file"
-    }
-}
-
-#[cfg(not(unix))]
-fn special_file_kind(_: &std::fs::FileType) -> &'static str {
-    "a special file"
-}
-
-/// A new temporary file beside `path`, with an unpredictable name, created exclusively (it
-/// cannot be a pre-existing file or a symbolic link someone planted).
-fn temporary_beside(
-    path: &Path,
-    permissions: Option<&std::fs::Permissions>,
-) -> std::io::Result<tempfile::NamedTempFile> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let prefix = format!(".{name}.");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".tmp");
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // A new output gets the usual 0666 less the umask; a replaced one its own mode (set
-        // exactly before the rename, since the umask applies here).
-        let mode = permissions.map_or(0o666, |p| p.mode() & 0o7777);
-        builder.permissions(std::fs::Permissions::from_mode(mode));
-    }
-    #[cfg(not(unix))]
-    let _ = permissions;
-    builder.tempfile_in(folder_of(path))
-}
-
-/// Checks, before any work, that [`write_atomically`] can write `path`: the folder exists and
-/// takes a new file, and `path` is absent or a regular file. The error names `path`.
-pub fn check_writable(path: &Path) -> Result<(), Error> {
-    let permissions = check_target(path)?;
-    temporary_beside(path, permissions.as_ref())
-        .map(drop)
-        .map_err(|source| Error::Output {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
 /// Whether `a` and `b` name the same existing file (same device and inode on Unix, same
 /// canonical path elsewhere).
 pub fn same_file(a: &Path, b: &Path) -> bool {
@@ -379,59 +217,23 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
 /// Refuses an output that is one of the `inputs` (`(what, path)`, e.g. `("the model", p)`).
 pub fn check_not_an_input(output: &Path, inputs: &[(&str, &Path)]) -> Result<(), Error> {
     match inputs.iter().find(|(_, input)| same_file(output, input)) {
-        Some((what, input)) => Err(output_error(
-            output,
-            std::io::ErrorKind::AlreadyExists,
-            format!(
-                "it is {what} ({}); refusing to overwrite an input",
-                input.display()
+        Some((what, input)) => Err(Error::Output {
+            path: output.to_path_buf(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!(
+                    "it is {what} ({}); refusing to overwrite an input",
+                    input.display()
+                ),
             ),
-        )),
+        }),
         None => Ok(()),
     }
 }
 
-/// Writes `path` through a temporary file in the same folder, renamed into place once
-/// complete and synced, so that a failure never leaves a half-written file behind.
-///
-/// The temporary file has an unpredictable name and is created exclusively; it is removed on
-/// any error (and by [`remove_temporary_files`]). An existing `path` must be a regular file
-/// (a directory, device, FIFO or symbolic link is refused and left untouched), and the new
-/// file keeps its permissions.
-pub fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
-) -> Result<(), Error> {
-    let permissions = check_target(path)?;
-    let io = |source| Error::Output {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut tmp = temporary_beside(path, permissions.as_ref()).map_err(io)?;
-    let _registered = Registered::new(tmp.path());
-    let result = (|| {
-        let mut out = std::io::BufWriter::new(tmp.as_file_mut());
-        write(&mut out)?;
-        out.into_inner().map_err(|e| e.into_error())?;
-        if let Some(permissions) = permissions {
-            tmp.as_file().set_permissions(permissions)?;
-        }
-        tmp.as_file().sync_all()
-    })();
-    result.map_err(io)?;
-    // Dropping the temporary file on a failed rename removes it.
-    tmp.persist(path).map_err(|e| io(e.error))?;
-    #[cfg(unix)]
-    if let Ok(folder) = std::fs::File::open(folder_of(path)) {
-        // Makes the rename durable; the file is complete either way.
-        let _ = folder.sync_all();
-    }
-    Ok(())
-}
-
 /// PFM: `Pf`, size, negative scale (little-endian), rows bottom to top.
 pub fn write_pfm(path: &Path, values: &[f32], width: usize, height: usize) -> Result<(), Error> {
-    write_atomically(path, |w| {
+    Ok(atomic_file::write(path, |w| {
         write!(w, "Pf\n{width} {height}\n-1.0\n")?;
         for row in (0..height).rev() {
             for v in &values[row * width..(row + 1) * width] {
@@ -439,7 +241,7 @@ pub fn write_pfm(path: &Path, values: &[f32], width: usize, height: usize) -> Re
             }
         }
         Ok(())
-    })
+    })?)
 }
 
 /// Colour maps for 8-bit depth images.
@@ -522,7 +324,7 @@ pub fn write_png(
             path: path.to_path_buf(),
             source: std::io::Error::other(e),
         })?;
-    write_atomically(path, |w| w.write_all(&encoded))
+    Ok(atomic_file::write(path, |w| w.write_all(&encoded))?)
 }
 
 use image::ImageEncoder;
@@ -595,7 +397,7 @@ pub fn write_png16(path: &Path, values: &[f32], width: usize, height: usize) -> 
         writer.write_image_data(&samples).map_err(err)?;
         writer.finish().map_err(err)?;
     }
-    write_atomically(path, |w| w.write_all(&encoded))
+    Ok(atomic_file::write(path, |w| w.write_all(&encoded))?)
 }
 
 /// Bilinear resampling of a row-major map to `new_width x new_height`, pixel centres aligned
@@ -680,7 +482,6 @@ mod tests {
 
     #[test]
     fn png16_reads_back_with_its_range() {
-        let _turn = writing();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.png");
         super::write_png16(&path, &[1.0, 2.0, 3.0, f32::NAN], 2, 2).unwrap();
@@ -712,114 +513,6 @@ mod tests {
     }
 
     use super::*;
-
-    /// [`remove_temporary_files`] removes every write in progress in this process, so the
-    /// tests that write take turns.
-    static WRITES: Mutex<()> = Mutex::new(());
-
-    fn writing() -> std::sync::MutexGuard<'static, ()> {
-        WRITES
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn names_in(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-
-    #[test]
-    fn a_failed_write_leaves_the_old_file_and_no_temporary() {
-        let _turn = writing();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("out.pfm");
-        std::fs::write(&path, b"old").unwrap();
-        let err = write_atomically(&path, |w| {
-            w.write_all(b"half")?;
-            Err(std::io::Error::other("disk on fire"))
-        })
-        .unwrap_err();
-        assert!(err.to_string().contains("out.pfm") && err.to_string().contains("disk on fire"));
-        assert_eq!(std::fs::read(&path).unwrap(), b"old");
-        assert_eq!(names_in(dir.path()), ["out.pfm"]);
-    }
-
-    #[test]
-    fn an_interrupted_write_removes_its_temporary_file() {
-        let _turn = writing();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("out.pfm");
-        std::fs::write(&path, b"old").unwrap();
-        let err = write_atomically(&path, |w| {
-            w.write_all(b"half")?;
-            w.flush()?;
-            assert_eq!(names_in(dir.path()).len(), 2, "a temporary file exists");
-            // What the CLI's SIGINT handler does before it dies of the signal.
-            remove_temporary_files();
-            assert_eq!(names_in(dir.path()), ["out.pfm"]);
-            Ok(())
-        });
-        assert!(err.is_err(), "the rename of a removed temporary file fails");
-        assert_eq!(std::fs::read(&path).unwrap(), b"old");
-        assert_eq!(names_in(dir.path()), ["out.pfm"]);
-        // Only this write's entries: tests of other modules write files at the same time.
-        assert!(!pending().iter().any(|p| p.starts_with(dir.path())));
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn a_replaced_file_keeps_its_permissions() {
-        let _turn = writing();
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        for mode in [0o600, 0o640, 0o604] {
-            let path = dir.path().join(format!("out{mode:o}.json"));
-            std::fs::write(&path, b"old").unwrap();
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-            write_atomically(&path, |w| w.write_all(b"new")).unwrap();
-            assert_eq!(std::fs::read(&path).unwrap(), b"new");
-            let got = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
-            assert_eq!(got, mode, "{}", path.display());
-        }
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn special_files_and_links_are_refused_and_left_alone() {
-        let _turn = writing();
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let before = std::fs::metadata("/dev/null").unwrap();
-        let err = write_atomically(Path::new("/dev/null"), |w| w.write_all(b"x")).unwrap_err();
-        assert!(err.to_string().contains("character device"), "{err}");
-        let after = std::fs::metadata("/dev/null").unwrap();
-        assert!(after.file_type() == before.file_type() && after.rdev() == before.rdev());
-        assert!(check_writable(Path::new("/dev/null")).is_err());
-
-        let target = dir.path().join("real.pfm");
-        std::fs::write(&target, b"keep").unwrap();
-        let link = dir.path().join("link.pfm");
-        std::os::unix::fs::symlink(&target, &link).unwrap();
-        let err = write_atomically(&link, |w| w.write_all(b"x")).unwrap_err();
-        assert!(err.to_string().contains("symbolic link"), "{err}");
-        assert!(std::fs::symlink_metadata(&link)
-            .unwrap()
-            .file_type()
-            .is_symlink());
-        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
-
-        let sub = dir.path().join("sub");
-        std::fs::create_dir(&sub).unwrap();
-        let err = check_writable(&sub).unwrap_err();
-        assert!(err.to_string().contains("a directory"), "{err}");
-        let err = check_writable(&target.join("x.pfm")).unwrap_err();
-        assert!(err.to_string().contains("is not a folder"), "{err}");
-        assert_eq!(names_in(dir.path()), ["link.pfm", "real.pfm", "sub"]);
-    }
 
     #[test]
     fn an_input_is_not_an_output() {

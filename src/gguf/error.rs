@@ -10,7 +10,8 @@ use crate::ggml::DType;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GgufError {
-    /// Opening, mapping, creating, writing or renaming a file failed.
+    /// Opening, mapping, creating, writing or renaming a file failed (for a write, the error of
+    /// [`atomic_file::write`](crate::atomic_file::write), nothing left behind).
     #[error("I/O error on {}: {source}", path.display())]
     Io {
         /// The file the operation was on.
@@ -246,5 +247,14 @@ fn version_message(version: u32) -> String {
 impl From<crate::ggml::Error> for GgufError {
     fn from(e: crate::ggml::Error) -> Self {
         GgufError::Ggml(Box::new(e))
+    }
+}
+
+impl From<crate::atomic_file::WriteError> for GgufError {
+    fn from(e: crate::atomic_file::WriteError) -> Self {
+        GgufError::Io {
+            path: e.path,
+            source: e.source,
+        }
     }
 }

@@ -26,6 +26,8 @@
 //! afterwards is infallible or fails only on a metadata type mismatch.
 //! [`GgufWriter`] produces files that ggml reads back (tensors packed in order,
 //! each padded to the alignment, exactly as `gguf_write_to_file` does).
+//! [`GgufWriter::write_to`] writes a file through [`crate::atomic_file`], so a failed write
+//! leaves nothing behind.
 //!
 //! This module sits above [`crate::ggml`] (it uses its [`DType`](crate::ggml::DType) and loads
 //! tensors into its [`Context`](crate::ggml::Context)); `ggml` knows nothing of GGUF. Its only

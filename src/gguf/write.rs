@@ -3,10 +3,8 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 use super::parse::Scalar;
 use super::tensor::{align_up, alignment_from, check_alignment, check_shape};
@@ -14,6 +12,7 @@ use super::{
     Array, GgufError, TensorInfo, Value, ALIGNMENT_KEY, GGUF_MAGIC, GGUF_VERSION, MAX_ARRAY_LEN,
     MAX_STRING_LEN, MAX_TENSOR_NAME_LEN,
 };
+use crate::atomic_file;
 use crate::ggml::DType;
 
 struct PendingTensor<'a> {
@@ -181,34 +180,16 @@ impl<'a> GgufWriter<'a> {
 
     /// Writes the file to `path` atomically and returns its size.
     ///
-    /// The data goes to a new temporary file in the same directory, which is
-    /// flushed to disk (`fsync`) and then renamed over `path`; the directory is
-    /// then synced on Unix (best effort). On any error the temporary file is
-    /// removed and `path` is left as it was. Validation errors are reported before
-    /// anything is created. The new file gets default permissions, and a symlink
-    /// at `path` is replaced rather than followed.
+    /// Validation errors are reported before anything is created; then
+    /// [`atomic_file::write`] writes the file: a temporary file in the same directory, flushed
+    /// to disk (`fsync`) and renamed over `path`, removed on any error, `path` left as it was.
+    /// An existing `path` must be a regular file (a symbolic link, directory or device is
+    /// refused) and the new file keeps its permissions.
     pub fn write_to(&self, path: impl AsRef<Path>) -> Result<u64, GgufError> {
-        let path = path.as_ref();
         let (header, alignment) = self.encode_header()?;
-        let io_err = |p: &Path| {
-            let p = p.to_owned();
-            move |source| GgufError::Io { path: p, source }
-        };
-
-        let (tmp, file) = create_temp_beside(path).map_err(io_err(path))?;
-        let mut out = io::BufWriter::with_capacity(1 << 20, file);
-        let written = self
-            .write_body(&header, alignment, &mut out)
-            .map_err(io_err(&tmp.0))?;
-        let file = out
-            .into_inner()
-            .map_err(|e| io_err(&tmp.0)(e.into_error()))?;
-        file.sync_all().map_err(io_err(&tmp.0))?;
-        drop(file);
-        fs::rename(&tmp.0, path).map_err(io_err(path))?;
-        tmp.disarm();
-        sync_parent_dir(path);
-        Ok(written)
+        Ok(atomic_file::write(path.as_ref(), |out| {
+            self.write_body(&header, alignment, out)
+        })?)
     }
 }
 
@@ -294,64 +275,6 @@ fn write_zeros(w: &mut dyn Write, mut n: u64) -> io::Result<()> {
         n -= chunk as u64;
     }
     Ok(())
-}
-
-/// A temporary file that is deleted on drop unless disarmed.
-struct TempPath(PathBuf);
-
-impl TempPath {
-    fn disarm(self) {
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
-}
-
-/// Creates a new, uniquely named file next to `path`.
-fn create_temp_beside(path: &Path) -> io::Result<(TempPath, File)> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path does not name a file"))?;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut last_err = None;
-    for _ in 0..64 {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let mut tmp_name = std::ffi::OsString::from(".");
-        tmp_name.push(name);
-        tmp_name.push(format!(".{}.{n}.tmp", std::process::id()));
-        let tmp = dir.join(tmp_name);
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(file) => return Ok((TempPath(tmp), file)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last_err = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last_err.unwrap_or_else(|| io::Error::other("could not create a temporary file")))
-}
-
-/// Makes a completed rename durable; failure is ignored because the new file is
-/// already in place and complete.
-fn sync_parent_dir(path: &Path) {
-    #[cfg(unix)]
-    {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = path;
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use super::outputs::{
 };
 use super::video;
 use anyhow::{bail, Context as _};
-use da3::outputs::write_atomically;
+use da3::atomic_file;
 use da3::preprocess::load_image;
 use da3::{Device, LoadOptions, Policy};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -411,7 +411,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "seconds": started.elapsed().as_secs_f64(),
         "results": ordered.iter().map(Outcome::json).collect::<Vec<_>>(),
     });
-    write_atomically(&summary_path, |out| {
+    atomic_file::write(&summary_path, |out| {
         serde_json::to_writer_pretty(&mut *out, &summary).map_err(std::io::Error::other)?;
         out.write_all(b"\n")
     })?;

@@ -1,7 +1,7 @@
 //! `da3 bench`: load time, first and steady-state compute, memory, residency decision.
 
 use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
-use da3::outputs::write_atomically;
+use da3::atomic_file::write as write_atomically;
 use da3::{LoadOptions, Policy, Prediction, RefViewStrategy, Session};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,8 +1,8 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
-use da3::outputs;
 use da3::preprocess::{load_image, RgbImage8};
+use da3::{atomic_file, outputs};
 use da3::{ConvPrecision, Device, LoadOptions, Model};
 use std::path::{Path, PathBuf};
 
@@ -121,11 +121,12 @@ pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
 }
 
 /// Before any work: every output (`(flag, path)`) can be written (see
-/// [`outputs::check_writable`]), none is one of the `inputs` (`(what, path)`), and no two
+/// [`atomic_file::check_writable`]), none is one of the `inputs` (`(what, path)`), and no two
 /// outputs are the same file.
 pub fn check_outputs(outputs: &[(&str, &Path)], inputs: &[(&str, &Path)]) -> anyhow::Result<()> {
     for (i, (flag, path)) in outputs.iter().enumerate() {
-        outputs::check_writable(path)
+        atomic_file::check_writable(path)
+            .map_err(da3::Error::from)
             .and_then(|()| outputs::check_not_an_input(path, inputs))
             .map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         if let Some((other, _)) = outputs[..i]

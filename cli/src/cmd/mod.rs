@@ -138,7 +138,7 @@ pub fn main() -> ExitCode {
 /// peer is an error rather than a signal. Any other failure (`> /dev/full`) is an error.
 /// Either way the temporary files of outputs being written are removed first.
 pub(crate) fn stdout_failed(error: std::io::Error) -> ! {
-    da3::outputs::remove_temporary_files();
+    da3::atomic_file::remove_temporary_files();
     if error.kind() == std::io::ErrorKind::BrokenPipe {
         std::process::exit(141);
     }
@@ -174,7 +174,7 @@ fn remove_temporary_files_on_signals() {
     };
     std::thread::spawn(move || {
         if let Some(signal) = signals.forever().next() {
-            da3::outputs::remove_temporary_files();
+            da3::atomic_file::remove_temporary_files();
             let _ = signal_hook::low_level::emulate_default_handler(signal);
             std::process::exit(128 + signal);
         }

@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     // Before reading anything big: the page can be written.
-    da3::outputs::check_writable(&output)
+    da3::atomic_file::check_writable(&output)
         .with_context(|| format!("--output {}", output.display()))?;
     let bytes =
         std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;

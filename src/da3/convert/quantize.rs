@@ -3,6 +3,7 @@
 //! the convolution kernels too); every other tensor and every metadata key is copied as it is.
 
 use super::{conv_kernel_names, is_matmul_weight, WeightType};
+use crate::atomic_file;
 use crate::da3::config::FileLayout;
 use crate::da3::weights::{check_finite, to_f32};
 use crate::da3::{outputs, Config, Error};
@@ -185,7 +186,7 @@ pub fn quantize(
     file.check_unchanged()?;
     summary.before.sort_by_key(|c| c.dtype.id());
     summary.after.sort_by_key(|c| c.dtype.id());
-    outputs::write_atomically(output, |out| {
+    atomic_file::write(output, |out| {
         w.write_to_writer(out)
             .map(drop)
             .map_err(std::io::Error::other)

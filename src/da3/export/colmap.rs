@@ -14,9 +14,9 @@
 //! then per point u64 id, f64 x y z, u8 r g b, f64 error, u64 track length, per element i32
 //! image id, i32 2D point index.
 
-use super::super::outputs::write_atomically;
 use super::super::Error;
 use super::{PointCloud, View};
+use crate::atomic_file;
 use std::path::Path;
 
 /// Which of COLMAP's two encodings to write.
@@ -162,7 +162,7 @@ pub fn write_colmap(
     }
     match format {
         ColmapFormat::Text => {
-            write_atomically(&dir.join("cameras.txt"), |w| {
+            atomic_file::write(&dir.join("cameras.txt"), |w| {
                 writeln!(w, "# Camera list with one line of data per camera:")?;
                 writeln!(w, "#   CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]")?;
                 writeln!(w, "# Number of cameras: {}", cameras.len())?;
@@ -178,7 +178,7 @@ pub fn write_colmap(
                 }
                 Ok(())
             })?;
-            write_atomically(&dir.join("images.txt"), |w| {
+            atomic_file::write(&dir.join("images.txt"), |w| {
                 let total: usize = images.iter().map(|i| i.points.len()).sum();
                 writeln!(w, "# Image list with two lines of data per image:")?;
                 writeln!(
@@ -213,7 +213,7 @@ pub fn write_colmap(
                 }
                 Ok(())
             })?;
-            write_atomically(&dir.join("points3D.txt"), |w| {
+            atomic_file::write(&dir.join("points3D.txt"), |w| {
                 writeln!(w, "# 3D point list with one line of data per point:")?;
                 writeln!(
                     w,
@@ -249,7 +249,7 @@ pub fn write_colmap(
             })?;
         }
         ColmapFormat::Binary => {
-            write_atomically(&dir.join("cameras.bin"), |w| {
+            atomic_file::write(&dir.join("cameras.bin"), |w| {
                 w.write_all(&(cameras.len() as u64).to_le_bytes())?;
                 for (i, c) in cameras.iter().enumerate() {
                     w.write_all(&(i as i32 + 1).to_le_bytes())?;
@@ -262,7 +262,7 @@ pub fn write_colmap(
                 }
                 Ok(())
             })?;
-            write_atomically(&dir.join("images.bin"), |w| {
+            atomic_file::write(&dir.join("images.bin"), |w| {
                 w.write_all(&(images.len() as u64).to_le_bytes())?;
                 for (i, im) in images.iter().enumerate() {
                     w.write_all(&(i as i32 + 1).to_le_bytes())?;
@@ -281,7 +281,7 @@ pub fn write_colmap(
                 }
                 Ok(())
             })?;
-            write_atomically(&dir.join("points3D.bin"), |w| {
+            atomic_file::write(&dir.join("points3D.bin"), |w| {
                 w.write_all(&(cloud.len() as u64).to_le_bytes())?;
                 for (id, ((p, c), s)) in cloud
                     .positions

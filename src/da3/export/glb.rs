@@ -13,9 +13,9 @@
 //! on a 4-byte boundary. The JSON is built with `gltf-json` and the container written by
 //! `gltf`'s `Glb`.
 
-use super::super::outputs::write_atomically;
 use super::super::Error;
 use super::{camera_to_world, invert3, mat3_vec, to_f64, PointCloud, View};
+use crate::atomic_file;
 use gltf_json as json;
 use json::validation::Checked::Valid;
 use json::validation::USize64;
@@ -398,12 +398,12 @@ pub fn write_glb(
         json: Cow::Owned(json_bytes),
         bin: Some(Cow::Owned(bin)),
     };
-    write_atomically(path, |w| {
+    Ok(atomic_file::write(path, |w| {
         glb.to_writer(w).map_err(|e| match e {
             gltf::Error::Io(io) => io,
             other => std::io::Error::other(other.to_string()),
         })
-    })
+    })?)
 }
 
 #[cfg(test)]

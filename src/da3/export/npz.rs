@@ -4,8 +4,9 @@
 //! all float32. One addition the official archive lacks: `sky` (N, H, W) for mono/metric
 //! models. Rounding is NumPy's `round` in float32 (scale, round half to even, unscale).
 
-use super::super::outputs::{write_atomically, Prediction};
+use super::super::outputs::Prediction;
 use super::super::Error;
+use crate::atomic_file;
 use ndarray::{Array, Array3};
 use std::path::Path;
 
@@ -86,7 +87,7 @@ pub fn write_mini_npz(path: &Path, predictions: &[&Prediction]) -> Result<(), Er
         npz.add_array("sky", &sky).map_err(io)?;
     }
     let bytes = npz.finish().map_err(io)?.into_inner();
-    write_atomically(path, |out| out.write_all(&bytes))
+    Ok(atomic_file::write(path, |out| out.write_all(&bytes))?)
 }
 
 #[cfg(test)]

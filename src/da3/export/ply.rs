@@ -7,9 +7,9 @@
 //! Coordinates are the world frame of the prediction (OpenCV convention: x right, y down,
 //! z forward for an identity camera).
 
-use super::super::outputs::write_atomically;
 use super::super::Error;
 use super::PointCloud;
+use crate::atomic_file;
 use std::path::Path;
 
 /// Writes `cloud` as a binary little-endian PLY file (atomically).
@@ -21,7 +21,7 @@ pub fn write_ply(path: &Path, cloud: &PointCloud) -> Result<(), Error> {
             cloud.colors.len()
         )));
     }
-    write_atomically(path, |w| {
+    Ok(atomic_file::write(path, |w| {
         write!(
             w,
             "ply\nformat binary_little_endian 1.0\ncomment written by da3 (Depth Anything 3)\n\
@@ -38,5 +38,5 @@ pub fn write_ply(path: &Path, cloud: &PointCloud) -> Result<(), Error> {
             w.write_all(&record)?;
         }
         Ok(())
-    })
+    })?)
 }

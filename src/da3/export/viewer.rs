@@ -18,10 +18,10 @@
 //! points and frustums in exactly the frame [`super::write_glb`] writes (the first camera's,
 //! centred on the median point), so a page and a glb of one prediction show the same scene.
 
-use super::super::outputs::write_atomically;
 use super::super::Error;
 use super::glb::{alignment, check_scene, frustum, index_color, scene_scale, transform};
 use super::{GlbOptions, PointCloud, View};
+use crate::atomic_file;
 use base64::Engine as _;
 use serde_json::json;
 use std::path::Path;
@@ -193,7 +193,7 @@ pub fn write_viewer(
     max_points: usize,
 ) -> Result<(), Error> {
     let html = viewer_html(scene, title, max_points)?;
-    write_atomically(path, |w| w.write_all(html.as_bytes()))
+    Ok(atomic_file::write(path, |w| w.write_all(html.as_bytes()))?)
 }
 
 #[cfg(test)]
