@@ -3,6 +3,7 @@
 #![deny(unsafe_code)]
 
 mod cmd;
+mod process;
 
 fn main() -> std::process::ExitCode {
     cmd::main()

@@ -36,7 +36,6 @@ pub mod dtype;
 mod error;
 mod graph;
 mod ops;
-pub mod process;
 mod quant;
 pub mod rpc;
 pub mod rpc_guard;

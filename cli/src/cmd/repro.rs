@@ -10,8 +10,9 @@
 //!    unchecked path failed.
 
 use super::common::{load_input, ConvPrecisionArg, DeviceArgs, ModelArgs};
+use crate::process;
 use anyhow::{bail, Context as _};
-use da3::ggml::{process, rpc, Device, DeviceKind};
+use da3::ggml::{rpc, Device, DeviceKind};
 use da3::residency;
 use da3::{LoadOptions, Policy};
 use std::net::TcpListener;

@@ -8,9 +8,10 @@
 //! [`da3::ggml::rpc_guard::relay`], which checks every message's framing and size and drops
 //! idle clients. A message that still crashes ggml kills that worker, so that connection only.
 
+use crate::process;
 use anyhow::Context as _;
 use da3::ggml::rpc_guard::{self, Limits, RelayEnd};
-use da3::ggml::{process, rpc, Device};
+use da3::ggml::{rpc, Device};
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, ExitCode, Stdio};

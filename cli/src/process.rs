@@ -1,4 +1,5 @@
-//! Child processes that must not outlive their parent.
+//! Child processes that must not outlive their parent (`da3 repro`'s children, `da3
+//! rpc-server`'s workers).
 
 use std::process::Command;
 
@@ -8,6 +9,8 @@ use std::process::Command;
 /// or the thread that waits for the child): the kernel signals when that thread ends. If the
 /// parent is already gone when the child starts, the spawn fails. Returns false where the
 /// platform has no such mechanism (the child is then left as is).
+// The command's only `unsafe` code: the `pre_exec` hook below (see its SAFETY comment).
+#[allow(unsafe_code)]
 pub fn kill_with_parent(command: &mut Command) -> bool {
     #[cfg(target_os = "linux")]
     {
