@@ -1,5 +1,5 @@
 //! A safe layer over ggml: contexts, tensors, ops, graphs, backends, buffers, the graph
-//! allocator, the scheduler and the RPC backend.
+//! allocator, the scheduler and the RPC backend (with the relay that guards its server).
 //! GGUF files are read and written a layer above, in `da3::gguf` (this module knows nothing
 //! of them).
 //!
@@ -38,7 +38,6 @@ mod graph;
 mod ops;
 mod quant;
 pub mod rpc;
-pub mod rpc_guard;
 mod sched;
 mod shared;
 mod tensor;

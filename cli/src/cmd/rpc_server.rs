@@ -5,12 +5,12 @@
 //! So this command is a supervisor: it listens itself and, for each client that opens with a
 //! valid HELLO, starts a worker process (`da3 rpc-server --worker`, ggml's server on a private
 //! loopback port, killed with the supervisor) and relays the connection to it through
-//! [`da3::ggml::rpc_guard::relay`], which checks every message's framing and size and drops
+//! [`da3::ggml::rpc::relay`], which checks every message's framing and size and drops
 //! idle clients. A message that still crashes ggml kills that worker, so that connection only.
 
 use crate::process;
 use anyhow::Context as _;
-use da3::ggml::rpc_guard::{self, Limits, RelayEnd};
+use da3::ggml::rpc::relay::{self, Limits, RelayEnd};
 use da3::ggml::{rpc, Device};
 use std::io::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -175,7 +175,7 @@ fn serve_connection(
     limits: Limits,
 ) -> String {
     let mut worker = None;
-    let end = rpc_guard::relay(
+    let end = relay::relay(
         conn,
         || {
             let (w, upstream) = Worker::start(exe, threads)?;

@@ -10,12 +10,14 @@
 //! stops answering (a stopped or hung server). That code is C++ inside ggml; a Rust caller
 //! cannot catch the abort. So:
 //! - [`Device::rpc_with_answer_timeout`] relays the connection through a local
-//!   [`super::rpc_guard`] relay that closes it when the server owes an answer and sends
+//!   [`relay`] that closes it when the server owes an answer and sends
 //!   nothing for the timeout: a hang becomes the same abort as a dead server;
 //! - a computation that must survive either runs in a child process, and the parent reads
 //!   the child's exit status (what `da3 repro` does for its unchecked run);
 //! - set `GGML_NO_BACKTRACE=1` (the `da3` command does) or ggml's abort handler forks gdb
 //!   to print a backtrace first.
+
+pub mod relay;
 
 use super::backend::{cstring, Device};
 use super::error::{Error, Result};
@@ -178,7 +180,7 @@ fn guard(endpoint: &str, answer_timeout: Duration) -> Result<String> {
             source,
         })?
         .to_string();
-    let limits = super::rpc_guard::Limits {
+    let limits = relay::Limits {
         max_message: u64::MAX,
         idle_timeout: Duration::MAX,
         answer_timeout: Some(answer_timeout),
@@ -186,12 +188,12 @@ fn guard(endpoint: &str, answer_timeout: Duration) -> Result<String> {
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
             std::thread::spawn(move || {
-                let end = super::rpc_guard::relay(
+                let end = relay::relay(
                     conn,
                     || TcpStream::connect_timeout(&remote, Duration::from_secs(10)),
                     limits,
                 );
-                if matches!(end, super::rpc_guard::RelayEnd::ServerSilent) {
+                if matches!(end, relay::RelayEnd::ServerSilent) {
                     log::error!("RPC server {remote} {end}: closing the connection");
                 }
             });
