@@ -51,8 +51,9 @@ pub mod residency;
 pub use crate::da3::synthetic;
 pub use crate::da3::{
     convert, export, multiview, nested, outputs, poses, preprocess, ray_pose, Colormap, Config,
-    ConvPrecision, Error, KnownPose, LoadOptions, Model, MultiPrediction, NestedModel,
-    NestedSession, Pose, Prediction, RayMap, RefViewStrategy, Session, DEFAULT_PROCESS_RES,
+    ConvPrecision, Error, ExecutionPlan, KnownPose, LoadOptions, Model, MultiPrediction,
+    NestedModel, NestedSession, PlanOverrides, Pose, Prediction, RayMap, RefViewStrategy, Session,
+    DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;

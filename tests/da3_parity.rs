@@ -6,10 +6,10 @@ mod common;
 
 use common::{agreement, correlation, Fixture};
 use da3::convert::{write_synthetic, WeightType};
-use da3::ggml::DType;
+use da3::ggml::{DType, KernelSet};
 use da3::gguf::{GgufFile, GgufWriter, Value};
 use da3::preprocess::preprocess;
-use da3::{synthetic, Config, Device, LoadOptions, Model, Session};
+use da3::{synthetic, Config, Device, LoadOptions, Model, PlanOverrides, Session};
 
 fn load_synthetic(preset: &str, probes: bool) -> (Session, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -111,16 +111,27 @@ fn base_matches_official_at_504() {
 /// The depth of da3-small's synthetic weights stored as `weight_type`, for the 640x427
 /// synthetic image, on the CPU with 2 threads.
 fn synthetic_small_depth(dir: &std::path::Path, weight_type: WeightType) -> Vec<f32> {
+    synthetic_small_model(dir, weight_type, PlanOverrides::default()).1
+}
+
+/// The model of [`synthetic_small_depth`] loaded with `plan`, and its depth.
+fn synthetic_small_model(
+    dir: &std::path::Path,
+    weight_type: WeightType,
+    plan: PlanOverrides,
+) -> (Model, Vec<f32>) {
     let path = dir.join(format!("{weight_type:?}.gguf"));
     write_synthetic(&path, &Config::preset("da3-small").unwrap(), weight_type).unwrap();
     let options = LoadOptions {
         device: Device::Cpu,
         threads: 2,
+        plan,
         ..Default::default()
     };
     let model = Model::load(&path, &options).unwrap();
     let image = synthetic::image(640, 427);
-    model.session().unwrap().predict_rgb(&image).unwrap().depth
+    let depth = model.session().unwrap().predict_rgb(&image).unwrap().depth;
+    (model, depth)
 }
 
 /// f16, q8_0 and q4_k files (written with the safe layer's GGUF writer and ggml's quantisers)
@@ -140,51 +151,43 @@ fn quantized_weights_stay_close_to_f32() {
     }
 }
 
-/// Whether this is the run of test `name` with the AVX2 kernels: the kernel set is decided
-/// once per process, so a test of them runs itself again in a child process with
-/// `DA3_CPU_KERNELS=avx2` (and without `DA3_INT8_ACTIVATION_BITS`) and asserts that it
-/// passed. False in the parent, which has then checked the child, or on a CPU without the
-/// AVX2 kernels (not x86-64, or below AVX2; every CI machine of this project has them).
-fn running_with_avx2_kernels(name: &str) -> bool {
-    const CHILD: &str = "DA3_TEST_AVX2_CHILD";
-    if std::env::var_os(CHILD).is_some() {
-        assert_eq!(da3::ggml::kernel_set(), da3::ggml::KernelSet::Avx2);
-        return true;
-    }
-    if !cfg!(target_arch = "x86_64") || !da3::ggml::kernel_set().beats_ggml() {
+/// The plan of the AVX2 kernels (AVX2 without VNNI), where this CPU runs them: tests of that
+/// set ask for it in the load options, whatever better set the CPU has. None on a CPU without
+/// them (not x86-64, or below AVX2; every CI machine of this project has them).
+fn avx2_plan() -> Option<PlanOverrides> {
+    let cpu = da3::ggml::Cpu::detect();
+    if !cpu.runs(KernelSet::Avx2) {
         eprintln!("no AVX2 kernels on this CPU: ggml's products run here");
-        return false;
+        return None;
     }
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--nocapture"])
-        .env(CHILD, "1")
-        .env("DA3_CPU_KERNELS", "avx2")
-        .env_remove("DA3_INT8_ACTIVATION_BITS")
-        .status()
-        .unwrap();
-    assert!(status.success(), "the child run of {name} failed: {status}");
-    false
+    Some(PlanOverrides {
+        kernels: da3::ggml::KernelRequest {
+            set: Some(KernelSet::Avx2),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
 }
 
 /// The AVX2 set (AVX2 without VNNI) quantises the int8 products' activations to 7 bits: a
 /// q8_0 file's depth still correlates with the f32 file's at 0.999 or better (the bar of a
-/// fast mode; 0.99967 measured), with the AVX2 kernels ([`running_with_avx2_kernels`]).
+/// fast mode; 0.99967 measured), with the AVX2 kernels ([`avx2_plan`]).
 #[test]
 fn q8_0_file_with_7_bit_activations_stays_close_to_f32() {
-    if !running_with_avx2_kernels("q8_0_file_with_7_bit_activations_stays_close_to_f32") {
+    let Some(plan) = avx2_plan() else {
         return;
-    }
-    assert_eq!(da3::ggml::int8_activation_bits(), 7);
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_, reference) = synthetic_small_model(dir.path(), WeightType::F32, plan);
+    let (model, q8) = synthetic_small_model(dir.path(), WeightType::Q8_0, plan);
+    let kernels = model.plan().cpu_kernels().expect("the AVX2 kernels run");
+    assert_eq!(kernels.config.set(), KernelSet::Avx2);
+    assert_eq!(kernels.config.int8_activation_bits(), 7);
     assert!(
-        da3::ggml::linear_q8(),
+        model.uses_int8_products(),
         "q8_0 weights would not take int8 products"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let reference = synthetic_small_depth(dir.path(), WeightType::F32);
-    let corr = correlation(
-        &synthetic_small_depth(dir.path(), WeightType::Q8_0),
-        &reference,
-    );
+    let corr = correlation(&q8, &reference);
     eprintln!("q8_0 with 7-bit activations: depth correlation with f32 {corr:.6}");
     assert!(corr >= 0.999, "correlation {corr}");
 }
@@ -193,16 +196,12 @@ fn q8_0_file_with_7_bit_activations_stays_close_to_f32() {
 /// layers are packed as f16 panels and multiplied in f32: the depth of the f16 file then
 /// equals, to f32 rounding, that of an f32 file holding the same f16-rounded values (ggml's
 /// f16 product, which rounds the activations to f16 as well, is 6e-4 of the depth off), with
-/// the AVX2 kernels ([`running_with_avx2_kernels`]).
+/// the AVX2 kernels ([`avx2_plan`]).
 #[test]
 fn f16_file_on_f32_products_matches_its_values_in_f32() {
-    if !running_with_avx2_kernels("f16_file_on_f32_products_matches_its_values_in_f32") {
+    let Some(plan) = avx2_plan() else {
         return;
-    }
-    assert!(
-        !da3::ggml::linear_bf16(),
-        "the f16 file would be packed as bf16"
-    );
+    };
     let dir = tempfile::tempdir().unwrap();
     let f16_path = dir.path().join("f16.gguf");
     let config = Config::preset("da3-small").unwrap();
@@ -240,9 +239,14 @@ fn f16_file_on_f32_products_matches_its_values_in_f32() {
         let options = LoadOptions {
             device: Device::Cpu,
             threads: 2,
+            plan,
             ..Default::default()
         };
         let model = Model::load(path, &options).unwrap();
+        assert!(
+            !model.uses_bf16_products(),
+            "the f16 file would be packed as bf16"
+        );
         model.session().unwrap().predict_rgb(&image).unwrap().depth
     };
     let (f16, widened) = (depth_of(&f16_path), depth_of(&widened_path));
@@ -394,7 +398,7 @@ fn ggml_ops_path_matches_cpu_kernels() {
             .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
         eprintln!(
             "{width}x{height}, kernels {}: max abs diff {diff:e} of {scale:e}",
-            da3::ggml::kernel_set().name()
+            da3::ggml::KernelConfig::detect().set()
         );
         assert!(diff <= 1e-3 * scale, "{width}x{height}: {diff} of {scale}");
         assert!(correlation(&kernels, &ggml) > 0.99999);

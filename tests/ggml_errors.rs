@@ -3,8 +3,8 @@
 //! process surviving each case is half of what these tests prove.
 
 use da3::ggml::{
-    rpc, Backend, Context, DType, Device, DeviceKind, Error, Gallocr, Interpolation, Pool, Result,
-    RopeMode, Sched, Tensor, TensorView,
+    rpc, Backend, Context, CpuKernels, DType, Device, DeviceKind, Error, Gallocr, Interpolation,
+    KernelConfig, Pool, Result, RopeMode, Sched, Tensor, TensorView,
 };
 use std::net::TcpListener;
 
@@ -486,12 +486,13 @@ fn conv_transpose_2d_with_mismatched_channels_is_refused() {
 
 /// The fused forms (a convolution of a ReLU'd input, a transposed convolution with its
 /// bias) refuse a bias that is not one value per output channel and mismatched channels,
-/// whether the CPU kernels would compute them or ggml's ops would.
+/// ggml's ops with an error naming the operands, the CPU kernels' nodes by refusing them too
+/// (an error, or no node for the transposed convolution, which then falls to ggml's).
 #[test]
 fn fused_convolutions_refuse_a_wrong_bias_and_mismatched_channels() {
-    for cpu_kernels in [false, true] {
+    let kernels = CpuKernels::f32(KernelConfig::detect());
+    {
         let c = ctx();
-        c.use_cpu_kernels(cpu_kernels);
         let (k, x) = (
             f32(&c, &[3, 3, 4, 8], "kernel"),
             f32(&c, &[20, 12, 4, 1], "image"),
@@ -502,9 +503,9 @@ fn fused_convolutions_refuse_a_wrong_bias_and_mismatched_channels() {
             Error::ShapeMismatch { op: "conv_2d", .. },
             ["output channels (ne[3])", "`short` f32 [7]"]
         );
-        let x3 = f32(&c, &[20, 12, 3, 1], "three");
+        let three = f32(&c, &[20, 12, 3, 1], "three");
         assert_err!(
-            c.conv_2d_of_relu(&k, &x3, None, (1, 1), (1, 1), (1, 1)),
+            c.conv_2d_of_relu(&k, &three, None, (1, 1), (1, 1), (1, 1)),
             Error::ShapeMismatch { op: "conv_2d", .. },
             ["`three` f32 [20, 12, 3]"]
         );
@@ -527,6 +528,20 @@ fn fused_convolutions_refuse_a_wrong_bias_and_mismatched_channels() {
             },
             ["[2, 2, 8, 4]", "[5, 5, 3]"]
         );
+        assert_err!(
+            c.cpu_conv_2d_same(&kernels, &k, &x, Some(&short), true),
+            Error::ShapeMismatch { op: "conv_2d", .. },
+            ["`short` f32 [7]"]
+        );
+        assert_err!(
+            c.cpu_conv_2d_same(&kernels, &k, &three, None, true),
+            Error::ShapeMismatch { op: "conv_2d", .. },
+            ["`three` f32 [20, 12, 3]"]
+        );
+        for (input, bias) in [(&xt, &short), (&x3, &bias)] {
+            let node = c.cpu_conv_transpose_2d_bias(&kernels, &kt, input, bias, 2);
+            assert!(matches!(node, Ok(None)), "{node:?}");
+        }
     }
 }
 

@@ -50,7 +50,7 @@ fn depth(path: &Path) -> Vec<f32> {
         .tensors()
         .iter()
         .any(|t| t.dtype.is_quantized());
-    let int8_expected = quantised && da3::ggml::linear_q8();
+    let int8_expected = quantised && model.plan().cpu_kernels().is_some();
     assert_eq!(
         model.uses_int8_products(),
         int8_expected,
@@ -428,8 +428,9 @@ fn ggml_quantize_refuses_what_ggml_asserts_on() {
 
 /// A q4_k weight whose first block scale is infinite (a corrupt file) is an error naming the
 /// tensor where the int8 products decode it at load (an infinite value cannot be stored as
-/// q8_0). ggml's own q4_k product neither scans nor refuses it: with `DA3_Q8_PRODUCTS=off` or
-/// the portable kernels the file loads (and computes a finite, meaningless depth).
+/// q8_0). ggml's own q4_k product neither scans nor refuses it: with the plan's int8 products
+/// off (`--plan int8-products=off`) or the portable kernels the file loads (and computes a
+/// finite, meaningless depth).
 #[test]
 fn a_quantised_weight_decoding_to_infinity_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -451,7 +452,7 @@ fn a_quantised_weight_decoding_to_infinity_is_refused() {
     let corrupt = dir.path().join("corrupt-q4_k.gguf");
     std::fs::write(&corrupt, &bytes).unwrap();
     let loaded = Model::load(&corrupt, &options());
-    if da3::ggml::linear_q8() {
+    if da3::ggml::Cpu::detect().best().beats_ggml() {
         let Err(e) = loaded else {
             panic!("the int8 path loaded a weight that decodes to infinity");
         };
@@ -463,4 +464,13 @@ fn a_quantised_weight_decoding_to_infinity_is_refused() {
     } else {
         assert!(loaded.is_ok(), "ggml's product takes the weight as it is");
     }
+    let ggml_products = LoadOptions {
+        plan: da3::PlanOverrides {
+            int8_products: Some(false),
+            ..Default::default()
+        },
+        ..options()
+    };
+    let model = Model::load(&corrupt, &ggml_products).expect("ggml's product takes the weight");
+    assert!(!model.uses_int8_products());
 }

@@ -631,21 +631,30 @@ fn process_res_below_the_patch_size_is_refused() {
 
 // --- da3 info, da3 devices ---------------------------------------------------------------------
 
-/// `da3 info` names the CPU kernel set and ggml's CPU variant; `DA3_CPU_KERNELS=portable`
-/// forces the portable set, whose nodes ggml computes, and the model still loads and plans.
+/// `da3 info` prints the execution plan (a kernel for each op class) and ggml's CPU variant;
+/// `--plan kernels=portable` (and, for compatibility, `DA3_CPU_KERNELS=portable`) plans the
+/// portable set, whose nodes ggml computes, and the model still loads; a bad `--plan` value
+/// is refused naming the setting.
 #[test]
-fn info_names_the_cpu_kernel_set_and_honours_the_override() {
+fn info_prints_the_execution_plan_and_honours_overrides() {
     let run = da3(&["info", "--device", "cpu"]);
     assert_success(&run);
-    let cpu = run
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("cpu "))
-        .unwrap_or_else(|| panic!("no `cpu` line\n{}", run.context()));
-    assert!(
-        cpu.contains("kernels ") && cpu.contains("ggml CPU "),
-        "{cpu}"
-    );
+    let line = |prefix: &str| {
+        run.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line\n{}", run.context()))
+            .to_owned()
+    };
+    assert!(line("ggml cpu").contains("AVX2"), "{}", run.context());
+    assert!(line("plan").contains("on CPU"), "{}", run.context());
+    for class in ["linear", "attention", "convolution", "norms", "transforms"] {
+        line(class);
+    }
+    let portable = "ggml's ops (CPU kernel set portable)";
+    let flag = da3(&["info", "--device", "cpu", "--plan", "kernels=portable"]);
+    assert_success(&flag);
+    assert!(flag.stdout.contains(portable), "{}", flag.context());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
         .args(["info", "--device", "cpu"])
         .env("DA3_CPU_KERNELS", "portable")
@@ -653,9 +662,13 @@ fn info_names_the_cpu_kernel_set_and_honours_the_override() {
         .expect("da3 starts");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(portable), "{stdout}");
+    let bad = da3(&["info", "--device", "cpu", "--plan", "winograd=maybe"]);
+    assert_ne!(bad.code, Some(0), "{}", bad.context());
     assert!(
-        stdout.contains("kernels portable (ggml's ops run every node)"),
-        "{stdout}"
+        bad.stderr.contains("winograd") && bad.stderr.contains("on or off"),
+        "{}",
+        bad.context()
     );
 }
 

@@ -3,7 +3,8 @@
 //! Each function must return (never panic, abort or crash) on any input.
 
 use da3::ggml::{
-    Backend, Context, DType, Gallocr, Interpolation, Pool, RopeMode, Tensor, TensorView,
+    Backend, Context, CpuKernels, DType, Gallocr, Interpolation, KernelConfig, Pool, RopeMode,
+    Tensor, TensorView,
 };
 use da3::gguf::GgufFile;
 use da3::{preprocess, Config, Device, LoadOptions, Model};
@@ -74,13 +75,14 @@ impl Bytes<'_> {
 const DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::I32];
 
 /// Builds a graph of fuzzed shapes and ops through the safe layer, then allocates and computes
-/// it on the CPU (with the crate's CPU kernels or ggml's), inputs filled from the bytes.
+/// it on the CPU (with the crate's CPU kernels' nodes, `Context::cpu_*`, where the first
+/// byte asks for them, or ggml's ops), inputs filled from the bytes.
 pub fn graph_ops(data: &[u8]) {
     let mut r = Bytes(data);
     let Ok(ctx) = Context::metadata(512) else {
         return;
     };
-    ctx.use_cpu_kernels(r.u8() & 1 == 1);
+    let kernels = (r.u8() & 1 == 1).then(|| CpuKernels::f32(KernelConfig::detect()));
     let mut pool: Vec<Tensor> = Vec::new();
     for _ in 0..1 + r.small(4) {
         let dtype = DTYPES[r.small(4) as usize];
@@ -108,7 +110,10 @@ pub fn graph_ops(data: &[u8]) {
             5 => ctx.scale(&a, r.f32()),
             6 => ctx.scale_bias(&a, r.f32(), r.f32()),
             7 => ctx.gelu(&a),
-            8 => ctx.gelu_erf(&a),
+            8 => match &kernels {
+                Some(k) => ctx.cpu_gelu_erf(k, &a),
+                None => ctx.gelu_erf(&a),
+            },
             9 => ctx.silu(&a),
             10 => ctx.relu(&a),
             11 => ctx.exp(&a),
@@ -136,17 +141,26 @@ pub fn graph_ops(data: &[u8]) {
                 ctx.permute(&a, axes)
             }
             22 => ctx.transpose(&a),
-            23 => ctx.cont(&a),
-            24 => ctx.concat(&a, &b, r.small(4) as usize),
+            23 => match &kernels {
+                Some(k) => ctx.cpu_transpose(k, &a),
+                None => ctx.cont(&a),
+            },
+            24 => match &kernels {
+                Some(k) => ctx.cpu_concat_rows(k, &a, &b),
+                None => ctx.concat(&a, &b, r.small(4) as usize),
+            },
             25 => ctx.get_rows(&a, &b),
             26 => ctx.pad(&a, [0, 1, 2, 3].map(|_| r.small(3) as i32)),
-            27 => ctx.conv_2d(
-                &a,
-                &b,
-                (1 + r.small(2) as i32, 1 + r.small(2) as i32),
-                (r.small(2) as i32, r.small(2) as i32),
-                (1, 1),
-            ),
+            27 => match &kernels {
+                Some(k) => ctx.cpu_conv_2d_same(k, &a, &b, Some(&c), r.u8() & 1 == 1),
+                None => ctx.conv_2d(
+                    &a,
+                    &b,
+                    (1 + r.small(2) as i32, 1 + r.small(2) as i32),
+                    (r.small(2) as i32, r.small(2) as i32),
+                    (1, 1),
+                ),
+            },
             28 => ctx.pool_2d(
                 &a,
                 if r.u8() & 1 == 0 {
@@ -168,7 +182,10 @@ pub fn graph_ops(data: &[u8]) {
                         align_corners: r.u8() & 1 == 1,
                     },
                 };
-                ctx.interpolate(&a, ne4(&mut r), mode)
+                match &kernels {
+                    Some(k) => ctx.cpu_bilinear_align_corners(k, &a, r.dim(), r.dim(), None),
+                    None => ctx.interpolate(&a, ne4(&mut r), mode),
+                }
             }
             30 => ctx.rope(
                 &a,
@@ -181,10 +198,21 @@ pub fn graph_ops(data: &[u8]) {
                 },
                 10000.0,
             ),
-            31 => ctx.layer_norm(&a, &b, &c, 1e-5),
+            31 => match &kernels {
+                Some(k) => ctx.cpu_layer_norm(k, &a, &b, &c, 1e-5),
+                None => ctx.layer_norm(&a, &b, &c, 1e-5),
+            },
             32 => ctx.flash_attn_ext(&a, &b, &c, None, 0.5),
-            33 => ctx.attention(&a, &b, &c, 0.5),
-            34 => ctx.conv_transpose_2d(&a, &b, 1 + r.small(3) as i32),
+            33 => match &kernels {
+                Some(k) => ctx.cpu_attention(k, &a, &b, &c),
+                None => ctx.attention(&a, &b, &c, 0.5),
+            },
+            34 => match &kernels {
+                Some(k) => ctx
+                    .cpu_conv_transpose_2d_bias(k, &a, &b, &c, 2 * (1 + r.small(2) as i32))
+                    .map(|node| node.unwrap_or(a.clone())),
+                None => ctx.conv_transpose_2d(&a, &b, 1 + r.small(3) as i32),
+            },
             _ => ctx.im2col(&a, &b, (1, 1), (0, 0), (1, 1), DTYPES[r.small(3) as usize]),
         };
         if let Ok(t) = result {

@@ -3,9 +3,10 @@
 //! first.
 
 use super::config::{Ffn, VitConfig};
+use super::ops::Ops;
 use super::weights::{Folded, Linear, Loader, Norm, Role};
 use super::Error;
-use crate::ggml::{Context, RopeMode, Tensor, TensorView};
+use crate::ggml::{RopeMode, Tensor, TensorView};
 use std::sync::Arc;
 
 /// Host-computed inputs that depend only on the resolution (set once per graph).
@@ -18,7 +19,7 @@ pub struct BackboneConstants {
     /// RoPE, [`RopeLayout::Vision`]).
     pub local_positions: Tensor,
     pub global_positions: Tensor,
-    /// How attention is computed ([`AttentionKernel::for_backend`]).
+    /// How attention is computed ([`AttentionKernel::for_device`]).
     pub attention: AttentionKernel,
     /// Views of one scene in the graph (1 for a single image). Tokens are then
     /// `[embed, tokens, views]`, stored as `[embed, tokens * views]`, and the positions above
@@ -155,19 +156,18 @@ pub enum AttentionKernel {
 }
 
 impl AttentionKernel {
-    /// The kernel for `backend`: fused on a GPU, exact on the CPU and on an RPC server
-    /// (which computes on a CPU whatever it reports).
-    pub fn for_backend(backend: &crate::ggml::Backend) -> Self {
-        let device = backend.device();
+    /// The kernel for `device`: fused on a GPU, exact on the CPU and on an RPC server
+    /// (which computes on a CPU whatever it reports). Part of the execution plan.
+    pub fn for_device(device: &crate::ggml::Device) -> Self {
         let gpu = matches!(
             device.kind(),
             crate::ggml::DeviceKind::Gpu | crate::ggml::DeviceKind::IntegratedGpu
         );
-        if backend.is_rpc() || !gpu {
+        if device.is_rpc() || !gpu {
             return AttentionKernel::Exact;
         }
         AttentionKernel::FusedHalfKv {
-            convert_in_graph: device.backend_name() != "CUDA",
+            convert_in_graph: !super::plan::is_cuda(device),
         }
     }
 }
@@ -259,7 +259,7 @@ impl Block {
     /// `x + ls1 * proj(attn(norm1(x)))`, then `+ ls2 * ffn(norm2(x))`.
     fn forward(
         &self,
-        g: &Context,
+        g: &Ops,
         cfg: &VitConfig,
         x: &Tensor,
         pos: Option<&Tensor>,
@@ -287,7 +287,7 @@ impl Block {
     /// (which the caller fuses with the residual).
     fn attention(
         &self,
-        g: &Context,
+        g: &Ops,
         cfg: &VitConfig,
         h: &Tensor,
         pos: Option<&Tensor>,
@@ -357,7 +357,7 @@ impl Block {
 /// rotate-half pairing (i, i + D/4) and frequencies `freq^(-4i/D)`. Laid out in halves, two
 /// in-row rotations (no halves copied out and joined again); laid out for vision mode, one.
 fn rope_2d(
-    g: &Context,
+    g: &Ops,
     x: &Tensor,
     positions: &Tensor,
     layout: RopeLayout,
@@ -408,7 +408,7 @@ impl Backbone {
     /// Builds the backbone on `image` ([W, H, 3, views], normalised).
     pub fn forward(
         &self,
-        g: &Context,
+        g: &Ops,
         image: &Tensor,
         c: &BackboneConstants,
     ) -> Result<BackboneOutput, Error> {
@@ -417,12 +417,7 @@ impl Backbone {
     }
 
     /// Patch embedding, cls token and positional embedding: [embed, tokens * views].
-    pub fn embed(
-        &self,
-        g: &Context,
-        image: &Tensor,
-        c: &BackboneConstants,
-    ) -> Result<Tensor, Error> {
+    pub fn embed(&self, g: &Ops, image: &Tensor, c: &BackboneConstants) -> Result<Tensor, Error> {
         let cfg = &self.cfg;
         let (e, p) = (cfg.embed_dim as i64, cfg.patch_size as i32);
         let s = c.views as i64;
@@ -461,7 +456,7 @@ impl Backbone {
     /// block has no latest local output: both are refused.
     pub fn forward_blocks(
         &self,
-        g: &Context,
+        g: &Ops,
         x: &Tensor,
         blocks: std::ops::Range<usize>,
         c: &BackboneConstants,
@@ -629,7 +624,7 @@ impl CameraEncoder {
     /// camera tokens `[embed, views]`.
     pub fn forward(
         &self,
-        g: &Context,
+        g: &Ops,
         encoding: &Tensor,
         kernel: AttentionKernel,
     ) -> Result<Tensor, Error> {

@@ -2,6 +2,7 @@
 //! `[W, H, C, 1]` (ggml order).
 
 use super::config::{HeadConfig, HeadKind};
+use super::ops::Ops;
 use super::preprocess;
 use super::weights::{Conv, ConvTranspose, Linear, Loader, Norm};
 use super::Error;
@@ -52,13 +53,13 @@ impl UvEmbedding {
     }
 
     /// `map` (`[W, H, C, views]`) plus the embedding.
-    pub fn add_to(&self, g: &Context, map: &Tensor) -> Result<Tensor, Error> {
+    pub fn add_to(&self, g: &Ops, map: &Tensor) -> Result<Tensor, Error> {
         Ok(g.add_separable(map, &self.along_x, &self.along_y)?)
     }
 
     /// `map` resized to the embedding's size (bilinear, aligned corners) plus the embedding:
     /// one pass on the CPU.
-    pub fn resize_and_add(&self, g: &Context, map: &Tensor) -> Result<Tensor, Error> {
+    pub fn resize_and_add(&self, g: &Ops, map: &Tensor) -> Result<Tensor, Error> {
         let [_, _, c, n] = map.ne();
         let (w, h) = (self.along_x.ne()[0], self.along_y.ne()[1]);
         Ok(g.interpolate_add_separable(
@@ -86,7 +87,7 @@ impl Rcu {
             c2: Conv::load(l, &format!("{prefix}.c2"), f, f, 3, 1, 1, true)?,
         })
     }
-    fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    fn forward(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         let y = self.c1.forward_of_relu(g, x)?;
         let y = self.c2.forward_of_relu(g, &y)?;
         Ok(g.add(&y, x)?)
@@ -118,7 +119,7 @@ impl Fusion {
     /// `size`: the (W, H) to resize to; None doubles.
     fn forward(
         &self,
-        g: &Context,
+        g: &Ops,
         top: &Tensor,
         lateral: Option<&Tensor>,
         size: Option<(i64, i64)>,
@@ -230,7 +231,7 @@ impl Head {
     /// at (`width`, `height`), every view through the same ops as a batch.
     pub fn forward(
         &self,
-        g: &Context,
+        g: &Ops,
         features: &[Tensor],
         grid: (i64, i64),
         size: (i64, i64),
@@ -348,7 +349,7 @@ impl CameraDecoder {
         }))
     }
     /// `token`: [D, views] -> pose encodings [9, views].
-    pub fn forward(&self, g: &Context, token: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward(&self, g: &Ops, token: &Tensor) -> Result<Tensor, Error> {
         let h = g.relu(&self.bb0.forward(g, token)?)?;
         let h = g.relu(&self.bb2.forward(g, &h)?)?;
         let t = self.fc_t.forward(g, &h)?;
@@ -435,7 +436,7 @@ impl RayHead {
     /// confidence `[w, h, views]`).
     pub fn forward(
         &self,
-        g: &Context,
+        g: &Ops,
         stages: &[Tensor],
         uv: Option<&UvEmbedding>,
     ) -> Result<(Tensor, Tensor), Error> {

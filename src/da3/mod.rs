@@ -14,7 +14,9 @@ mod head;
 mod model;
 pub mod multiview;
 pub mod nested;
+mod ops;
 pub mod outputs;
+pub mod plan;
 pub mod poses;
 pub mod preprocess;
 pub mod ray_pose;
@@ -26,8 +28,9 @@ pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES}
 pub use multiview::{MultiPrediction, RefViewStrategy};
 pub use nested::{NestedModel, NestedSession};
 pub use outputs::{Colormap, Pose, Prediction, RayMap};
+pub use plan::{ExecutionPlan, PlanOverrides};
 pub use poses::KnownPose;
-pub use weights::{ConvKernels, Loader, Role};
+pub use weights::{ConvKernels, LinearPacking, Loader, Role};
 
 use std::path::PathBuf;
 

@@ -5,12 +5,14 @@
 //! one computation at a time needs (a backend stream, graphs per processed resolution, their
 //! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
-use super::backbone::{AttentionKernel, Backbone, BackboneConstants, CameraEncoder};
+use super::backbone::{Backbone, BackboneConstants, CameraEncoder};
 use super::config::{Config, HeadKind};
 use super::head::{CameraDecoder, Head, HeadConstants, RayHead, UvEmbedding};
+use super::ops::Ops;
 use super::outputs::{fill_sky, Pose, Prediction};
+use super::plan::{ExecutionPlan, LoadedFacts, PlanBuilder, PlanOverrides};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
-use super::weights::{ConvKernels, LoadedWeights, Loader};
+use super::weights::{ConvKernels, LinearPacking, LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::{
     Backend, BufferUsage, Context, DType, Device, DeviceKind, DeviceSpec, Graph, Tensor,
@@ -53,6 +55,9 @@ pub struct LoadOptions {
     pub camera_encoder: bool,
     /// What the convolutions (the heads' and the camera decoder's) compute in.
     pub conv_precision: ConvPrecision,
+    /// Departures from the default execution plan (kernel set, products, transforms), to
+    /// compare one route with another; [`Model::plan`] says what was decided.
+    pub plan: PlanOverrides,
 }
 
 /// The precision of the convolutions ([`LoadOptions::conv_precision`]).
@@ -84,6 +89,7 @@ impl Default for LoadOptions {
             ggml_ops_only: false,
             camera_encoder: false,
             conv_precision: ConvPrecision::Auto,
+            plan: PlanOverrides::default(),
         }
     }
 }
@@ -109,8 +115,8 @@ struct ModelShared {
     policy: Policy,
     probes: bool,
     log_decisions: bool,
-    /// Whether graphs use the CPU kernels (on the CPU backend, where they beat ggml's ops).
-    cpu_kernels: bool,
+    /// Which kernel runs each op class, and the transforms the weights were loaded for.
+    plan: ExecutionPlan,
     /// What was loaded of the camera encoder.
     camera_encoder: EncoderLoad,
     /// `vit.pos_embed` on the host, [tokens, embed] (cls first), for the per-resolution resample.
@@ -143,27 +149,6 @@ struct Layers {
     _host: Option<Context>,
 }
 
-/// Whether norms and layer scales are folded into linear layers off the CPU kernels
-/// ([`Loader::fold_affine`]); `DA3_FOLD_NORMS=off` keeps them apart, to measure what folding
-/// saves.
-fn fold_norms_enabled() -> bool {
-    std::env::var("DA3_FOLD_NORMS").as_deref() != Ok("off")
-}
-
-/// Whether rotated heads are laid out for one vision-mode RoPE node
-/// ([`Loader::vision_rope`]); `DA3_VISION_ROPE=off` keeps two rotations per head, to measure
-/// what one saves.
-fn vision_rope_enabled() -> bool {
-    std::env::var("DA3_VISION_ROPE").as_deref() != Ok("off")
-}
-
-/// Whether QK-normed heads are centred by the layer computing them off the CPU kernels, their
-/// norms computed as RMS norms ([`Loader::centre_qk_heads`]); `DA3_CENTRE_QK_HEADS=off` keeps
-/// LayerNorms, to measure what the fused kernel saves.
-fn centred_qk_heads_enabled() -> bool {
-    std::env::var("DA3_CENTRE_QK_HEADS").as_deref() != Ok("off")
-}
-
 impl Model {
     /// Opens a model file on the default device (`auto`) with default options.
     pub fn open(path: impl AsRef<Path>) -> Result<Model, Error> {
@@ -181,11 +166,7 @@ impl Model {
         let config = Config::from_gguf(file)?;
         let device = options.device.resolve()?;
         let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();
-        // The CPU kernels only where they beat ggml's ops: with the portable set, ggml's
-        // vectorised ops run every node.
-        let cpu_kernels = device.kind() == DeviceKind::Cpu
-            && crate::ggml::kernel_set().beats_ggml()
-            && !options.ggml_ops_only;
+        let planned = PlanBuilder::new(&device, options.ggml_ops_only, &options.plan);
         let conv_kernels = match options.conv_precision {
             ConvPrecision::F32 => ConvKernels::F32,
             ConvPrecision::F16 => ConvKernels::F16,
@@ -193,13 +174,14 @@ impl Model {
             ConvPrecision::Auto => ConvKernels::F32,
         };
         let mut loader = Loader::new(file, &host_only)?
-            .pack_linears(cpu_kernels)
-            .fold_affine(!cpu_kernels && fold_norms_enabled())
-            .vision_rope(vision_rope_enabled())
-            .centre_qk_heads(!cpu_kernels && centred_qk_heads_enabled())
-            // bf16 products sum in f32 and are faster there (DA3-large on an H200: 15.1 ms
-            // for an f16 file, 14.6 for the same weights in bf16).
-            .half_linears_bf16(device.backend_name() == "CUDA")
+            .pack_linears(planned.kernels.map(|config| LinearPacking {
+                config,
+                int8: planned.int8_linears,
+            }))
+            .fold_affine(planned.fold_affine)
+            .vision_rope(planned.vision_rope)
+            .centre_qk_heads(planned.centre_qk_heads)
+            .half_linears_bf16(planned.half_linears_bf16)
             .conv_kernels(conv_kernels);
         let camera_encoder = match (
             options.camera_encoder,
@@ -213,6 +195,18 @@ impl Model {
         declare_layers(&mut loader, &config, camera_encoder)?;
         let pos_embed = loader.host_f32("vit.pos_embed")?;
         let weights = loader.finish(&device)?;
+        let plan = planned.finish(
+            &device,
+            LoadedFacts {
+                bf16_products: weights.bf16_products,
+                int8_products: weights.int8_products,
+                half_convolutions: weights.half_convolutions,
+                folded_layers: weights.folded_layers(),
+                vision_rope: weights.vision_rope(),
+                centred_qk_heads: weights.centred_qk_heads(),
+            },
+        );
+        log::debug!("execution plan {plan}");
         Ok(Model {
             shared: Arc::new(ModelShared {
                 config,
@@ -222,7 +216,7 @@ impl Model {
                 policy: options.policy,
                 probes: options.probes,
                 log_decisions: options.log_decisions,
-                cpu_kernels,
+                plan,
                 camera_encoder,
                 pos_embed,
                 weights,
@@ -233,6 +227,12 @@ impl Model {
     /// The longest side images are processed at ([`LoadOptions::process_res`]).
     pub fn process_res(&self) -> usize {
         self.shared.process_res
+    }
+
+    /// Which kernel, in which precision, runs each class of op, and the graph transforms the
+    /// weights were loaded for (printed by `da3 info`).
+    pub fn plan(&self) -> &ExecutionPlan {
+        &self.shared.plan
     }
 
     /// The model's hyperparameters.
@@ -257,8 +257,8 @@ impl Model {
     pub fn uses_bf16_products(&self) -> bool {
         self.shared.weights.bf16_products
     }
-    /// Whether quantised linear layers compute with the CPU kernels' int8 products
-    /// ([`crate::ggml::linear_q8`]), not ggml's quantised products.
+    /// Whether quantised linear layers compute with the CPU kernels' int8 products, not
+    /// ggml's quantised products.
     pub fn uses_int8_products(&self) -> bool {
         self.shared.weights.int8_products
     }
@@ -269,7 +269,8 @@ impl Model {
         self.shared.weights.folded_layers()
     }
     /// Whether rotated heads were laid out for one vision-mode RoPE node per query and key
-    /// (unless `DA3_VISION_ROPE=off`; see [`crate::da3::weights::Loader::vision_rope`]).
+    /// (unless [`PlanOverrides::vision_rope`] says otherwise; see
+    /// [`crate::da3::weights::Loader::vision_rope`]).
     pub fn uses_vision_rope(&self) -> bool {
         self.shared.weights.vision_rope()
     }
@@ -406,7 +407,7 @@ struct ResolutionGraph {
     pose: Option<Tensor>,
     probes: Vec<(String, Tensor)>,
     /// Keeps the graph's tensors and the resolution's constants alive.
-    _ctx: Context,
+    _ctx: Ops,
     _constants: Context,
 }
 
@@ -672,7 +673,7 @@ impl Session {
             pos_embed: pos,
             local_positions: positions[0].clone(),
             global_positions: positions[1].clone(),
-            attention: AttentionKernel::for_backend(self.executor.device()),
+            attention: self.model.shared.plan.attention(),
             views: 1,
             camera_slots: None,
             camera_tokens: None,
@@ -779,17 +780,13 @@ fn runs_half_convolutions(device: &Device) -> bool {
 /// Graph capacity of one view: the giant variant builds about 2,700 nodes.
 const GRAPH_NODES: usize = 8192;
 
-/// A metadata context for a graph of up to `nodes` nodes (and the tensors they make) of
-/// `shared`'s model. On the CPU, its ops may use the safe layer's CPU kernels (direct
-/// convolutions, fused attention), in the precision the weights were loaded for (bf16
-/// products for half-precision files where they pay, int8 products for quantised ones); a
-/// graph for another device keeps to ops every backend has.
-fn graph_context(shared: &ModelShared, nodes: usize) -> Result<Context, Error> {
+/// The ops of a new graph of up to `nodes` nodes (and the tensors they make) of `shared`'s
+/// model, resolved through its execution plan: on the CPU, our kernels where the plan runs
+/// them (direct convolutions, fused attention), in the precision the weights were loaded for;
+/// a graph for another device keeps to ops every backend has.
+fn graph_context(shared: &ModelShared, nodes: usize) -> Result<Ops, Error> {
     let ctx = Context::metadata_with_graph(3 * nodes, nodes)?;
-    ctx.use_cpu_kernels(shared.cpu_kernels);
-    ctx.use_bf16_products(shared.weights.bf16_products);
-    ctx.use_int8_products(shared.weights.int8_products);
-    Ok(ctx)
+    Ok(Ops::new(ctx, shared.plan.cpu_kernels().copied()))
 }
 
 fn scaled_uv(w: usize, h: usize, channels: usize, aspect: f64) -> Result<Vec<f32>, Error> {

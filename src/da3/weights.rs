@@ -2,10 +2,11 @@
 //! expects before any memory is touched; a missing or misshapen tensor is an error naming it.
 
 use super::config::{Config, FileLayout, HeadKind};
+use super::ops::Ops;
 use super::Error;
 use crate::ggml::{
-    dequantize, linear_bf16, linear_q8, pack_linear_panels, pack_linear_panels_bf16,
-    pack_linear_panels_f16, pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device,
+    dequantize, pack_linear_panels, pack_linear_panels_bf16, pack_linear_panels_f16,
+    pack_linear_panels_q8, quantize, BufferUsage, Context, DType, Device, KernelConfig,
     SharedContext, Tensor, TensorView, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 use crate::gguf::{GgufFile, TensorInfo};
@@ -82,6 +83,17 @@ pub struct CentredOutputs {
     pub group: usize,
 }
 
+/// How a loader packs linear weights for our CPU kernels ([`Loader::pack_linears`]): the
+/// kernels' configuration (whether half-precision weights become bf16 products) and whether
+/// quantised weights become int8 products.
+#[derive(Debug, Clone, Copy)]
+pub struct LinearPacking {
+    /// The CPU kernels the packed weights are for.
+    pub config: KernelConfig,
+    /// Quantised weights packed for int8 products (else ggml's quantised product).
+    pub int8: bool,
+}
+
 /// The layouts of a packed linear weight (see [`Loader::pack_linears`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Packing {
@@ -120,7 +132,7 @@ pub struct Loader<'f> {
     host_names: HashSet<String>,
     used: HashSet<String>,
     pending: Vec<Pending>,
-    pack_linears: bool,
+    pack_linears: Option<LinearPacking>,
     conv_kernels: ConvKernels,
     fold_affine: bool,
     half_linears_bf16: bool,
@@ -169,7 +181,8 @@ pub struct LoadedWeights {
     pub unused: Vec<String>,
     /// The CPU kernels of attention and convolutions multiply in bf16: the fast mode of a
     /// half-precision file (its linear weights packed for bf16 products) or of a quantised one
-    /// (int8 linear products), on a CPU whose bf16 products pay ([`linear_bf16`]).
+    /// (int8 linear products), on a CPU whose bf16 products pay
+    /// ([`KernelConfig::linear_bf16`]).
     pub bf16_products: bool,
     /// Some linear weights compute with int8 products (a quantised file on the CPU kernels).
     pub int8_products: bool,
@@ -251,7 +264,7 @@ impl<'f> Loader<'f> {
             host_names,
             used: HashSet::new(),
             pending: Vec::new(),
-            pack_linears: false,
+            pack_linears: None,
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
             half_linears_bf16: false,
@@ -287,7 +300,7 @@ impl<'f> Loader<'f> {
             host_names: HashSet::new(),
             used: HashSet::new(),
             pending: Vec::new(),
-            pack_linears: false,
+            pack_linears: None,
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
             half_linears_bf16: false,
@@ -311,11 +324,11 @@ impl<'f> Loader<'f> {
     /// Stores linear weights packed for the CPU's matrix-product kernel
     /// ([`crate::ggml::Context::linear_panels`]); only for models computed on the CPU backend.
     /// f32 weights stay f32; f16 and bf16 weights become bf16 products where the CPU has them
-    /// ([`crate::ggml::linear_bf16`]), the "fast" mode of half-precision files; quantised
-    /// weights become int8 products ([`crate::ggml::linear_q8`]; q8_0 kept exactly, other
-    /// types decoded and stored as q8_0).
-    pub fn pack_linears(mut self, on: bool) -> Self {
-        self.pack_linears = on;
+    /// ([`KernelConfig::linear_bf16`]), the "fast" mode of half-precision files; quantised
+    /// weights become int8 products where `packing.int8` (q8_0 kept exactly, other types
+    /// decoded and stored as q8_0). None: no packing (graphs without our kernels).
+    pub fn pack_linears(mut self, packing: Option<LinearPacking>) -> Self {
+        self.pack_linears = packing;
         self
     }
 
@@ -376,7 +389,9 @@ impl<'f> Loader<'f> {
         match &self.source {
             Source::Recording { .. } => false,
             Source::Bound { weights, .. } => weights.centred_qk_heads,
-            Source::File(_) => self.centre_qk_heads && self.fold_affine && !self.pack_linears,
+            Source::File(_) => {
+                self.centre_qk_heads && self.fold_affine && self.pack_linears.is_none()
+            }
         }
     }
 
@@ -444,7 +459,7 @@ impl<'f> Loader<'f> {
             host_names: HashSet::new(),
             used: HashSet::new(),
             pending: Vec::new(),
-            pack_linears: false,
+            pack_linears: None,
             conv_kernels: ConvKernels::F32,
             fold_affine: false,
             half_linears_bf16: false,
@@ -519,7 +534,12 @@ impl<'f> Loader<'f> {
         n_in: usize,
         n_out: usize,
     ) -> Result<(Tensor, bool), Error> {
-        self.declare(name, &[n_out, n_in], Role::Matmul, self.pack_linears)
+        self.declare(
+            name,
+            &[n_out, n_in],
+            Role::Matmul,
+            self.pack_linears.is_some(),
+        )
     }
 
     /// Whether linear layer `prefix` (`{prefix}.weight`, `.bias`) is loaded with `folded`
@@ -542,7 +562,7 @@ impl<'f> Loader<'f> {
                     .into_iter()
                     .chain(folded.vectors().into_iter().map(|(name, _)| name));
                 self.fold_affine
-                    && !self.pack_linears
+                    && self.pack_linears.is_none()
                     && half_or_f32
                     && !names.into_iter().any(|n| self.host_names.contains(&n))
             }
@@ -705,11 +725,13 @@ impl<'f> Loader<'f> {
             _ => (dtype, convert),
         };
         let host = self.host_names.contains(name);
+        let bf16_linears = self.pack_linears.is_some_and(|p| p.config.linear_bf16());
+        let int8_linears = self.pack_linears.is_some_and(|p| p.int8);
         let packed = match (shape, dtype) {
             (_, _) if !pack || host => None,
             (&[n_out, _], _) if !n_out.is_multiple_of(LINEAR_PANEL) => None,
             ([_, _], DType::F32) => Some(Packing::F32),
-            (&[_, n_in], DType::F16 | DType::BF16) if linear_bf16() && n_in % 2 == 0 => {
+            (&[_, n_in], DType::F16 | DType::BF16) if bf16_linears && n_in % 2 == 0 => {
                 Some(Packing::Bf16)
             }
             ([_, _], DType::F16) => Some(Packing::F16),
@@ -717,7 +739,7 @@ impl<'f> Loader<'f> {
             // a second rounding far finer than theirs (a q4_k step is 8 of q8_0's), for the
             // speed of int8 products over ggml's quantised ones.
             (&[_, n_in], dtype)
-                if dtype.is_quantized() && linear_q8() && n_in % DType::Q8_0.block_size() == 0 =>
+                if dtype.is_quantized() && int8_linears && n_in % DType::Q8_0.block_size() == 0 =>
             {
                 Some(Packing::Q8)
             }
@@ -911,7 +933,7 @@ impl<'f> Loader<'f> {
         // A quantised file already rounds its products' inputs to 8 bits; where bf16 products
         // pay, its attention and convolutions follow in bf16 as a half-precision file's do.
         let bf16_products = self.pending.iter().any(|p| p.packed == Some(Packing::Bf16))
-            || (int8_products && linear_bf16());
+            || (int8_products && self.pack_linears.is_some_and(|p| p.config.linear_bf16()));
         let half_convolutions = self
             .pending
             .iter()
@@ -960,7 +982,7 @@ impl<'f> Loader<'f> {
             packed,
             folded,
             vision_rope,
-            centred_qk_heads: centre_qk_heads && fold_affine && !pack_linears,
+            centred_qk_heads: centre_qk_heads && fold_affine && pack_linears.is_none(),
             device_bytes,
             unused,
             bf16_products,
@@ -1259,7 +1281,7 @@ impl Linear {
         })
     }
     /// `x`: [n_in, T] -> [n_out, T].
-    pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         if self.packed {
             return Ok(g.linear_panels(&self.weight, x, &self.bias, false)?);
         }
@@ -1285,7 +1307,7 @@ impl Linear {
     /// the layer).
     pub fn forward_scaled_residual(
         &self,
-        g: &Context,
+        g: &Ops,
         x: &Tensor,
         scale: Option<&Tensor>,
         residual: &Tensor,
@@ -1299,7 +1321,7 @@ impl Linear {
         }
     }
     /// GELU (erf form) of [`Linear::forward`], fused into the product where it is packed.
-    pub fn forward_gelu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward_gelu(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         if self.packed {
             return Ok(g.linear_panels(&self.weight, x, &self.bias, true)?);
         }
@@ -1360,7 +1382,7 @@ impl Norm {
             ..Self::load(l, prefix, dim, eps)?
         })
     }
-    pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         Ok(match (&self.affine, self.centred_input) {
             (Some((weight, bias)), true) => g.rms_norm_affine(x, weight, bias, self.eps)?,
             (Some((weight, bias)), false) => g.layer_norm(x, weight, bias, self.eps)?,
@@ -1413,7 +1435,7 @@ impl Conv {
     /// im2col and a matrix product). (f16 columns and a cuBLAS product were slower on an
     /// H200: ggml's im2col kernel wrote DA3-large's 1.1 GB of columns in 3.5 ms, where the
     /// direct convolution takes 4.0 ms in all.)
-    pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         let (stride, padding) = ((self.stride, self.stride), (self.padding, self.padding));
         if self.weight.dtype() == DType::F16 {
             let y = g.conv_2d_direct(&self.weight, x, stride, padding, (1, 1))?;
@@ -1429,7 +1451,7 @@ impl Conv {
     }
     /// [`Conv::forward`] of `relu(x)`: on the CPU kernels, ReLU applied as the convolution
     /// reads its input ([`Context::conv_2d_of_relu`]), not as a pass of its own.
-    pub fn forward_of_relu(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward_of_relu(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         // f16 kernels take ggml's direct convolution (see `forward`), which has no ReLU on
         // its input: a node of its own.
         if self.weight.dtype() == DType::F16 {
@@ -1466,13 +1488,13 @@ impl ConvTranspose {
             stride: kernel as i32,
         })
     }
-    pub fn forward(&self, g: &Context, x: &Tensor) -> Result<Tensor, Error> {
+    pub fn forward(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
         Ok(g.conv_transpose_2d_bias(&self.weight, x, &self.bias, self.stride)?)
     }
 }
 
 /// Adds a per-channel bias [C] to a map [W, H, C, N].
-fn add_channel_bias(g: &Context, map: &Tensor, bias: &Tensor) -> Result<Tensor, Error> {
+fn add_channel_bias(g: &Ops, map: &Tensor, bias: &Tensor) -> Result<Tensor, Error> {
     let bias = g.reshape(bias, &[1, 1, bias.nelements()])?;
     Ok(g.add(map, &bias)?)
 }
@@ -1480,6 +1502,7 @@ fn add_channel_bias(g: &Context, map: &Tensor, bias: &Tensor) -> Result<Tensor, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml::CpuKernels;
 
     /// Rows are whole runs of the data, moved intact (a quantised row's bytes included).
     #[test]
@@ -1684,7 +1707,11 @@ mod tests {
                 .unwrap();
             writer.write_to(&path).unwrap();
             let file = GgufFile::open(&path).unwrap();
-            let mut l = Loader::new(&file, &[]).unwrap().pack_linears(true);
+            let packing = LinearPacking {
+                config: KernelConfig::detect(),
+                int8: true,
+            };
+            let mut l = Loader::new(&file, &[]).unwrap().pack_linears(Some(packing));
             let declared = Linear::load(&mut l, "l", n_in, n_out).unwrap();
             assert!(declared.packed, "{dtype}: the weight is packed");
             // Loading freezes the context: no handle may outlive the declaration.
@@ -1707,8 +1734,10 @@ mod tests {
             );
             let weights = l.finish(&Device::cpu()).unwrap();
 
-            let graph_ctx = Context::metadata(16).unwrap();
-            graph_ctx.use_cpu_kernels(true);
+            let graph_ctx = Ops::new(
+                Context::metadata(16).unwrap(),
+                Some(CpuKernels::f32(KernelConfig::detect())),
+            );
             let mut binder = Loader::bind(&weights, &graph_ctx).unwrap();
             let layer = Linear::load(&mut binder, "l", n_in, n_out).unwrap();
             let input = graph_ctx

@@ -237,6 +237,12 @@ impl Allocation<'_> {
         check_member(self.graph, tensor)?;
         buffer::write_tensor(tensor, data)
     }
+    /// Writes raw bytes (any type: quantised blocks, packed weights) into an input of the
+    /// graph; exactly the tensor's size.
+    pub fn write_bytes(&self, tensor: &Tensor, bytes: &[u8]) -> Result<()> {
+        check_member(self.graph, tensor)?;
+        buffer::write_tensor_bytes(tensor, bytes)
+    }
     /// Reads a tensor of the graph (mark outputs with [`Tensor::mark_output`] so that their
     /// memory is not reused by later nodes).
     pub fn read<T: Element>(&self, tensor: &Tensor) -> Result<Vec<T>> {

@@ -399,41 +399,10 @@ pub fn ggml_version() -> String {
     c_str(unsafe { sys::ggml_version() })
 }
 
-/// What computes on the CPU in this process, one line: the kernel set of the CPU kernels
-/// ([`super::kernel_set`]) and the variant of ggml's CPU backend (with the vector units ggml
-/// reports it was compiled for), e.g.
-/// `kernels avx2 (int8 products with 7-bit activations and int8 attention for quantised files);
-/// ggml CPU haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`.
+/// The variant of ggml's CPU backend in this process, with the vector units ggml reports it
+/// was compiled for, e.g. `haswell of x86_64,haswell,zen4 (AVX2 FMA F16C)`. (Which of our own
+/// kernels run is a model's execution plan, `da3::da3::ExecutionPlan`.)
 pub fn cpu_features() -> String {
-    let set = super::kernel_set();
-    let kernels = if set.beats_ggml() {
-        let bf16 = if super::amx_bf16_tiles() {
-            "bf16 products on AMX tiles for f16 files' linear layers"
-        } else {
-            "bf16 products for f16 files"
-        };
-        let bits = match super::int8_activation_bits() {
-            8 => "",
-            _ => " with 7-bit activations",
-        };
-        let products = match (super::linear_bf16(), super::linear_q8()) {
-            (true, true) if super::amx_bf16_tiles() => {
-                format!(" ({bf16}, int8{bits} for quantised ones)")
-            }
-            (true, true) => {
-                format!(" ({bf16}, int8{bits} products and attention for quantised ones)")
-            }
-            // Quantised files' attention runs int8 products unless it runs on AMX tiles.
-            (false, true) => {
-                format!(" (int8 products{bits} and int8 attention for quantised files)")
-            }
-            (true, false) => format!(" ({bf16})"),
-            (false, false) => String::new(),
-        };
-        format!("{}{products}", set.name())
-    } else {
-        format!("{} (ggml's ops run every node)", set.name())
-    };
     // SAFETY: argument-free queries of compile-time flags of the CPU backend in use.
     let flags: Vec<&str> = unsafe {
         [
@@ -462,7 +431,7 @@ pub fn cpu_features() -> String {
         // CMake (the GPU features) or prebuilt libraries: ggml's own choice of flags.
         None => "built by CMake or prebuilt".to_owned(),
     };
-    format!("kernels {kernels}; ggml CPU {variant} ({flags})")
+    format!("{variant} ({flags})")
 }
 
 pub(crate) fn cstring(what: &str, s: &str) -> Result<CString> {

@@ -5,7 +5,7 @@ use super::dtype::DType;
 use super::error::{Error, Result};
 use super::tensor::{Element, Tensor, TensorView};
 use ggml_sys as sys;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::ptr::NonNull;
 use std::rc::Rc;
 
@@ -19,13 +19,10 @@ pub(crate) struct ContextInner {
     buffers: RefCell<Vec<Buffer>>,
     /// Contexts whose tensors are operands of this context's ops.
     keep_alive: RefCell<Vec<Rc<ContextInner>>>,
-    /// Ops may use kernels only the CPU backend runs (see [`Context::use_cpu_kernels`]).
-    cpu_kernels: Cell<bool>,
-    /// CPU kernels may round their operands to bf16 (see [`Context::use_bf16_products`]).
-    bf16_products: Cell<bool>,
-    /// CPU attention may compute its scores with int8 products (see
-    /// [`Context::use_int8_products`]).
-    int8_products: Cell<bool>,
+    /// What this context's custom nodes point ggml to as their user data (the CPU kernels'
+    /// calls): boxed, so that each stays where it is, and freed with the context, after
+    /// every graph holding its node (graphs keep their contexts alive).
+    node_data: RefCell<Vec<Box<dyn std::any::Any + Send + Sync>>>,
     /// Frozen contexts whose tensors this context's ops use (see [`Context::import`]).
     imports: super::shared::Imports,
 }
@@ -132,9 +129,7 @@ impl Context {
                 no_alloc,
                 buffers: RefCell::new(Vec::new()),
                 keep_alive: RefCell::new(Vec::new()),
-                cpu_kernels: Cell::new(false),
-                bf16_products: Cell::new(false),
-                int8_products: Cell::new(false),
+                node_data: RefCell::new(Vec::new()),
                 imports: Default::default(),
             }),
         })
@@ -163,7 +158,6 @@ impl Context {
     pub fn host(mem_size: usize) -> Result<Self> {
         Self::init(mem_size, false)
     }
-
     pub(crate) fn from_inner(inner: Rc<ContextInner>) -> Self {
         Context { inner }
     }
@@ -176,48 +170,12 @@ impl Context {
     pub(crate) fn raw(&self) -> *mut sys::ggml_context {
         self.inner.raw()
     }
-    /// Lets the ops built from now on use kernels that only the CPU backend runs (custom ops,
-    /// fused attention) where they beat ggml's generic path on the CPU. For graphs computed
-    /// on the CPU backend only: another backend refuses such nodes.
-    pub fn use_cpu_kernels(&self, on: bool) {
-        self.inner.cpu_kernels.set(on);
-    }
-    pub(crate) fn cpu_kernels(&self) -> bool {
-        self.inner.cpu_kernels.get()
-    }
-    /// Lets the CPU kernels built from now on (attention, convolution) multiply in bf16 with f32 sums
-    /// where that pays: on AMX tiles (attention, and convolutions whose channels fill them) or
-    /// where the CPU's vector bf16 products pay (AMD's AVX512_BF16; Intel's issue at half the
-    /// f32 rate). About twice as fast or more, with about 2^-9 relative error per product.
-    /// Has no effect elsewhere.
-    pub fn use_bf16_products(&self, on: bool) {
-        self.inner.bf16_products.set(on);
-    }
-    /// Lets the CPU attention built from now on compute its scores and weighted values with
-    /// int8 products, as the int8 linear layers of quantised files compute theirs (queries,
-    /// keys, values and probabilities quantised per block of 32 values; the softmax in f32),
-    /// for heads of whole blocks. Where bf16 products are on as well, int8 wins except on AMX
-    /// tiles: on Zen 4 (AVX-512 VNNI and BF16), 2 threads, 865 keys of 12 heads, 5.7 ms
-    /// against 9.3 in bf16 and 12.2 in f32; held to AVX2, 9.5 ms against 12.2 in f32. Has no
-    /// effect elsewhere.
-    pub fn use_int8_products(&self, on: bool) {
-        self.inner.int8_products.set(on);
-    }
-    /// Whether attention computes its scores and weighted values with int8 products: asked
-    /// for, and bf16 products not on AMX tiles (which beat them).
-    pub(crate) fn int8_attention(&self) -> bool {
-        self.inner.int8_products.get()
-            && !(self.inner.bf16_products.get() && super::cpu_ops::amx_bf16_tiles())
-    }
-    /// Whether attention multiplies in bf16: on AMX tiles, or with vector products that pay.
-    pub(crate) fn bf16_attention(&self) -> bool {
-        self.inner.bf16_products.get()
-            && (super::cpu_ops::vector_bf16() || super::cpu_ops::amx_bf16_tiles())
-    }
-    /// Whether a convolution multiplies in bf16: on AMX tiles where its shape fits them
-    /// (`on_tiles`), or with vector products that pay.
-    pub(crate) fn bf16_convolutions(&self, on_tiles: bool) -> bool {
-        self.inner.bf16_products.get() && (super::cpu_ops::vector_bf16() || on_tiles)
+    /// Keeps `data` as long as this context, at an address that does not move: the user
+    /// data of a custom node of this context.
+    pub(crate) fn hold_node_data<T: Send + Sync + 'static>(&self, data: Box<T>) -> *const T {
+        let at: *const T = &*data;
+        self.inner.node_data.borrow_mut().push(data);
+        at
     }
     /// Whether tensor data lives outside the pool.
     pub fn is_metadata_only(&self) -> bool {

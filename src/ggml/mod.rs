@@ -1,11 +1,13 @@
 //! A safe layer over ggml: contexts, tensors, ops, graphs, backends, buffers, the graph
-//! allocator, the scheduler and the RPC backend (with the relay that guards its server).
+//! allocator, the scheduler and the RPC backend (with the relay that guards its server); the
+//! adapter that runs our CPU kernels (`da3-kernels`) as custom nodes.
 //! GGUF files are read and written a layer above, in `da3::gguf` (this module knows nothing
 //! of them).
 //!
 //! Every precondition ggml would `abort()` on is checked first and returned as an [`Error`];
 //! every raw handle has one owner that frees it. This module holds all of the crate's
-//! `unsafe` code but the memory map of `da3::gguf`'s reader.
+//! `unsafe` code but the memory map of `da3::gguf`'s reader (the CPU kernels' own is in
+//! `da3-kernels`).
 //!
 //! ```
 //! use da3::ggml::{Backend, Context, DType, Gallocr, TensorView};
@@ -30,7 +32,6 @@ mod alloc;
 mod backend;
 mod buffer;
 mod context;
-mod cpu_kernels;
 mod cpu_ops;
 pub mod dtype;
 mod error;
@@ -50,9 +51,8 @@ pub use backend::{
 pub use buffer::{BufferRef, BufferType, BufferUsage};
 pub use context::Context;
 pub use cpu_ops::{
-    amx_bf16_tiles, int8_activation_bits, kernel_set, linear_bf16, linear_q8, pack_linear_panels,
-    pack_linear_panels_bf16, pack_linear_panels_f16, pack_linear_panels_q8, KernelSet,
-    LINEAR_PANEL, LINEAR_Q8_RECORD,
+    pack_linear_panels, pack_linear_panels_bf16, pack_linear_panels_f16, pack_linear_panels_q8,
+    Cpu, CpuKernels, KernelConfig, KernelRequest, KernelSet, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};

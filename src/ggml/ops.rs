@@ -385,9 +385,6 @@ impl Context {
     }
     /// GELU with the exact erf form.
     pub fn gelu_erf(&self, a: &Tensor) -> Result<Tensor> {
-        if self.cpu_kernels() && a.dtype() == DType::F32 && a.is_contiguous() {
-            return self.cpu_gelu_erf(a);
-        }
         self.unary("gelu_erf", a, sys::ggml_gelu_erf)
     }
     /// GELU, tanh approximation.
@@ -492,10 +489,6 @@ impl Context {
                     &[a, weight, bias],
                 ));
             }
-        }
-        let f32_rows = |t: &Tensor| t.dtype() == DType::F32 && t.nb()[0] == 4;
-        if self.cpu_kernels() && f32_rows(a) && [weight, bias].iter().all(|p| f32_rows(p)) {
-            return self.cpu_layer_norm(a, weight, bias, eps);
         }
         let n = self.norm(a, eps)?;
         let n = self.mul(&n, weight)?;
@@ -654,18 +647,9 @@ impl Context {
 
     /// Scaled dot-product attention, `softmax(q kᵀ · scale) v` per head, for `q [D, Tq, H]`,
     /// `k [D, Tk, H]` and `v [Dv, Tk, H]` (rows contiguous; permuted views are fine) ->
-    /// `[Dv, H, Tq]`, which reshapes to `[Dv * H, Tq]`. In CPU-kernel contexts a fused kernel
-    /// in f32 (the safe layer's for the usual scale `1 / sqrt(D)`, else
-    /// [`Context::flash_attn_ext`]) avoids the score matrices and the copies; elsewhere,
-    /// explicit products.
+    /// `[Dv, H, Tq]`, which reshapes to `[Dv * H, Tq]`, by explicit products (every backend runs
+    /// them). On the CPU, [`Context::cpu_attention`] or [`Context::flash_attn_ext`] fuse them.
     pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, scale: f32) -> Result<Tensor> {
-        if self.cpu_kernels() {
-            // A batch (ne[3]) of attentions is one node: the kernel takes its items in turn.
-            if Self::cpu_attention_applies(q, k, v, scale) {
-                return self.cpu_attention(q, k, v);
-            }
-            return self.flash_attn_ext(q, k, v, None, scale);
-        }
         // Contiguous copies, as every backend's matrix product takes them.
         let (q, k) = (self.cont(q)?, self.cont(k)?);
         let v_t = self.cont(&self.permute(v, [1, 0, 2, 3])?)?; // [Tk, Dv, H]
@@ -1017,9 +1001,6 @@ impl Context {
     }
     /// A contiguous copy.
     pub fn cont(&self, a: &Tensor) -> Result<Tensor> {
-        if self.cpu_kernels() && Self::cpu_transpose_applies(a) {
-            return self.cpu_transpose(a);
-        }
         self.reserve_like(a)?;
         // SAFETY: ggml_cont asserts nothing; the CPU kernel copies any type to itself
         // (ggml_compute_forward_dup_bytes); live tensors.
@@ -1051,9 +1032,6 @@ impl Context {
         }
         let mut ne = an;
         ne[dim] += bn[dim];
-        if self.cpu_kernels() && dim == 0 && Self::cpu_concat_rows_applies(a, b) {
-            return self.cpu_concat_rows(a, b, ne);
-        }
         self.reserve_result(a.dtype(), ne)?;
         // SAFETY: same type, other dims equal, dim in range (ggml_concat's assertions).
         let raw = unsafe { sys::ggml_concat(self.raw(), a.as_ptr(), b.as_ptr(), dim as i32) };
@@ -1126,8 +1104,9 @@ impl Context {
     // --- images ---------------------------------------------------------------------------------
 
     /// 2D convolution in f32: `kernel [KW, KH, IC, OC]` over `input [W, H, IC, N]` ->
-    /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this). In
-    /// CPU-kernel contexts, stride-1 "same" convolutions run a direct kernel.
+    /// `[OW, OH, OC, N]` (PyTorch weights (OC, IC, KH, KW) load as exactly this), by
+    /// im2col and a matrix product. (On the CPU, [`Context::cpu_conv_2d_same`] computes stride-1
+    /// "same" convolutions without the column matrix.)
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d(
         &self,
@@ -1137,11 +1116,6 @@ impl Context {
         padding: (i32, i32),
         dilation: (i32, i32),
     ) -> Result<Tensor> {
-        // A batch (ne[3]) of images is one node: the kernel takes its items in turn.
-        if self.cpu_kernels() && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
-        {
-            return self.cpu_conv_2d_same(kernel, input, None, false);
-        }
         let columns = self.im2col(kernel, input, stride, padding, dilation, DType::F32)?;
         let (kn, cn) = (kernel.ne(), columns.ne());
         let columns_2d = self.reshape(&columns, &[cn[0], cn[1] * cn[2] * cn[3]])?;
@@ -1161,8 +1135,7 @@ impl Context {
         self.cont(&product)
     }
 
-    /// [`Context::conv_2d`] plus a per-channel `bias [OC]`; in CPU-kernel contexts the direct
-    /// kernel adds it as it writes, saving a pass over the result.
+    /// [`Context::conv_2d`] plus a per-channel `bias [OC]`.
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d_bias(
         &self,
@@ -1175,21 +1148,12 @@ impl Context {
     ) -> Result<Tensor> {
         let oc = kernel.ne()[3];
         conv_bias_fits("conv_2d", kernel, 3, bias)?;
-        let fused = bias.dtype() == DType::F32 && bias.is_contiguous();
-        if fused
-            && self.cpu_kernels()
-            && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
-        {
-            return self.cpu_conv_2d_same(kernel, input, Some(bias), false);
-        }
         let y = self.conv_2d(kernel, input, stride, padding, dilation)?;
         self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
     }
 
-    /// [`Context::conv_2d`] (with `bias`, [`Context::conv_2d_bias`]) of `relu(input)`: in
-    /// CPU-kernel contexts where their convolution applies, one node whose kernel passes the
-    /// input through ReLU as it reads it, saving a pass over the map (not before AMX tiles);
-    /// elsewhere a ReLU node, then the convolution.
+    /// [`Context::conv_2d`] (with `bias`, [`Context::conv_2d_bias`]) of `relu(input)`: a ReLU node,
+    /// then the convolution. ([`Context::cpu_conv_2d_same`] applies the ReLU as it reads.)
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d_of_relu(
         &self,
@@ -1204,13 +1168,6 @@ impl Context {
         conv_2d_output(kernel, input, stride, padding, dilation)?;
         if let Some(b) = bias {
             conv_bias_fits("conv_2d", kernel, 3, b)?;
-        }
-        let fused_bias = bias.is_none_or(|b| b.dtype() == DType::F32 && b.is_contiguous());
-        if fused_bias
-            && self.cpu_kernels()
-            && Self::cpu_conv_2d_applies(kernel, input, stride, padding, dilation)
-        {
-            return self.cpu_conv_2d_same(kernel, input, bias, true);
         }
         let x = self.relu(input)?;
         match bias {
@@ -1318,9 +1275,9 @@ impl Context {
         self.result(raw, "im2col", &[kernel, input])
     }
 
-    /// [`Context::conv_transpose_2d`] plus a per-channel `bias [OC]`: in CPU-kernel contexts,
-    /// for a kernel that is its stride (2 or 4), one node that writes each patch with its
-    /// bias; elsewhere the transposed convolution, then the bias.
+    /// [`Context::conv_transpose_2d`] plus a per-channel `bias [OC]`: the
+    /// transposed convolution, then the bias. ([`Context::cpu_conv_transpose_2d_bias`] writes
+    /// each patch with its bias, for a kernel that is its stride.)
     pub fn conv_transpose_2d_bias(
         &self,
         kernel: &Tensor,
@@ -1330,9 +1287,6 @@ impl Context {
     ) -> Result<Tensor> {
         conv_bias_fits("conv_transpose_2d", kernel, 2, bias)?;
         let oc = kernel.ne()[2];
-        if let Some(y) = self.cpu_conv_transpose_2d_bias(kernel, input, bias, stride)? {
-            return Ok(y);
-        }
         let y = self.conv_transpose_2d(kernel, input, stride)?;
         self.add(&y, &self.reshape(bias, &[1, 1, oc])?)
     }
@@ -1497,8 +1451,7 @@ impl Context {
 
     /// `a` [W, H, C, N] plus a separable offset: `along_x` [W, 1, C, 1] added along each row
     /// and `along_y` [1, H, C, 1] along each column, the same for every item of the batch.
-    /// On the CPU kernels one pass over `a` (two broadcast adds of ggml's would run its
-    /// one-value-per-call path for `along_y`); elsewhere two broadcast adds.
+    /// Two broadcast adds ([`Context::cpu_bilinear_align_corners`] makes them one pass).
     pub fn add_separable(&self, a: &Tensor, along_x: &Tensor, along_y: &Tensor) -> Result<Tensor> {
         self.interpolate_add_separable(
             a,
@@ -1512,8 +1465,8 @@ impl Context {
     }
 
     /// [`interpolate`](Self::interpolate) to `ne`, then [`add_separable`](Self::add_separable)
-    /// of `along_x` [ne0, 1, ne2, 1] and `along_y` [1, ne1, ne2, 1]; fused into the resampling
-    /// on the CPU kernels' bilinear path. A target of `a`'s own size adds without resampling.
+    /// of `along_x` [ne0, 1, ne2, 1] and `along_y` [1, ne1, ne2, 1]. A target of `a`'s own size
+    /// adds without resampling.
     pub fn interpolate_add_separable(
         &self,
         a: &Tensor,
@@ -1534,19 +1487,7 @@ impl Context {
                 return Err(mismatch(op, reason, &[a, factor]));
             }
         }
-        let bilinear = mode
-            == Interpolation::Bilinear {
-                align_corners: true,
-            };
         let same_size = ne == a.ne();
-        if self.cpu_kernels()
-            && (bilinear || same_size)
-            && ne[2] == a.ne()[2]
-            && ne[3] == a.ne()[3]
-            && [a, along_x, along_y].iter().all(|t| t.is_contiguous())
-        {
-            return self.cpu_bilinear_align_corners(a, ne[0], ne[1], Some((along_x, along_y)));
-        }
         let resampled = if same_size {
             a.clone()
         } else {
@@ -1564,17 +1505,6 @@ impl Context {
                 ne: ne.to_vec(),
                 reason: "every dim must be positive".into(),
             });
-        }
-        let resizes_planes = ne[2] == a.ne()[2] && ne[3] == a.ne()[3];
-        if self.cpu_kernels()
-            && mode
-                == (Interpolation::Bilinear {
-                    align_corners: true,
-                })
-            && resizes_planes
-            && a.is_contiguous()
-        {
-            return self.cpu_bilinear_align_corners(a, ne[0], ne[1], None);
         }
         let flag = sys::GGML_SCALE_FLAG_ALIGN_CORNERS;
         let mode = match mode {

@@ -76,7 +76,7 @@ struct Frozen {
 // SAFETY: after freezing, nothing mutates the ggml context or its tensors (see the module
 // documentation): lookups by name only read ggml's object list, graph operations only read
 // the leaves, and the interior-mutable fields of `ContextInner` (buffer list, keep-alive list,
-// op settings) are never reached through a `Frozen`. The buffers are device memory freed once,
+// custom nodes' data) are never reached through a `Frozen`. The buffers are device memory freed once,
 // by the last owner, from whichever thread drops it; ggml's buffer free functions (CPU free,
 // cudaFree after selecting the device, an RPC FREE_BUFFER message through the endpoint's
 // dispatcher queue) do not depend on the thread they run on.

@@ -211,6 +211,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             policy: args.policy,
             process_res: args.process_res,
             log_decisions: args.device.len() == 1,
+            plan: super::plan::overrides(&[])?,
             ..LoadOptions::default()
         };
         let model = if models.is_empty() {

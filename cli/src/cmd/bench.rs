@@ -143,7 +143,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         processed.width,
         processed.height
     );
-    outln!("cpu        {}", da3::ggml::cpu_features());
+    outln!("ggml cpu   {}", da3::ggml::cpu_features());
+    outln!("plan       {}", model.model().plan());
     outln!(
         "convs      {}",
         if model.model().uses_half_convolutions() {
@@ -207,6 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "device": device_name,
             "threads": threads,
             "cpu": da3::ggml::cpu_features(),
+            "plan": model.model().plan().to_json(),
             "input": [image.width, image.height],
             "views": args.views,
             "processed": [processed.width, processed.height],

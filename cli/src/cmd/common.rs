@@ -22,6 +22,13 @@ pub struct DeviceArgs {
     /// `auto`: f16 for half-precision files on a GPU that runs ggml's direct convolution.
     #[arg(long, value_enum, default_value_t = ConvPrecisionArg::Auto)]
     pub conv_precision: ConvPrecisionArg,
+    /// Departures from the execution plan, to compare one route with another:
+    /// `kernels=portable|avx2|avx2vnni|avx512bf16`, `bf16-products=on|off`, `amx=off`,
+    /// `winograd=off`, `int8-activation-bits=7|8`, `int8-products=off`, `fold-norms=off`,
+    /// `vision-rope=off`, `centre-qk-heads=off` (comma-separated or repeated). The `DA3_*`
+    /// variables of earlier releases still apply; a flag wins. `da3 info` prints the plan.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub plan: Vec<String>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +64,7 @@ impl DeviceArgs {
             device: self.device.clone(),
             threads: self.threads,
             conv_precision: self.conv_precision.into(),
+            plan: super::plan::overrides(&self.plan)?,
             ..LoadOptions::default()
         })
     }

@@ -25,7 +25,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model = Model::from_gguf(&file, &args.device.options()?)?;
     let c = model.config().clone();
     outln!("model        {}", args.model.describe());
-    outln!("cpu          {}", da3::ggml::cpu_features());
+    outln!("ggml cpu     {}", da3::ggml::cpu_features());
+    outln!("plan         {}", model.plan());
     outln!(
         "architecture depthanything3 ({}), GGUF v{}",
         c.name,

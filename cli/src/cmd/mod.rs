@@ -31,6 +31,7 @@ mod depth;
 mod devices;
 mod info;
 mod outputs;
+mod plan;
 mod quantize;
 mod repro;
 mod rpc_server;

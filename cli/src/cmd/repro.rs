@@ -82,6 +82,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         device: device_spec.parse()?,
         threads: args.threads,
         conv_precision: ConvPrecisionArg::Auto,
+        plan: Vec::new(),
     };
     let image = load_input(args.input.as_ref())?;
     outln!(
@@ -98,6 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         device: da3::Device::Cpu,
         threads: args.threads,
         conv_precision: ConvPrecisionArg::Auto,
+        plan: Vec::new(),
     };
     let reference = args.model.load(&cpu_only.options()?)?;
     let expected = reference
@@ -327,6 +329,7 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
         device: args.device.parse()?,
         threads: args.threads,
         conv_precision: ConvPrecisionArg::Auto,
+        plan: Vec::new(),
     };
     let options = LoadOptions {
         policy: Policy::Unchecked,

@@ -51,7 +51,7 @@ pub(super) struct ViewsGraph {
     /// The ray branch: ray `[w, h, 6, views]` and its confidence `[w, h, views]`.
     rays: Option<(Tensor, Tensor)>,
     probes: Vec<(String, Tensor)>,
-    _ctx: Context,
+    _ctx: Ops,
     _constants: Context,
 }
 
@@ -479,7 +479,7 @@ impl Session {
         } else {
             None
         };
-        let attention = AttentionKernel::for_backend(self.executor.device());
+        let attention = shared.plan.attention();
         let (pose_encoding, camera_tokens) = match (posed, &self.layers.camera_encoder) {
             (false, _) => (None, None),
             (true, Some(encoder)) if v.alt_start.is_some() && part == Part::Whole => {

@@ -2,7 +2,7 @@
 //! Xeons). One `tdpbf16ps` multiplies a 16 x 32 block of bf16 by a 32 x 16 one into 16 x 16
 //! f32 sums: 8,192 multiply-adds, 16 times those of a 512-bit `vdpbf16ps`, which on these
 //! Xeons issues at half the f32 FMA rate and so gains nothing over f32
-//! ([`super::bf16_products_pay`]). The tiles make bf16 weights (an f16 file's fast mode) pay
+//! ([`crate::Config::bf16_products_pay`]). The tiles make bf16 weights (an f16 file's fast mode) pay
 //! on Intel too.
 //!
 //! The tile state is per thread and off by default: Linux hands a process the tile data only
@@ -13,17 +13,13 @@
 use std::arch::asm;
 use std::arch::x86_64::{__cpuid, __cpuid_count};
 use std::marker::PhantomData;
-use std::sync::OnceLock;
 
-/// Whether this process computes bf16 products on AMX tiles: the CPU has AMX-TILE and
-/// AMX-BF16, the operating system grants the process the tile state (Linux only), and the
-/// environment variable `DA3_AMX` is not `off` (which keeps the vector kernels, to compare
-/// the two). Decided on first use, then fixed.
-pub fn bf16_tiles() -> bool {
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("DA3_AMX").as_deref() != Ok("off") && cpu_has_amx_bf16() && os_grants_tiles()
-    })
+/// Whether this process may compute bf16 products on AMX tiles: the CPU has AMX-TILE and
+/// AMX-BF16 and the operating system grants the process the tile state (Linux only; asking
+/// is idempotent). [`crate::Cpu::detect`] asks once; a [`crate::Config`] uses the tiles only
+/// where this held.
+pub(crate) fn available() -> bool {
+    cpu_has_amx_bf16() && os_grants_tiles()
 }
 
 /// CPUID leaf 7's AMX-BF16 (EDX bit 22) and AMX-TILE (EDX bit 24).
@@ -94,13 +90,13 @@ const TILE_CONFIG: TileConfig = {
 pub struct Tiles(PhantomData<*const ()>);
 
 impl Tiles {
-    /// Configures this thread's tiles, or `None` where [`bf16_tiles`] is false.
-    pub fn configure() -> Option<Tiles> {
-        if !bf16_tiles() {
+    /// Configures this thread's tiles, or `None` where `config` does not multiply on them.
+    pub fn configure(config: &crate::Config) -> Option<Tiles> {
+        if !config.amx_tiles() {
             return None;
         }
         // SAFETY: the CPU has AMX-TILE and the OS granted this process the tile state
-        // (bf16_tiles); ldtilecfg reads the 64 aligned bytes of TILE_CONFIG, a valid palette-1
+        // (a Config has amx_tiles only where Cpu::detect found `available()`); ldtilecfg reads the 64 aligned bytes of TILE_CONFIG, a valid palette-1
         // configuration (every tile 16 rows of 64 bytes, within palette 1's limits).
         unsafe {
             asm!("ldtilecfg [{}]", in(reg) &TILE_CONFIG, options(nostack, readonly));
@@ -313,10 +309,11 @@ mod tests {
     /// then accumulated onto itself, and two segments against their products one by one.
     #[test]
     fn tiles_multiply_bf16_blocks() {
-        let Some(tiles) = Tiles::configure() else {
-            // Without the tiles (a CPU without AMX, or DA3_AMX=off), none may be configured;
-            // the vector kernels' tests cover the products then.
-            assert!(!cpu_has_amx_bf16() || !bf16_tiles());
+        let config = crate::Config::detect();
+        let Some(tiles) = Tiles::configure(&config) else {
+            // Without the tiles (a CPU without AMX, or one whose OS withholds them), none may
+            // be configured; the vector kernels' tests cover the products then.
+            assert!(!available() || !config.set().has_bf16_products());
             return;
         };
         let (pairs, a_stride) = (48, 50);

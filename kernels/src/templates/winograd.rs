@@ -154,7 +154,7 @@ fn conv3x3_winograd_planes(srcs: &[Src<'_>], out: &mut [f32], channels: Range<us
 /// band, so that each input channel's patches are transformed once, not once per thread. A
 /// positive `param` passes the input through ReLU.
 #[inline(always)]
-fn conv_winograd_rows(srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32) {
+fn conv_winograd_rows(_config: &Config, srcs: &[Src<'_>], out: &mut PlaneRows<'_>, ne: [usize; 4], param: f32) {
     conv3x3_winograd(srcs, out, 0..ne[2], relu_input(param))
 }
 
