@@ -22,8 +22,8 @@
 //!
 //! Layers, each depending only on the ones before it:
 //! - [`atomic_file`]: how every file is written (a temporary file renamed into place);
-//! - [`ggml`]: a safe layer over ggml (all of the crate's `unsafe` code but [`gguf`]'s memory
-//!   map);
+//! - [`ggml`]: a safe layer over ggml (all of the crate's `unsafe` code; the CPU kernels' is
+//!   in the `da3-kernels` crate);
 //! - [`gguf`]: GGUF files, the container of ggml models: format, reader, writer;
 //! - [`residency`]: the pass that checks where every graph operand lives before computing,
 //!   and the one compute entry point built on it;
@@ -34,8 +34,7 @@
 
 #![warn(missing_docs)]
 
-// Only the safe layer may hold `unsafe` code (and `gguf`, in the two places that allow it:
-// its memory map); the compiler enforces it for the rest.
+// Only the safe layer may hold `unsafe` code; the compiler enforces it for the rest.
 #[deny(unsafe_code)]
 pub mod atomic_file;
 #[doc(hidden)]

@@ -1,13 +1,12 @@
 //! A safe layer over ggml: contexts, tensors, ops, graphs, backends, buffers, the graph
 //! allocator, the scheduler and the RPC backend (with the relay that guards its server); the
-//! adapter that runs our CPU kernels (`da3-kernels`) as custom nodes.
+//! adapter that runs our CPU kernels (`da3-kernels`) as custom nodes; read-only file maps.
 //! GGUF files are read and written a layer above, in `da3::gguf` (this module knows nothing
 //! of them).
 //!
 //! Every precondition ggml would `abort()` on is checked first and returned as an [`Error`];
 //! every raw handle has one owner that frees it. This module holds all of the crate's
-//! `unsafe` code but the memory map of `da3::gguf`'s reader (the CPU kernels' own is in
-//! `da3-kernels`).
+//! `unsafe` code (the CPU kernels' own is in `da3-kernels`).
 //!
 //! ```
 //! use da3::ggml::{Backend, Context, DType, Gallocr, TensorView};
@@ -36,6 +35,7 @@ mod cpu_ops;
 pub mod dtype;
 mod error;
 mod graph;
+mod mapped;
 mod ops;
 mod quant;
 pub mod rpc;
@@ -57,6 +57,7 @@ pub use cpu_ops::{
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};
 pub use graph::Graph;
+pub use mapped::MappedFile;
 pub use ops::{Interpolation, Pool, RopeMode};
 pub use quant::{dequantize, quantize, QUANTIZABLE};
 pub use sched::{Sched, SchedAllocation, MAX_BACKENDS};

@@ -30,9 +30,8 @@
 //! leaves nothing behind.
 //!
 //! This module sits above [`crate::ggml`] (it uses its [`DType`](crate::ggml::DType) and loads
-//! tensors into its [`Context`](crate::ggml::Context)); `ggml` knows nothing of GGUF. Its only
-//! `unsafe` code is the memory map of [`GgufFile::open`] and the paging advice of
-//! [`GgufFile::release_tensor_data`].
+//! tensors into its [`Context`](crate::ggml::Context)); `ggml` knows nothing of GGUF. It has
+//! no `unsafe` code: the memory map of [`GgufFile::open`] is [`crate::ggml::MappedFile`].
 //!
 //! Files, by concept: `value` (metadata values and their types), `tensor` (tensor infos and
 //! the shape and alignment rules), `parse` (the byte-level reader and the header's

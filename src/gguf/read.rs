@@ -6,17 +6,15 @@ use std::fs::{self, File};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::parse::{parse, Header};
 use super::{Array, GgufError, TensorInfo, Value};
-use crate::ggml::{Backend, BufferUsage, Context};
+use crate::ggml::{Backend, BufferUsage, Context, MappedFile};
 
 enum Backing {
     /// A file on disk: the loader reads it with `pread` (a file that shrinks gives an error);
     /// the map serves only [`GgufFile::tensor_data`] and [`GgufFile::data_section`].
     Mmap {
-        map: Mmap,
+        map: MappedFile,
         file: File,
         /// Size and modification time when opened, to notice a file changed while in use.
         stamp: (u64, Option<std::time::SystemTime>),
@@ -140,22 +138,10 @@ impl GgufFile {
         }
         let stamp = stamp_of(&meta);
         let header = parse_file(&file, stamp.0, path)?;
-        // One of the two `unsafe` blocks of the gguf module (lib.rs denies the rest).
-        #[allow(unsafe_code)]
-        // SAFETY: `Mmap::map` is unsafe because the mapped bytes belong to a file that
-        // can change behind our back. We open it read-only and never write through
-        // the map, but nothing stops another process (or other code in this one)
-        // from writing to or truncating the file while it is mapped. A write would
-        // change bytes under the `&[u8]` borrows this type hands out, which breaks
-        // Rust's aliasing rules (UB in principle; in practice the reader sees
-        // inconsistent data, and since every access is bounds-checked against the
-        // map's fixed length it cannot go out of bounds); a truncation makes reads of
-        // the lost pages raise SIGBUS. Mapping touches no page: only `tensor_data` and
-        // `data_section` read through the map, and their callers take on the obligation
-        // documented above (like llama.cpp, candle and safetensors do); the header and
-        // `read_tensor_data` use positioned reads instead. A rename-replace is harmless
-        // because the map keeps the old inode.
-        let map = unsafe { Mmap::map(&file) }.map_err(io_err)?;
+        // Only `tensor_data` and `data_section` read through the map, and their callers take
+        // on `MappedFile::map`'s obligation; the header and `read_tensor_data` use positioned
+        // reads instead.
+        let map = MappedFile::map(&file).map_err(io_err)?;
         Ok(GgufFile {
             data: Backing::Mmap { map, file, stamp },
             path: Some(path.to_owned()),
@@ -239,13 +225,7 @@ impl GgufFile {
         #[cfg(unix)]
         if let (Backing::Mmap { map, .. }, Ok(bytes)) = (&self.data, self.tensor_data(info)) {
             let offset = bytes.as_ptr() as usize - map.as_ptr() as usize;
-            #[allow(unsafe_code)]
-            // SAFETY: a read-only file mapping: MADV_DONTNEED drops its pages and a later read
-            // faults the same bytes in again from the file, as after an eviction under memory
-            // pressure, so no slice handed out sees its contents change.
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, bytes.len())
-            };
+            map.release(offset..offset + bytes.len());
         }
     }
 

@@ -90,6 +90,7 @@ enum Command {
 }
 
 pub fn main() -> ExitCode {
+    crate::process::die_with_parent();
     // ggml's abort handler otherwise forks gdb to print a backtrace of the dying process;
     // a command-line tool reports the error instead. Set before any thread exists (the only
     // time changing the environment is sound); GGML_NO_BACKTRACE already set is kept.
