@@ -2,7 +2,7 @@
 //! checked first and reported here, naming the op, the operands and their shapes.
 
 use super::dtype::DType;
-use super::tensor::Shape;
+use super::shape::Shape;
 use std::fmt;
 
 /// A tensor as an error message names it: its name (or "unnamed"), type and shape.

@@ -40,6 +40,7 @@ mod ops;
 mod quant;
 pub mod rpc;
 mod sched;
+mod shape;
 mod shared;
 mod tensor;
 
@@ -61,5 +62,6 @@ pub use mapped::MappedFile;
 pub use ops::{Interpolation, Pool, RopeMode};
 pub use quant::{dequantize, quantize, QUANTIZABLE};
 pub use sched::{Sched, SchedAllocation, MAX_BACKENDS};
+pub use shape::Shape;
 pub use shared::SharedContext;
-pub use tensor::{Element, Shape, Tensor, TensorFlags, TensorRef, TensorView};
+pub use tensor::{Element, Tensor, TensorFlags, TensorRef, TensorView};
