@@ -35,8 +35,8 @@ use da3_kernels::{
     amx_convolution_fits, attention_tokens, attention_tokens_bf16, attention_tokens_int8,
     conv_direct_rows, conv_direct_rows_bf16, conv_same_planes, conv_same_planes_bf16,
     conv_winograd_rows, layer_norm_rows, linear_bias_rows, pack_panels, pack_panels_bf16,
-    pack_panels_q8, winograd_pays, BandFn, Config, Cpu, KernelFn, KernelSet, Packing, PlaneRows,
-    Request, Src, PANEL, Q8_BLOCK, Q8_RECORD, WINOGRAD_TILE,
+    pack_panels_q8, winograd_pays, BandFn, Config, Cpu, KernelFn, Packing, PlaneRows, Request, Src,
+    PANEL, Q8_BLOCK, Q8_RECORD, WINOGRAD_TILE,
 };
 use std::error::Error;
 use std::ops::Range;
