@@ -52,7 +52,7 @@ pub use crate::da3::{
     convert, export, multiview, nested, outputs, poses, preprocess, ray_pose, Colormap, Config,
     ConvPrecision, Error, ExecutionPlan, KnownPose, LoadOptions, Model, MultiPrediction,
     NestedModel, NestedSession, PlanOverrides, Pose, Prediction, RayMap, RefViewStrategy, Session,
-    DEFAULT_PROCESS_RES,
+    WeightError, DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;

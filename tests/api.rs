@@ -238,3 +238,79 @@ fn device_parses_the_cli_spellings() {
         .to_string();
     assert!(err.contains("CUDA7") && err.contains("CPU"), "{err}");
 }
+
+/// The peer fixture rewritten by `edit`, which may drop a tensor (None) or change its shape
+/// and bytes; returns the new file's path.
+fn peer_rewritten(
+    dir: &Path,
+    edit: impl Fn(&str, Vec<u64>, Vec<u8>) -> Option<(Vec<u64>, Vec<u8>)>,
+) -> PathBuf {
+    use da3::gguf::{GgufFile, GgufWriter};
+    let file = GgufFile::open(peer("peer-tiny-seed0-f32.gguf")).unwrap();
+    let mut writer = GgufWriter::new();
+    for (key, value) in file.metadata() {
+        writer.set(key, value.clone());
+    }
+    for t in file.tensors() {
+        let data = file.tensor_data(t).unwrap().to_vec();
+        if let Some((shape, data)) = edit(&t.name, t.shape().to_vec(), data) {
+            writer
+                .add_tensor(t.name.clone(), t.dtype, &shape, data)
+                .unwrap();
+        }
+    }
+    let path = dir.join("edited.gguf");
+    writer.write_to(&path).unwrap();
+    path
+}
+
+/// A file that lacks a tensor, has one of the wrong shape or one holding NaN fails to load
+/// with an error a program can match on (`Error::Weights` and the tensor's name as data),
+/// whose message names the tensor.
+#[test]
+fn weight_errors_are_data_naming_the_tensor() {
+    use da3::{Error, WeightError};
+    let dir = tempfile::tempdir().unwrap();
+    let norm = "vit.norm.weight";
+    let missing = peer_rewritten(dir.path(), |name, shape, data| {
+        (name != norm).then_some((shape, data))
+    });
+    match Model::load(&missing, &cpu_options()) {
+        Err(Error::Weights(WeightError::MissingTensor { name })) => assert_eq!(name, norm),
+        other => panic!("{other:?}"),
+    }
+    let misshapen = peer_rewritten(dir.path(), |name, shape, data| {
+        if name != norm {
+            return Some((shape, data));
+        }
+        Some((vec![shape[0] / 2], data[..data.len() / 2].to_vec()))
+    });
+    match Model::load(&misshapen, &cpu_options()) {
+        Err(e @ Error::Weights(WeightError::TensorShape { .. })) => {
+            let Error::Weights(WeightError::TensorShape {
+                name,
+                expected,
+                got,
+            }) = &e
+            else {
+                unreachable!()
+            };
+            assert_eq!((name.as_str(), expected.len(), got.len()), (norm, 1, 1));
+            assert_eq!(expected[0], 2 * got[0]);
+            assert!(e.to_string().contains(&format!("`{norm}`")), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let corrupt = peer_rewritten(dir.path(), |name, shape, mut data| {
+        if name == norm {
+            data[4..8].copy_from_slice(&f32::NAN.to_le_bytes());
+        }
+        Some((shape, data))
+    });
+    match Model::load(&corrupt, &cpu_options()) {
+        Err(Error::Weights(WeightError::NonFinite { name, element })) => {
+            assert_eq!((name.as_str(), element), (norm, 1));
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -4,6 +4,7 @@
 
 use super::config::{Ffn, VitConfig};
 use super::ops::Ops;
+use super::weight_error::WeightError;
 use super::weights::{Folded, Linear, Loader, Norm, Role};
 use super::Error;
 use crate::ggml::{RopeMode, Tensor, TensorView};
@@ -386,9 +387,12 @@ impl Backbone {
             if s.iter().product::<usize>() == n_pos * e {
                 Ok(())
             } else {
-                Err(Error::Weights(format!(
-                    "tensor `vit.pos_embed` has shape {s:?}, expected [1, {n_pos}, {e}]"
-                )))
+                Err(WeightError::TensorShape {
+                    name: "vit.pos_embed".into(),
+                    expected: vec![1, n_pos, e],
+                    got: s,
+                }
+                .into())
             }
         })?;
         Ok(Backbone {
@@ -588,14 +592,18 @@ impl CameraEncoder {
         };
         let e = vit.embed_dim;
         if shape != [e] {
-            return Err(Error::Weights(format!(
-                "tensor `cam_enc.token_norm.weight` has shape {shape:?}, expected [{e}]"
-            )));
+            return Err(WeightError::TensorShape {
+                name: "cam_enc.token_norm.weight".into(),
+                expected: vec![e],
+                got: shape,
+            }
+            .into());
         }
         if !e.is_multiple_of(CAM_ENC_HEADS) {
-            return Err(Error::Weights(format!(
+            return Err(WeightError::Other(format!(
                 "camera encoder width {e} is not a multiple of its {CAM_ENC_HEADS} heads"
-            )));
+            ))
+            .into());
         }
         let cfg = VitConfig {
             num_heads: CAM_ENC_HEADS,

@@ -21,6 +21,7 @@ pub mod poses;
 pub mod preprocess;
 pub mod ray_pose;
 pub mod synthetic;
+mod weight_error;
 mod weights;
 
 pub use config::{Config, Ffn, HeadKind, PRESETS};
@@ -30,6 +31,7 @@ pub use nested::{NestedModel, NestedSession};
 pub use outputs::{Colormap, Pose, Prediction, RayMap};
 pub use plan::{ExecutionPlan, PlanOverrides};
 pub use poses::KnownPose;
+pub use weight_error::WeightError;
 pub use weights::{ConvKernels, LinearPacking, Loader, Role};
 
 use std::path::PathBuf;
@@ -49,9 +51,10 @@ pub enum Error {
     /// Hyperparameters that are missing, contradictory or unknown.
     #[error("model configuration: {0}")]
     Config(String),
-    /// A tensor missing from the file, misshapen or of an unusable type.
+    /// A tensor missing from the file, misshapen, of an unusable type or holding unusable
+    /// values ([`WeightError`] says which).
     #[error("model weights: {0}")]
-    Weights(String),
+    Weights(#[from] WeightError),
     /// An input the model cannot take.
     #[error("input: {0}")]
     Input(String),

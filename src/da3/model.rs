@@ -12,6 +12,7 @@ use super::ops::Ops;
 use super::outputs::{fill_sky, Pose, Prediction};
 use super::plan::{ExecutionPlan, LoadedFacts, PlanBuilder, PlanOverrides};
 use super::preprocess::{self, ProcessedImage, RgbImage8};
+use super::weight_error::WeightError;
 use super::weights::{ConvKernels, LinearPacking, LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::{
@@ -334,11 +335,12 @@ fn declare_layers(
     };
     if let Some(cam) = &camera {
         if cam.dim() != config.vit.feature_dim() {
-            return Err(Error::Weights(format!(
+            return Err(WeightError::Other(format!(
                 "camera decoder width {} does not match the feature width {}",
                 cam.dim(),
                 config.vit.feature_dim()
-            )));
+            ))
+            .into());
         }
     }
     // The encoder feeds the camera token slot: only models with one (and a decoder) use it.

@@ -3,6 +3,7 @@
 
 use super::config::{Config, FileLayout, HeadKind};
 use super::ops::Ops;
+use super::weight_error::WeightError;
 use super::Error;
 use crate::ggml::{
     dequantize, pack_linear_panels, pack_linear_panels_bf16, pack_linear_panels_f16,
@@ -406,12 +407,17 @@ impl<'f> Loader<'f> {
         let mut sorted = order.to_vec();
         sorted.sort_unstable();
         if sorted.iter().enumerate().any(|(i, &j)| i != j) {
-            return Err(Error::Weights(format!(
+            return Err(WeightError::Other(format!(
                 "tensor `{name}`: a row order must name each row once"
-            )));
+            ))
+            .into());
         }
         if !self.pending.iter().any(|p| p.name == name) {
-            return Err(Error::Weights(format!("tensor `{name}` is not declared")));
+            return Err(WeightError::NotLoaded {
+                name: name.to_owned(),
+                what: "declared",
+            }
+            .into());
         }
         // The file's rows: a packed weight's stored shape is its panels'.
         let info = self.info(name)?;
@@ -422,11 +428,12 @@ impl<'f> Loader<'f> {
         if !whole_rows {
             // PyTorch's order, as the other shape errors print it.
             let shape: Vec<u64> = info.shape().iter().rev().copied().collect();
-            return Err(Error::Weights(format!(
+            return Err(WeightError::Other(format!(
                 "tensor `{name}` ({shape:?}, {}) cannot have its rows reordered as {} rows",
                 info.dtype,
                 order.len()
-            )));
+            ))
+            .into());
         }
         let pending = self
             .pending
@@ -512,11 +519,14 @@ impl<'f> Loader<'f> {
 
     fn info(&self, name: &str) -> Result<&'f TensorInfo, Error> {
         let file = self.file().ok_or_else(|| {
-            Error::Weights(format!("tensor `{name}`: a recording loader has no file"))
+            WeightError::Other(format!("tensor `{name}`: a recording loader has no file"))
         })?;
         let in_file = self.layout.file_name(name);
-        file.tensor(&in_file)
-            .ok_or_else(|| Error::Weights(format!("tensor `{in_file}` is missing from the file")))
+        file.tensor(&in_file).ok_or_else(|| {
+            Error::from(WeightError::MissingTensor {
+                name: in_file.into_owned(),
+            })
+        })
     }
 
     /// Declares tensor `name` with PyTorch shape `shape` (outermost first, as the official code
@@ -578,18 +588,18 @@ impl<'f> Loader<'f> {
         let info = self.info(name)?;
         if pad4(&[len as u64]) != pad4(info.shape()) {
             let got: Vec<u64> = info.shape().iter().rev().copied().collect();
-            return Err(Error::Weights(format!(
-                "tensor `{name}` has shape {got:?}, the architecture expects [{len}]"
-            )));
+            return Err(WeightError::TensorShape {
+                name: name.to_owned(),
+                expected: vec![len],
+                got: got.iter().map(|&d| d as usize).collect(),
+            }
+            .into());
         }
         if storage(Role::F32, info.dtype, self.conv_kernels).is_none() {
-            return Err(Error::Weights(format!(
-                "tensor `{name}` is stored as {}, which this model cannot use for it",
-                info.dtype
-            )));
+            return Err(unusable_type(name, info.dtype));
         }
         if !self.used.insert(self.layout.file_name(name).into_owned()) {
-            return Err(Error::Weights(format!("tensor `{name}` declared twice")));
+            return Err(declared_twice(name));
         }
         self.file_shapes.insert(name.to_owned(), vec![len]);
         Ok(())
@@ -616,11 +626,12 @@ impl<'f> Loader<'f> {
         let centred = folded.centred;
         if let Some(c) = centred {
             if c.group == 0 || c.rows > n_out || !c.rows.is_multiple_of(c.group) {
-                return Err(Error::Weights(format!(
+                return Err(WeightError::Other(format!(
                     "linear layer `{prefix}` ({n_out} outputs) cannot centre {} outputs in \
                      runs of {}",
                     c.rows, c.group
-                )));
+                ))
+                .into());
             }
         }
         let weight_name = format!("{prefix}.weight");
@@ -686,15 +697,26 @@ impl<'f> Loader<'f> {
                 None => self.device_ctx.import(&weights.shared, name),
             };
             let tensor = found.ok_or_else(|| {
-                Error::Weights(format!("tensor `{name}` was not loaded with the model"))
+                Error::from(WeightError::NotLoaded {
+                    name: name.to_owned(),
+                    what: "loaded",
+                })
             })?;
             if !packed {
                 let expected: Vec<i64> = shape.iter().rev().map(|&d| d as i64).collect();
                 if pad4(&expected) != tensor.ne() {
-                    return Err(Error::Weights(format!(
-                        "tensor `{name}` was loaded as {}, the architecture expects {shape:?}",
-                        tensor.shape()
-                    )));
+                    return Err(WeightError::TensorShape {
+                        name: name.to_owned(),
+                        expected: shape.to_vec(),
+                        got: tensor
+                            .shape()
+                            .dims()
+                            .iter()
+                            .rev()
+                            .map(|&d| d as usize)
+                            .collect(),
+                    }
+                    .into());
                 }
             }
             return Ok((tensor, packed));
@@ -703,20 +725,20 @@ impl<'f> Loader<'f> {
         let expected: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
         if pad4(&expected) != pad4(info.shape()) {
             let got: Vec<u64> = info.shape().iter().rev().copied().collect();
-            return Err(Error::Weights(format!(
-                "tensor `{name}` has shape {got:?}, the architecture expects {shape:?}"
-            )));
+            return Err(WeightError::TensorShape {
+                name: name.to_owned(),
+                expected: shape.to_vec(),
+                got: got.iter().map(|&d| d as usize).collect(),
+            }
+            .into());
         }
         // `used` holds the file's names: the ones left over are reported unused.
         if !self.used.insert(self.layout.file_name(name).into_owned()) {
-            return Err(Error::Weights(format!("tensor `{name}` declared twice")));
+            return Err(declared_twice(name));
         }
         self.file_shapes.insert(name.to_owned(), shape.to_vec());
         let Some((dtype, convert)) = storage(role, info.dtype, self.conv_kernels) else {
-            return Err(Error::Weights(format!(
-                "tensor `{name}` is stored as {}, which this model cannot use for it",
-                info.dtype
-            )));
+            return Err(unusable_type(name, info.dtype));
         };
         let (dtype, convert) = match (role, dtype) {
             (Role::Matmul, DType::F16) if self.half_linears_bf16 && !pack => {
@@ -791,7 +813,7 @@ impl<'f> Loader<'f> {
                 "cam.bb0.weight" => config
                     .cam_dim
                     .map(|d| vec![d, d])
-                    .ok_or_else(|| Error::Weights("no camera decoder".into())),
+                    .ok_or_else(|| WeightError::Other("no camera decoder".into()).into()),
                 "head.scratch.rn1_aux.rc2.c1.weight" if config.head.kind == HeadKind::DualDpt => {
                     let f = config.head.features;
                     Ok(vec![f, f, 3, 3])
@@ -800,15 +822,18 @@ impl<'f> Loader<'f> {
                 "cam_enc.token_norm.weight" => config
                     .cam_dim
                     .map(|_| vec![e])
-                    .ok_or_else(|| Error::Weights("no camera encoder".into())),
-                other => Err(Error::Weights(format!(
+                    .ok_or_else(|| WeightError::Other("no camera encoder".into()).into()),
+                other => Err(WeightError::Other(format!(
                     "a recording loader cannot tell the shape of `{other}`"
-                ))),
+                ))
+                .into()),
             };
         }
         if let Source::Bound { weights, .. } = &self.source {
             return weights.file_shapes.get(name).cloned().ok_or_else(|| {
-                Error::Weights(format!("tensor `{name}` is missing from the file"))
+                Error::from(WeightError::MissingTensor {
+                    name: name.to_owned(),
+                })
             });
         }
         let shape: Vec<usize> = self
@@ -827,7 +852,10 @@ impl<'f> Loader<'f> {
     pub fn host_f32(&mut self, name: &str) -> Result<Vec<f32>, Error> {
         if let Source::Bound { weights, .. } = &self.source {
             return weights.host_values.get(name).cloned().ok_or_else(|| {
-                Error::Weights(format!("tensor `{name}` was not read with the model"))
+                Error::from(WeightError::NotLoaded {
+                    name: name.to_owned(),
+                    what: "read",
+                })
             });
         }
         let info = self.info(name)?;
@@ -845,9 +873,9 @@ impl<'f> Loader<'f> {
     /// layers are bound again per session, see [`Loader::bind`]).
     pub fn finish(self, device: &Device) -> Result<LoadedWeights, Error> {
         let Some(file) = self.file() else {
-            return Err(Error::Weights(
-                "only a loader reading a file has data to load".into(),
-            ));
+            return Err(
+                WeightError::Other("only a loader reading a file has data to load".into()).into(),
+            );
         };
         let device_bytes = self
             .device_ctx
@@ -910,7 +938,7 @@ impl<'f> Loader<'f> {
                     Packing::Q8 => {
                         let plain = dequantize(info.dtype, data, n_in)?;
                         let q8 = quantize(DType::Q8_0, &plain, n_in)
-                            .map_err(|e| Error::Weights(format!("tensor `{}`: {e}", p.name)))?;
+                            .map_err(|e| WeightError::Other(format!("tensor `{}`: {e}", p.name)))?;
                         ctx.write_bytes(&p.tensor, &pack_linear_panels_q8(&q8, n_in, n_out)?.0)?
                     }
                 }
@@ -1008,9 +1036,11 @@ pub fn check_finite(name: &str, dtype: DType, bytes: &[u8]) -> Result<(), Error>
         _ => None,
     };
     match first_bad {
-        Some(i) => Err(Error::Weights(format!(
-            "tensor `{name}` holds NaN or infinity (first at element {i}); the file is corrupt"
-        ))),
+        Some(element) => Err(WeightError::NonFinite {
+            name: name.to_owned(),
+            element,
+        }
+        .into()),
         None => Ok(()),
     }
 }
@@ -1071,9 +1101,12 @@ pub fn to_f32(name: &str, dtype: DType, bytes: &[u8]) -> Result<Vec<f32>, Error>
             .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
             .collect(),
         other => {
-            return Err(Error::Weights(format!(
-                "tensor `{name}` is stored as {other}; expected f32, f16 or bf16"
-            )))
+            return Err(WeightError::TensorType {
+                name: name.to_owned(),
+                dtype: other,
+                expected: Some("f32, f16 or bf16"),
+            }
+            .into())
         }
     })
 }
@@ -1138,10 +1171,13 @@ fn derived_values(
         }
     }
     if let Some(i) = own.iter().position(|x| !x.is_finite()) {
-        return Err(Error::Weights(format!(
-            "tensor `{name}`: folding the norm or layer scale beside it gives {} (element {i})",
-            own[i]
-        )));
+        return Err(WeightError::Unrepresentable {
+            name: name.to_owned(),
+            element: i,
+            value: own[i],
+            reason: "once the norm or layer scale beside it is folded in",
+        }
+        .into());
     }
     Ok(own)
 }
@@ -1248,10 +1284,13 @@ fn write_values(ctx: &Context, tensor: &Tensor, name: &str, values: &[f32]) -> R
 fn to_f16(name: &str, values: &[f32]) -> Result<Vec<half::f16>, Error> {
     let halves: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
     match halves.iter().position(|h| !h.is_finite()) {
-        Some(i) => Err(Error::Weights(format!(
-            "tensor `{name}` holds {} (element {i}), beyond the range of f16, the type it is kept in",
-            values[i]
-        ))),
+        Some(i) => Err(WeightError::Unrepresentable {
+            name: name.to_owned(),
+            element: i,
+            value: values[i],
+            reason: "beyond the range of f16, the type it is kept in",
+        }
+        .into()),
         None => Ok(halves),
     }
 }
@@ -1497,6 +1536,24 @@ impl ConvTranspose {
 fn add_channel_bias(g: &Ops, map: &Tensor, bias: &Tensor) -> Result<Tensor, Error> {
     let bias = g.reshape(bias, &[1, 1, bias.nelements()])?;
     Ok(g.add(map, &bias)?)
+}
+
+/// A tensor stored in a type this model cannot use for it.
+fn unusable_type(name: &str, dtype: DType) -> Error {
+    WeightError::TensorType {
+        name: name.to_owned(),
+        dtype,
+        expected: None,
+    }
+    .into()
+}
+
+/// A tensor the architecture's loader declared a second time.
+fn declared_twice(name: &str) -> Error {
+    WeightError::DeclaredTwice {
+        name: name.to_owned(),
+    }
+    .into()
 }
 
 #[cfg(test)]
