@@ -314,3 +314,21 @@ fn weight_errors_are_data_naming_the_tensor() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A model counts its open sessions, which each take `LoadOptions::threads` of their own (the
+/// count is what the warning about oversubscribed cores reads).
+#[test]
+fn a_model_counts_its_open_sessions() {
+    let model = Model::load(peer("peer-tiny-seed0-f32.gguf"), &cpu_options()).unwrap();
+    assert_eq!(model.open_sessions(), 0);
+    let first = model.session().unwrap();
+    let second = model.clone().session().unwrap();
+    assert_eq!(model.open_sessions(), 2);
+    drop(first);
+    assert_eq!(model.open_sessions(), 1);
+    // A one-call prediction opens and closes a session of its own.
+    model.predict(&peer_image()).unwrap();
+    assert_eq!(model.open_sessions(), 1);
+    drop(second);
+    assert_eq!(model.open_sessions(), 0);
+}

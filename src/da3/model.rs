@@ -31,7 +31,10 @@ mod views;
 pub struct LoadOptions {
     /// Where to compute (default `auto`: a GPU when ggml has one, else the CPU).
     pub device: DeviceSpec,
-    /// CPU threads of each session (0: one per physical core).
+    /// CPU threads of each session (0: one per physical core). Sessions of one model do not
+    /// share their threads: N sessions computing at once with 0 here each use every core (a
+    /// warning is logged when a second such session opens); give each
+    /// `cores / N` (`da3::ggml::default_threads()` is the core count) to divide the CPU.
     pub threads: usize,
     /// Longest side of the processed image for [`Session::predict`] (the official default
     /// 504; sides become multiples of the patch size 14).
@@ -112,6 +115,8 @@ struct ModelShared {
     config: Config,
     device: Device,
     threads: usize,
+    /// Sessions open on this model (see [`LoadOptions::threads`]).
+    open_sessions: std::sync::atomic::AtomicUsize,
     process_res: usize,
     policy: Policy,
     probes: bool,
@@ -213,6 +218,7 @@ impl Model {
                 config,
                 device,
                 threads: options.threads,
+                open_sessions: Default::default(),
                 process_res: options.process_res,
                 policy: options.policy,
                 probes: options.probes,
@@ -285,6 +291,14 @@ impl Model {
     /// ([`LoadOptions::conv_precision`]).
     pub fn uses_half_convolutions(&self) -> bool {
         self.shared.weights.half_convolutions
+    }
+
+    /// How many sessions of this model are open (each computes with
+    /// [`LoadOptions::threads`] threads of its own).
+    pub fn open_sessions(&self) -> usize {
+        self.shared
+            .open_sessions
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A new session on the model's device: graphs, allocations and a backend stream of its
@@ -367,6 +381,8 @@ fn declare_layers(
 /// thread from a shared [`Model`].
 pub struct Session {
     model: Model,
+    /// Counts this session among the model's open ones while it lives.
+    _open: OpenSession,
     layers: Layers,
     executor: Executor,
     graphs: HashMap<(usize, usize), ResolutionGraph>,
@@ -413,8 +429,38 @@ struct ResolutionGraph {
     _constants: Context,
 }
 
+/// One open session of a model: counted from creation to drop.
+struct OpenSession(Model);
+
+impl OpenSession {
+    /// Counts a new session of `model`, and warns where sessions that each take every core
+    /// now compete for them.
+    fn open(model: &Model) -> OpenSession {
+        use std::sync::atomic::Ordering;
+        let shared = &model.shared;
+        let open = shared.open_sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        if open > 1 && shared.threads == 0 && shared.device.kind() == DeviceKind::Cpu {
+            let cores = crate::ggml::default_threads();
+            log::warn!(
+                "{open} sessions of one model each compute with all {cores} cores; set \
+                 LoadOptions::threads (da3: --threads) to {} to divide the CPU between them",
+                (cores / open).max(1)
+            );
+        }
+        OpenSession(model.clone())
+    }
+}
+
+impl Drop for OpenSession {
+    fn drop(&mut self) {
+        let open = &self.0.shared.open_sessions;
+        open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl Session {
     fn new(model: Model) -> Result<Session, Error> {
+        let open = OpenSession::open(&model);
         let shared = &model.shared;
         let cpu = Backend::cpu(shared.threads)?;
         let device = if shared.device.kind() == DeviceKind::Cpu {
@@ -437,6 +483,7 @@ impl Session {
             executor = executor.quiet();
         }
         Ok(Session {
+            _open: open,
             layers: Layers {
                 backbone,
                 head,
