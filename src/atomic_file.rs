@@ -64,8 +64,8 @@ pub fn write<T>(
 ) -> Result<T, WriteError> {
     let permissions = check_target(path)?;
     let io = |source| WriteError::new(path, source);
-    let mut tmp = temporary_beside(path, permissions.as_ref()).map_err(io)?;
-    let _registered = Registered::new(tmp.path());
+    let (mut tmp, _registered) =
+        Registered::create(&PENDING, path, permissions.as_ref()).map_err(io)?;
     let result = (|| {
         let mut out = BufWriter::with_capacity(BUFFER_BYTES, tmp.as_file_mut());
         let value = write(&mut out)?;
@@ -91,50 +91,93 @@ pub fn write<T>(
 /// file, and `path` is absent or a regular file. The error names `path`.
 pub fn check_writable(path: &Path) -> Result<(), WriteError> {
     let permissions = check_target(path)?;
-    temporary_beside(path, permissions.as_ref())
+    Registered::create(&PENDING, path, permissions.as_ref())
         .map(drop)
         .map_err(|source| WriteError::new(path, source))
 }
 
-/// Removes the temporary files of [`write()`] calls still in progress. For a program's
-/// SIGINT/SIGTERM handler, which then exits: an interrupted write leaves nothing.
+/// Removes the temporary files of [`write()`] calls still in progress, and makes every later
+/// write fail before it creates one. For a program's SIGINT/SIGTERM handler, which then exits:
+/// an interrupted write leaves nothing, whichever thread was writing and whenever the signal
+/// came (a temporary file is created and registered under one lock, so the handler sees every
+/// file that exists).
 pub fn remove_temporary_files() {
-    remove_pending(|_| true);
+    let mut pending = lock(&PENDING);
+    pending.closed = true;
+    pending.remove(|_| true);
 }
 
-/// Temporary files of writes in progress, for [`remove_temporary_files`].
-static PENDING: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The temporary files of the writes in progress, and whether the program is closing.
+#[derive(Default)]
+struct Pending {
+    paths: Vec<PathBuf>,
+    /// [`remove_temporary_files`] ran: no new temporary file may be created.
+    closed: bool,
+}
 
-fn pending() -> MutexGuard<'static, Vec<PathBuf>> {
-    PENDING
+impl Pending {
+    const fn new() -> Pending {
+        Pending {
+            paths: Vec::new(),
+            closed: false,
+        }
+    }
+
+    /// Removes the temporary files that `which` picks.
+    fn remove(&mut self, which: impl Fn(&Path) -> bool) {
+        self.paths.retain(|path| {
+            let remove = which(path);
+            if remove {
+                let _ = std::fs::remove_file(path);
+            }
+            !remove
+        });
+    }
+}
+
+/// The process's writes in progress, for [`remove_temporary_files`].
+static PENDING: Mutex<Pending> = Mutex::new(Pending::new());
+
+fn lock(pending: &Mutex<Pending>) -> MutexGuard<'_, Pending> {
+    pending
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Removes the temporary files of the writes in progress that `which` picks.
-fn remove_pending(which: impl Fn(&Path) -> bool) {
-    pending().retain(|path| {
-        let remove = which(path);
-        if remove {
-            let _ = std::fs::remove_file(path);
-        }
-        !remove
-    });
+/// Keeps a temporary file's path in its [`Pending`] list while it exists.
+struct Registered<'a> {
+    list: &'a Mutex<Pending>,
+    path: PathBuf,
 }
 
-/// Keeps a temporary file's path in [`PENDING`] while it exists.
-struct Registered(PathBuf);
-
-impl Registered {
-    fn new(path: &Path) -> Registered {
-        pending().push(path.to_path_buf());
-        Registered(path.to_path_buf())
+impl<'a> Registered<'a> {
+    /// A new temporary file beside `path`, created and registered in `list` under its lock,
+    /// so that a cleanup sees it from the moment it exists; refused once `list` is closed.
+    fn create(
+        list: &'a Mutex<Pending>,
+        path: &Path,
+        permissions: Option<&Permissions>,
+    ) -> io::Result<(tempfile::NamedTempFile, Registered<'a>)> {
+        let mut pending = lock(list);
+        if pending.closed {
+            return Err(io::Error::new(
+                ErrorKind::Interrupted,
+                "the program is stopping (interrupted)",
+            ));
+        }
+        let tmp = temporary_beside(path, permissions)?;
+        pending.paths.push(tmp.path().to_path_buf());
+        let registered = Registered {
+            list,
+            path: tmp.path().to_path_buf(),
+        };
+        Ok((tmp, registered))
     }
 }
 
-impl Drop for Registered {
+impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        pending().retain(|p| p != &self.0);
+        lock(self.list).paths.retain(|p| p != &self.path);
     }
 }
 
@@ -292,7 +335,10 @@ mod tests {
             names_in(dir.path())
         );
         // Nothing of this write is registered any more.
-        assert!(!pending().iter().any(|p| p.starts_with(dir.path())));
+        assert!(!lock(&PENDING)
+            .paths
+            .iter()
+            .any(|p| p.starts_with(dir.path())));
     }
 
     #[test]
@@ -323,14 +369,49 @@ mod tests {
             assert_eq!(names_in(dir.path()).len(), 2, "a temporary file exists");
             // What the CLI's SIGINT handler does (`remove_temporary_files`) before it dies of
             // the signal, for this folder only: tests elsewhere write files at the same time.
-            remove_pending(|p| p.starts_with(dir.path()));
+            lock(&PENDING).remove(|p| p.starts_with(dir.path()));
             assert_eq!(names_in(dir.path()), ["out.pfm"]);
             Ok(())
         });
         assert!(err.is_err(), "the rename of a removed temporary file fails");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
         assert_eq!(names_in(dir.path()), ["out.pfm"]);
-        assert!(!pending().iter().any(|p| p.starts_with(dir.path())));
+        assert!(!lock(&PENDING)
+            .paths
+            .iter()
+            .any(|p| p.starts_with(dir.path())));
+    }
+
+    /// A cleanup sees every temporary file that exists (created and registered under one
+    /// lock), and once it has run no write creates another: a signal at any moment leaves
+    /// nothing. (A list of its own: the process's list serves the other tests.)
+    #[test]
+    fn after_a_cleanup_no_temporary_file_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.ply");
+        let list = Mutex::new(Pending::default());
+        let (tmp, registered) = Registered::create(&list, &path, None).unwrap();
+        assert_eq!(lock(&list).paths, [tmp.path().to_path_buf()]);
+        // What remove_temporary_files does to the process's list.
+        {
+            let mut pending = lock(&list);
+            pending.closed = true;
+            pending.remove(|_| true);
+        }
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "the cleanup removed the file"
+        );
+        drop((tmp, registered));
+        let refused = Registered::create(&list, &path, None)
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(refused.kind(), ErrorKind::Interrupted);
+        assert!(
+            names_in(dir.path()).is_empty(),
+            "a closed list creates nothing"
+        );
+        assert!(lock(&list).paths.is_empty());
     }
 
     #[cfg(unix)]
