@@ -387,6 +387,136 @@ fn an_interrupted_batch_leaves_no_partial_or_temporary_file() {
     }
 }
 
+/// Every file an interrupted run left in `dir` is complete (PFM, PNG, glb and PLY read back
+/// whole), and none is a temporary file.
+fn only_complete_outputs_in(dir: &Path, what: &str) {
+    let names = names_in(dir);
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with('.') && !n.ends_with(".tmp")),
+        "{what}: temporary files left: {names:?}"
+    );
+    for n in &names {
+        let path = dir.join(n);
+        if n.ends_with(".pfm") {
+            read_pfm(&path);
+        } else if n.ends_with(".png") {
+            image::open(&path).unwrap_or_else(|e| panic!("{what}: {n}: {e}"));
+        } else if n.ends_with(".glb") {
+            gltf_ok(&path);
+        } else if n.ends_with(".ply") {
+            let mut file = std::fs::File::open(&path).unwrap();
+            let parser = ply_rs_bw::parser::Parser::<ply_rs_bw::ply::DefaultElement>::new();
+            parser
+                .read_ply(&mut file)
+                .unwrap_or_else(|e| panic!("{what}: {n}: {e}"));
+        }
+    }
+}
+
+/// SIGINT and SIGTERM at spread moments of `da3 batch` and `da3 depth` runs writing every
+/// kind of output, with both cores kept busy: whatever the moment, no temporary or partial
+/// file is left (the window between creating a temporary file and registering it for the
+/// cleanup is closed, and no write starts once the cleanup has run).
+#[test]
+fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = dir.path().join("in");
+    std::fs::create_dir(&inputs).unwrap();
+    for i in 0..6u8 {
+        png(&inputs.join(format!("{i:02}.png")), 96, 64, i);
+    }
+    let common = ["--process-res", "98", "--device", "cpu", "--threads", "1"];
+    let batch: Vec<&str> = [
+        "batch",
+        "in",
+        "--out-dir",
+        "out",
+        "--outputs",
+        "pfm,png,ply,glb",
+    ]
+    .into_iter()
+    .chain(common)
+    .collect();
+    let depth: Vec<&str> = [
+        "depth",
+        "--input",
+        "in/00.png",
+        "--pfm",
+        "out/d.pfm",
+        "--png",
+        "out/d.png",
+        "--png16",
+        "out/d16.png",
+        "--ply",
+        "out/d.ply",
+        "--glb",
+        "out/d.glb",
+        "--npz",
+        "out/d.npz",
+    ]
+    .into_iter()
+    .chain(common)
+    .collect();
+    let busy = Arc::new(AtomicBool::new(true));
+    let loops: Vec<_> = (0..2)
+        .map(|_| {
+            let busy = busy.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while busy.load(Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let run = |args: &[&str]| {
+        let out = dir.path().join("out");
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::create_dir(&out).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_da3"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("GGML_NO_BACKTRACE", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        (child, out)
+    };
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for (name, args) in [("batch", &batch), ("depth", &depth)] {
+        // One whole run sets the span the interrupts are spread over.
+        let started = Instant::now();
+        let (mut child, out) = run(args);
+        assert!(child.wait().unwrap().success(), "{name} without interrupts");
+        let span = started.elapsed();
+        only_complete_outputs_in(&out, name);
+        for i in 0..40u32 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let at = span.mul_f64((seed >> 11) as f64 / (1u64 << 53) as f64);
+            let signal = if i % 2 == 0 {
+                libc::SIGINT
+            } else {
+                libc::SIGTERM
+            };
+            let (mut child, out) = run(args);
+            std::thread::sleep(at);
+            // SAFETY: kill(2) on the child's pid, which has not been waited for.
+            unsafe { libc::kill(child.id() as i32, signal) };
+            child.wait().unwrap();
+            only_complete_outputs_in(&out, &format!("{name}, signal {signal} after {at:?}"));
+        }
+    }
+    busy.store(false, Ordering::Relaxed);
+    loops.into_iter().for_each(|l| l.join().unwrap());
+}
+
 /// A glb's header says its full length.
 fn gltf_ok(path: &Path) {
     let bytes = std::fs::read(path).unwrap();
