@@ -405,6 +405,8 @@ fn only_complete_outputs_in(dir: &Path, what: &str) {
             image::open(&path).unwrap_or_else(|e| panic!("{what}: {n}: {e}"));
         } else if n.ends_with(".glb") {
             gltf_ok(&path);
+        } else if n.ends_with(".gguf") {
+            da3::gguf::GgufFile::open(&path).unwrap_or_else(|e| panic!("{what}: {n}: {e}"));
         } else if n.ends_with(".ply") {
             let mut file = std::fs::File::open(&path).unwrap();
             let parser = ply_rs_bw::parser::Parser::<ply_rs_bw::ply::DefaultElement>::new();
@@ -416,8 +418,8 @@ fn only_complete_outputs_in(dir: &Path, what: &str) {
 }
 
 /// SIGINT and SIGTERM at spread moments of `da3 batch` and `da3 depth` runs writing every
-/// kind of output, with both cores kept busy: whatever the moment, no temporary or partial
-/// file is left (the window between creating a temporary file and registering it for the
+/// kind of output, and of `da3 quantize`, with both cores kept busy: whatever the moment, no
+/// temporary or partial file is left (the window between creating a temporary file and registering it for the
 /// cleanup is closed, and no write starts once the cleanup has run).
 #[test]
 fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
@@ -461,6 +463,13 @@ fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
     .into_iter()
     .chain(common)
     .collect();
+    da3::convert::write_synthetic(
+        &dir.path().join("tiny.gguf"),
+        &da3::Config::preset("da3-tiny").unwrap(),
+        da3::convert::WeightType::F32,
+    )
+    .unwrap();
+    let quantize = vec!["quantize", "tiny.gguf", "out/tiny-q4_k.gguf", "q4_k"];
     let busy = Arc::new(AtomicBool::new(true));
     let loops: Vec<_> = (0..2)
         .map(|_| {
@@ -488,7 +497,11 @@ fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
         (child, out)
     };
     let mut seed = 0x2545_f491_4f6c_dd1du64;
-    for (name, args) in [("batch", &batch), ("depth", &depth)] {
+    for (name, args) in [
+        ("batch", &batch),
+        ("depth", &depth),
+        ("quantize", &quantize),
+    ] {
         // One whole run sets the span the interrupts are spread over.
         let started = Instant::now();
         let (mut child, out) = run(args);
