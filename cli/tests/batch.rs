@@ -419,8 +419,8 @@ fn only_complete_outputs_in(dir: &Path, what: &str) {
 
 /// SIGINT and SIGTERM at spread moments of `da3 batch` and `da3 depth` runs writing every
 /// kind of output, and of `da3 quantize`, with both cores kept busy: whatever the moment, no
-/// temporary or partial file is left (the window between creating a temporary file and registering it for the
-/// cleanup is closed, and no write starts once the cleanup has run).
+/// temporary or partial file is left (the window between creating a temporary file and
+/// registering it for the cleanup is closed, and no write starts once the cleanup has run).
 #[test]
 fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
     use std::sync::atomic::{AtomicBool, Ordering};
