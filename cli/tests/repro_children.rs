@@ -59,3 +59,25 @@ fn killing_repro_kills_its_rpc_server() {
         );
     }
 }
+
+/// A `da3` child whose parent is already gone when it starts (the pid it was given is not its
+/// parent's) exits at once with an error, instead of running on with no one to kill it.
+#[test]
+fn a_child_whose_parent_is_gone_exits_at_once() {
+    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["devices"])
+        .env("DA3_PARENT_PID", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("parent process"), "{stderr}");
+    // Without the variable the same command runs.
+    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["devices"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
