@@ -9,7 +9,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use da3::convert::{write_synthetic, WeightType};
 use da3::ggml::{rpc, Backend, Device, Gallocr};
-use da3::preprocess::{preprocess, ProcessedImage};
+use da3::{Image, Request};
 use da3::residency::{self, Policy};
 use da3::{synthetic, Config, LoadOptions, Model, Session};
 use std::time::Duration;
@@ -59,7 +59,7 @@ fn load(
     Model::load(path, &options).unwrap().session().unwrap()
 }
 
-fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_endpoint: &str) {
+fn bench_preset(c: &mut Criterion, preset: &str, image: &Image, rpc_endpoint: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("model.gguf");
     write_synthetic(&path, &Config::preset(preset).unwrap(), WeightType::F32).unwrap();
@@ -85,12 +85,13 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
     ];
     for (name, device, policy, crash) in variants {
         let mut model = load(&path, device, policy, crash);
-        model.forward(image).unwrap();
+        let request = Request::image(image);
+        model.run(&request).unwrap();
         eprintln!(
             "{preset} {name}: {}",
             model.last_report().unwrap().summary()
         );
-        group.bench_function(name, |b| b.iter(|| model.forward(image).unwrap()));
+        group.bench_function(name, |b| b.iter(|| model.run(&request).unwrap()));
     }
     group.finish();
 
@@ -102,10 +103,10 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
     group.bench_function("build_graph", |b| {
         b.iter(|| {
             model.clear_graphs();
-            model.graph(image.width, image.height).unwrap().n_nodes()
+            model.graph(504, 336).unwrap().n_nodes()
         })
     });
-    let graph = model.graph(image.width, image.height).unwrap();
+    let graph = model.graph(504, 336).unwrap();
     eprintln!(
         "{preset}: {} nodes, {} leafs",
         graph.n_nodes(),
@@ -130,7 +131,7 @@ fn bench_preset(c: &mut Criterion, preset: &str, image: &ProcessedImage, rpc_end
 fn benches(c: &mut Criterion) {
     let presets =
         std::env::var("DA3_BENCH_PRESETS").unwrap_or_else(|_| "da3-small,da3-base".to_owned());
-    let image = preprocess(&synthetic::image(640, 427), 504).unwrap();
+    let image = synthetic::image(640, 427);
     let server = Server::start();
     for preset in presets.split(',') {
         bench_preset(c, preset, &image, &server.0);

@@ -4,7 +4,7 @@
 //! and there is computed 20 times in a row so that its launch and wait count once).
 
 use da3::ggml::Gallocr;
-use da3::{preprocess, synthetic, Device, LoadOptions, Model};
+use da3::{synthetic, Device, LoadOptions, Model};
 use std::collections::BTreeMap;
 
 /// A node's class (custom nodes carry the name of the op they compute; packed linear layers
@@ -68,8 +68,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut model = Model::load(path, &options)?.session()?;
     let device = model.device().clone();
-    let image = preprocess::preprocess(&synthetic::image(640, 427), 504)?;
-    let graph = model.graph(image.width, image.height)?;
+    // The graph of a 640x427 photo at the default process resolution.
+    let photo = synthetic::image(640, 427);
+    let size = da3::Request::image(&photo).processed_plans(504)?[0];
+    let graph = model.graph(size.width, size.height)?;
     let input = graph.get("image").ok_or("no input")?;
     let mut gallocr = Gallocr::for_backend(&device)?;
     let run = gallocr.alloc(graph)?;

@@ -48,11 +48,13 @@ pub mod residency;
 
 #[doc(hidden)]
 pub use crate::da3::synthetic;
+#[allow(deprecated)]
+pub use crate::da3::MultiPrediction;
 pub use crate::da3::{
-    convert, export, multiview, nested, outputs, poses, preprocess, ray_pose, Colormap, Config,
-    ConvPrecision, Error, ExecutionPlan, KnownPose, LoadOptions, Model, MultiPrediction,
-    NestedModel, NestedSession, PlanOverrides, Pose, Prediction, RayMap, RefViewStrategy, Session,
-    WeightError, DEFAULT_PROCESS_RES,
+    convert, export, decode_image, load_image, multiview, nested, outputs, poses, preprocess, ray_pose,
+    Colormap, Config, ConvPrecision, Error, ExecutionPlan, Image, KnownPose, LoadOptions, Model,
+    NestedModel, NestedSession, Output, PlanOverrides, Pose, Prediction, Predictor, RayMap,
+    RefViewStrategy, Request, ResizeMethod, Session, ToRgbImage, WeightError, DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;

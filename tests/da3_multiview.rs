@@ -9,7 +9,7 @@ use common::{
     synthetic_tiny_file, Reference,
 };
 use da3::multiview::select_reference_view;
-use da3::{poses, synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Session};
+use da3::{poses, synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Request, Session};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -52,33 +52,6 @@ fn manifest() -> Value {
 /// A fixture array stored in full.
 fn reference(entry: &Value) -> Reference {
     full_reference_in(&fixture_path(), entry)
-}
-
-/// One view through the scene path is the single-image graph, bit for bit.
-#[test]
-fn a_one_view_scene_is_the_single_image_prediction_exactly() {
-    let (mut model, _dir) = load_tiny();
-    for (w, h) in [(640, 427), (427, 640)] {
-        let image = synthetic::image(w, h);
-        let single = model.predict_at(&image, 112).unwrap();
-        let scene = model
-            .predict_views_at(
-                std::slice::from_ref(&image),
-                112,
-                RefViewStrategy::SaddleBalanced,
-            )
-            .unwrap();
-        assert_eq!(scene.reference, 0);
-        let view = &scene.views[0];
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&view.depth), bits(&single.depth), "{w}x{h} depth");
-        assert_eq!(
-            bits(view.confidence.as_ref().unwrap()),
-            bits(single.confidence.as_ref().unwrap()),
-            "{w}x{h} confidence"
-        );
-        assert_eq!(view.pose, single.pose, "{w}x{h} pose");
-    }
 }
 
 /// The official `select_reference_view` on seeded tokens, every strategy.
@@ -137,7 +110,7 @@ fn scenes_match_the_official_multi_view_forward() {
             .collect();
         let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
         let mut prediction = model
-            .predict_views_at(&images, process_res, strategy)
+            .run(&Request::new(&images).process_res(process_res).reference(strategy))
             .unwrap();
         let official = scene["reference"].as_u64().unwrap() as usize;
         if prediction.reference != official {
@@ -155,7 +128,7 @@ fn scenes_match_the_official_multi_view_forward() {
             );
             assert!(gap < 1e-5, "{at}: reference view, scores {scores:?}");
             prediction = model
-                .predict_views_at(&images, process_res, RefViewStrategy::View(official))
+                .run(&Request::new(&images).process_res(process_res).reference(RefViewStrategy::View(official)))
                 .unwrap();
         }
         assert_eq!(prediction.reference, official, "{at}: reference view");
@@ -275,7 +248,7 @@ fn posed_scene(name: &str) -> Value {
         .clone()
 }
 
-fn flat_poses(prediction: &da3::MultiPrediction) -> (Vec<f32>, Vec<f32>) {
+fn flat_poses(prediction: &da3::Output) -> (Vec<f32>, Vec<f32>) {
     let mut intr = Vec::new();
     let mut extr = Vec::new();
     for view in &prediction.views {
@@ -296,10 +269,6 @@ fn two_views_with_known_poses_match_the_official_forward() {
     let scene = posed_scene("2v_posed");
     let arrays = &scene["arrays"];
     let (images, poses) = posed_inputs(&scene);
-    let processed: Vec<_> = images
-        .iter()
-        .map(|im| da3::preprocess::preprocess(im, process_res).unwrap())
-        .collect();
     let mut intrinsics = Vec::new();
     for (im, pose) in images.iter().zip(&poses) {
         let plan = da3::preprocess::plan_resize(im.width, im.height, process_res).unwrap();
@@ -336,16 +305,13 @@ fn two_views_with_known_poses_match_the_official_forward() {
         agreement(&flat_e, &reference(&arrays["normalized_extrinsics"])),
         false,
     );
-    let encodings: Vec<[f32; 9]> = normalized
-        .iter()
-        .zip(&intrinsics)
-        .zip(&processed)
-        .map(|((e, k), im)| poses::pose_encoding(e, k, im.width, im.height))
-        .collect();
+    // The forward through the camera encoder, before the alignment to the given cameras.
     let (mut model, _dir) = load_tiny();
-    let prediction = model
-        .forward_views_with_poses(&processed, &encodings)
-        .unwrap();
+    let request = Request::new(&images)
+        .process_res(process_res)
+        .poses(&poses)
+        .raw_outputs(true);
+    let prediction = model.run(&request).unwrap();
     assert_eq!(prediction.reference, 0);
     let depth: Vec<f32> = prediction
         .views
@@ -383,9 +349,11 @@ fn two_views_with_known_poses_match_the_official_forward() {
         false,
     );
     // The cameras changed the prediction: without them the same views predict other depth.
-    let free = model
-        .forward_views(&processed, RefViewStrategy::First)
-        .unwrap();
+    let free = Request::new(&images)
+        .process_res(process_res)
+        .reference(RefViewStrategy::First)
+        .raw_outputs(true);
+    let free = model.run(&free).unwrap();
     let free_depth: Vec<f32> = free.views.iter().flat_map(|p| p.depth.clone()).collect();
     let a = agreement(&free_depth, &reference(&arrays["net_depth"]));
     assert!(a.max_rel > 1e-2, "known poses changed nothing: {a:?}");
@@ -403,7 +371,7 @@ fn three_views_with_known_poses_match_the_official_inference() {
     let (images, poses) = posed_inputs(&scene);
     let (mut model, _dir) = load_tiny();
     let prediction = model
-        .predict_views_with_poses_at(&images, process_res, &poses)
+        .run(&Request::new(&images).process_res(process_res).poses(&poses))
         .unwrap();
     assert_eq!(prediction.reference, 0);
     let scale = prediction.pose_scale.unwrap();
@@ -458,7 +426,7 @@ fn known_poses_are_refused_where_they_cannot_apply() {
     let (images, poses) = posed_inputs(&scene);
     let (mut model, _dir) = load_tiny();
     let err = model
-        .predict_views_with_poses_at(&images, 112, &poses[..2])
+        .run(&Request::new(&images).process_res(112).poses(&poses[..2]))
         .unwrap_err()
         .to_string();
     assert!(err.contains("2 camera pose(s) for 3 view(s)"), "{err}");
@@ -471,7 +439,7 @@ fn known_poses_are_refused_where_they_cannot_apply() {
         .session()
         .unwrap();
     let err = peer
-        .predict_views_with_poses_at(&images, 112, &poses)
+        .run(&Request::new(&images).process_res(112).poses(&poses))
         .unwrap_err()
         .to_string();
     assert!(err.contains("no camera encoder"), "{err}");
@@ -515,7 +483,7 @@ fn the_camera_encoder_is_loaded_only_when_asked_for() {
     let err = without
         .session()
         .unwrap()
-        .predict_views_with_poses_at(&images, 112, &poses)
+        .run(&Request::new(&images).process_res(112).poses(&poses))
         .unwrap_err()
         .to_string();
     assert!(err.contains("camera_encoder: true"), "{err}");
@@ -523,7 +491,7 @@ fn the_camera_encoder_is_loaded_only_when_asked_for() {
         model
             .session()
             .unwrap()
-            .predict_views_at(&images, 112, RefViewStrategy::First)
+            .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::First))
             .unwrap()
             .views
             .iter()
@@ -540,7 +508,6 @@ fn ray_branch_matches_the_official_auxiliary_outputs() {
     let m = manifest();
     let process_res = m["process_res"].as_u64().unwrap() as usize;
     let (mut model, _dir) = load_tiny();
-    model.set_ray_outputs(true).unwrap();
     for scene in m["scenes"].as_array().unwrap() {
         let at = scene["name"].as_str().unwrap().to_owned();
         let images: Vec<_> = scene["views"]
@@ -558,7 +525,12 @@ fn ray_branch_matches_the_official_auxiliary_outputs() {
         // included): the rays depend on it.
         let official = scene["reference"].as_u64().unwrap() as usize;
         let prediction = model
-            .predict_views_at(&images, process_res, RefViewStrategy::View(official))
+            .run(
+                &Request::new(&images)
+                    .process_res(process_res)
+                    .reference(RefViewStrategy::View(official))
+                    .rays(true),
+            )
             .unwrap();
         let arrays = &scene["arrays"];
         let shape: Vec<usize> = arrays["ray"]["shape"]
@@ -596,18 +568,20 @@ fn ray_branch_matches_the_official_auxiliary_outputs() {
             true,
         );
     }
-    // Off again: no ray outputs; a file without the branch refuses them.
-    model.set_ray_outputs(false).unwrap();
+    // Not asked for: no ray outputs; a file without the branch refuses them.
     let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
     let plain = model
-        .predict_views_at(&images, process_res, RefViewStrategy::First)
+        .run(&Request::new(&images).process_res(process_res).reference(RefViewStrategy::First))
         .unwrap();
     assert!(plain.views[0].rays.is_none());
     let mut peer = Model::load(peer_model_file(), &cpu_options())
         .unwrap()
         .session()
         .unwrap();
-    let err = peer.set_ray_outputs(true).unwrap_err().to_string();
+    let err = peer
+        .run(&Request::new(&images).process_res(process_res).rays(true))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no ray branch"), "{err}");
 }
 
@@ -669,18 +643,18 @@ fn a_given_reference_view_is_used_and_one_outside_the_scene_refused() {
     let (mut model, _dir) = load_tiny();
     let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
     let scene = model
-        .predict_views_at(&images, 112, RefViewStrategy::View(1))
+        .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::View(1)))
         .unwrap();
     assert_eq!(scene.reference, 1);
     let default = model
-        .predict_views_at(&images, 112, RefViewStrategy::First)
+        .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::First))
         .unwrap();
     assert_ne!(
         scene.views[0].pose, default.views[0].pose,
         "the world frame moved"
     );
     let err = model
-        .predict_views_at(&images, 112, RefViewStrategy::View(2))
+        .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::View(2)))
         .unwrap_err();
     assert!(
         err.to_string().contains("reference view 2 of a scene of 2"),

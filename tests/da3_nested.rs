@@ -9,7 +9,7 @@ use common::{
     agreement, assert_close, cpu_options, fixture_dir, full_reference, synthetic_tiny_file,
 };
 use da3::convert::{write_synthetic, WeightType};
-use da3::{synthetic, Config, Model, NestedModel, RefViewStrategy};
+use da3::{synthetic, Config, Model, NestedModel, RefViewStrategy, Request};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -62,17 +62,16 @@ fn peer_metric_file() -> PathBuf {
     fixture_dir(FIXTURE).join(m["peer_metric_file"]["file"].as_str().unwrap())
 }
 
-fn processed_views(scene: &Value, process_res: usize) -> Vec<da3::preprocess::ProcessedImage> {
+fn scene_images(scene: &Value) -> Vec<da3::Image> {
     scene["views"]
         .as_array()
         .unwrap()
         .iter()
         .map(|v| {
-            let image = synthetic::image(
+            synthetic::image(
                 v["width"].as_u64().unwrap() as usize,
                 v["height"].as_u64().unwrap() as usize,
-            );
-            da3::preprocess::preprocess(&image, process_res).unwrap()
+            )
         })
         .collect()
 }
@@ -88,8 +87,11 @@ fn nested_scenes_match_the_official_nested_forward() {
     for scene in m["scenes"].as_array().unwrap() {
         let at = scene["name"].as_str().unwrap();
         let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
-        let views = processed_views(scene, process_res);
-        let prediction = session.predict_views_processed(&views, strategy).unwrap();
+        let views = scene_images(scene);
+        let request = Request::new(&views)
+            .process_res(process_res)
+            .reference(strategy);
+        let prediction = session.run(&request).unwrap();
         let official = scene["scale_factor"].as_f64().unwrap();
         let scale = prediction
             .metric_scale
@@ -172,17 +174,13 @@ fn depth_anything_cpp_nested_metric_file_is_the_metric_branch() {
     write_synthetic(&ours, &expected, WeightType::F32).unwrap();
     let ours = Model::load(&ours, &cpu_options()).unwrap();
     let scene = &m["scenes"][1];
-    let views = processed_views(scene, process_res);
-    let a = peer
-        .session()
-        .unwrap()
-        .forward_views(&views, RefViewStrategy::First)
-        .unwrap();
-    let b = ours
-        .session()
-        .unwrap()
-        .forward_views(&views, RefViewStrategy::First)
-        .unwrap();
+    let views = scene_images(scene);
+    let raw = Request::new(&views)
+        .process_res(process_res)
+        .reference(RefViewStrategy::First)
+        .raw_outputs(true);
+    let a = peer.session().unwrap().run(&raw).unwrap();
+    let b = ours.session().unwrap().run(&raw).unwrap();
     for (x, y) in a.views.iter().zip(&b.views) {
         assert_eq!(x.depth, y.depth);
         assert_eq!(x.sky, y.sky);

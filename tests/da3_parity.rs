@@ -8,7 +8,7 @@ use common::{agreement, correlation, Fixture};
 use da3::convert::{write_synthetic, WeightType};
 use da3::ggml::{DType, KernelSet};
 use da3::gguf::{GgufFile, GgufWriter, Value};
-use da3::preprocess::preprocess;
+use da3::Request;
 use da3::{synthetic, Config, Device, LoadOptions, Model, PlanOverrides, Session};
 
 fn load_synthetic(preset: &str, probes: bool) -> (Session, tempfile::TempDir) {
@@ -41,8 +41,10 @@ fn dual_dpt_matches_official(preset: &str, stages: &[(&str, &str)]) {
     let (mut model, _dir) = load_synthetic(preset, true);
     for case in &fixture.images {
         let image = synthetic::image(case.width, case.height);
-        let processed = preprocess(&image, fixture.process_res).unwrap();
-        let prediction = model.forward(&processed).unwrap();
+        let raw = Request::image(&image)
+            .process_res(fixture.process_res)
+            .raw_outputs(true);
+        let prediction = model.run(&raw).unwrap().into_single().unwrap();
         let at = format!("{preset} {}", case.name);
         assert_eq!(
             (prediction.width, prediction.height),
@@ -130,7 +132,7 @@ fn synthetic_small_model(
     };
     let model = Model::load(&path, &options).unwrap();
     let image = synthetic::image(640, 427);
-    let depth = model.session().unwrap().predict_rgb(&image).unwrap().depth;
+    let depth = model.session().unwrap().predict(&image).unwrap().depth;
     (model, depth)
 }
 
@@ -247,7 +249,7 @@ fn f16_file_on_f32_products_matches_its_values_in_f32() {
             !model.uses_bf16_products(),
             "the f16 file would be packed as bf16"
         );
-        model.session().unwrap().predict_rgb(&image).unwrap().depth
+        model.session().unwrap().predict(&image).unwrap().depth
     };
     let (f16, widened) = (depth_of(&f16_path), depth_of(&widened_path));
     let largest = widened.iter().fold(0.0f32, |m, d| m.max(d.abs()));
@@ -283,7 +285,7 @@ fn half_convolutions_stay_close_to_f32() {
             model.uses_half_convolutions(),
             conv_precision == ConvPrecision::F16
         );
-        model.session().unwrap().predict_rgb(&image).unwrap().depth
+        model.session().unwrap().predict(&image).unwrap().depth
     };
     let exact = depth_with(ConvPrecision::F32);
     assert_eq!(
@@ -304,8 +306,10 @@ fn mono_large_matches_official_before_sky_postprocessing() {
     let (mut model, _dir) = load_synthetic("da3mono-large", true);
     let case = &fixture.images[0];
     let image = synthetic::image(case.width, case.height);
-    let processed = preprocess(&image, fixture.process_res).unwrap();
-    let prediction = model.forward(&processed).unwrap();
+    let raw = Request::image(&image)
+        .process_res(fixture.process_res)
+        .raw_outputs(true);
+    let prediction = model.run(&raw).unwrap().into_single().unwrap();
     assert!(prediction.confidence.is_none() && prediction.pose.is_none());
     for (ours, theirs) in [("tokens_in", "tokens_in"), ("feat3", "feat3")] {
         let a = agreement(prediction.probe(ours).unwrap(), &case.reference(theirs));
@@ -385,8 +389,9 @@ fn ggml_ops_path_matches_cpu_kernels() {
         // layer centres.
         assert_eq!(model.uses_centred_qk_heads(), ggml_ops_only);
         let image = synthetic::image(width, height);
-        let processed = preprocess(&image, 280).unwrap();
-        model.session().unwrap().forward(&processed).unwrap().depth
+        let raw = Request::image(&image).process_res(280).raw_outputs(true);
+        let mut session = model.session().unwrap();
+        session.run(&raw).unwrap().into_single().unwrap().depth
     };
     for (width, height) in [(640, 427), (300, 400)] {
         let (kernels, ggml) = (depth(false, width, height), depth(true, width, height));

@@ -6,7 +6,7 @@ mod common;
 
 use common::{cpu_options, fixture_dir, peer_model_file, synthetic_tiny_file};
 use da3::ray_pose::{pose_from_rays, pose_from_rays_with_samples, SplitMix64, RANSAC_SAMPLE};
-use da3::{synthetic, Model, Pose, RayMap, RefViewStrategy, Session};
+use da3::{synthetic, Model, Pose, RayMap, RefViewStrategy, Request, Session};
 use serde_json::Value;
 
 fn manifest() -> Value {
@@ -143,13 +143,15 @@ fn scene_ray_poses_match_the_official_use_ray_pose() {
     let m = manifest();
     let process_res = m["process_res"].as_u64().unwrap() as usize;
     let (mut session, _dir) = load_tiny();
-    session.set_ray_outputs(true).unwrap();
     for scene in m["scenes"].as_array().unwrap() {
         let at = scene["name"].as_str().unwrap();
         let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
-        let prediction = session
-            .predict_views_at(&scene_images(scene), process_res, strategy)
-            .unwrap();
+        let images = scene_images(scene);
+        let request = Request::new(&images)
+            .process_res(process_res)
+            .reference(strategy)
+            .rays(true);
+        let prediction = session.run(&request).unwrap();
         let samples = samples(&scene["samples"]);
         let (extrinsics, intrinsics) = (floats(&scene["extrinsics"]), floats(&scene["intrinsics"]));
         for (v, view) in prediction.views.iter().enumerate() {
@@ -181,15 +183,11 @@ fn ray_pose_replaces_the_decoder_cameras_and_nothing_else() {
     let images = scene_images(scene);
     let (mut session, _dir) = load_tiny();
     let strategy = RefViewStrategy::SaddleBalanced;
-    session.set_ray_outputs(true).unwrap();
-    let with_rays = session
-        .predict_views_at(&images, process_res, strategy)
-        .unwrap();
-    session.set_ray_outputs(false).unwrap();
-    session.set_ray_pose(true).unwrap();
-    let ray_posed = session
-        .predict_views_at(&images, process_res, strategy)
-        .unwrap();
+    let request = Request::new(&images)
+        .process_res(process_res)
+        .reference(strategy);
+    let with_rays = session.run(&request.clone().rays(true)).unwrap();
+    let ray_posed = session.run(&request.clone().ray_pose(true)).unwrap();
     assert_eq!(ray_posed.reference, with_rays.reference);
     for (a, b) in ray_posed.views.iter().zip(&with_rays.views) {
         assert!(a.rays.is_none());
@@ -211,8 +209,9 @@ fn ray_pose_replaces_the_decoder_cameras_and_nothing_else() {
         ],
     )
     .unwrap();
+    let poses = vec![pose; images.len()];
     let err = session
-        .predict_views_with_poses_at(&images, process_res, &vec![pose; images.len()])
+        .run(&request.clone().ray_pose(true).poses(&poses))
         .unwrap_err()
         .to_string();
     assert!(err.contains("ray pose"), "{err}");
@@ -221,6 +220,6 @@ fn ray_pose_replaces_the_decoder_cameras_and_nothing_else() {
         .unwrap()
         .session()
         .unwrap();
-    let err = peer.set_ray_pose(true).unwrap_err().to_string();
+    let err = peer.run(&request.ray_pose(true)).unwrap_err().to_string();
     assert!(err.contains("ray branch"), "{err}");
 }

@@ -39,6 +39,9 @@ fn prediction() -> Prediction {
         pose: Some(pose()),
         probes: Vec::new(),
         rays: None,
+        image: colors(),
+        input_size: (W, H),
+        name: "image.png".into(),
     }
 }
 

@@ -58,7 +58,7 @@ fn depth(path: &Path) -> Vec<f32> {
         path.display()
     );
     let image = synthetic::image(640, 427);
-    model.session().unwrap().predict_rgb(&image).unwrap().depth
+    model.session().unwrap().predict(&image).unwrap().depth
 }
 
 /// The input and output files agree on everything but the matrix weights, which have the type

@@ -252,7 +252,9 @@ fn in_process_depth(process_res: usize) -> (Vec<f32>, usize, usize) {
     let prediction = model
         .session()
         .unwrap()
-        .predict_at(&synthetic::image(640, 427), process_res)
+        .run(&da3::Request::image(&synthetic::image(640, 427)).process_res(process_res))
+        .unwrap()
+        .into_single()
         .unwrap();
     (prediction.depth, prediction.width, prediction.height)
 }
@@ -384,16 +386,9 @@ fn ray_pose_changes_the_camera_and_not_the_depth() {
     };
     let model = Model::from_gguf(&builtin_model_file().unwrap(), &options).unwrap();
     let mut session = model.session().unwrap();
-    session.set_ray_pose(true).unwrap();
-    let view = session
-        .predict_views_at(
-            &[synthetic::image(640, 427)],
-            112,
-            da3::RefViewStrategy::First,
-        )
-        .unwrap()
-        .views
-        .swap_remove(0);
+    let image = synthetic::image(640, 427);
+    let request = da3::Request::image(&image).process_res(112).ray_pose(true);
+    let view = session.run(&request).unwrap().into_single().unwrap();
     let pose = view.pose.unwrap();
     let b = json("b.json");
     for r in 0..3 {
@@ -775,7 +770,7 @@ fn cli_and_library_give_identical_depth_for_a_sky_model() {
     .unwrap();
     assert!(model.config().head.sky);
     let image = synthetic::image(640, 427);
-    let library = model.session().unwrap().predict_at(&image, 112).unwrap();
+    let library = model.session().unwrap().run(&da3::Request::image(&image).process_res(112)).unwrap().into_single().unwrap();
     assert!(library.sky.is_some());
     let pfm = dir.path().join("d.pfm");
     let run = da3(&[

@@ -169,7 +169,8 @@ fn depth(model: &Path, process_res: usize) -> Vec<f32> {
     model
         .session()
         .unwrap()
-        .predict_at(&synthetic::image(640, 427), process_res)
+        .run(&da3::Request::image(&synthetic::image(640, 427)).process_res(process_res))
+        .and_then(da3::Output::into_single)
         .unwrap()
         .depth
 }

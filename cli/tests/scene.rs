@@ -80,7 +80,11 @@ fn depth_on_several_inputs_writes_every_view_and_the_scene_poses() {
     let scene = model
         .session()
         .unwrap()
-        .predict_views_at(&images, 112, RefViewStrategy::SaddleBalanced)
+        .run(
+            &da3::Request::new(&images)
+                .process_res(112)
+                .reference(RefViewStrategy::SaddleBalanced),
+        )
         .unwrap();
     for (i, view) in scene.views.iter().enumerate() {
         let bytes = std::fs::read(dir.path().join(format!("out/view{i}.pfm"))).unwrap();
@@ -205,7 +209,7 @@ fn depth_with_known_cameras_from_json_or_colmap_matches_the_library() {
     let scene = model
         .session()
         .unwrap()
-        .predict_views_with_poses_at(&images, 112, &poses)
+        .run(&da3::Request::new(&images).process_res(112).poses(&poses))
         .unwrap();
     let scale = scene.pose_scale.unwrap();
 
@@ -334,11 +338,10 @@ fn a_nested_pair_gives_metric_depth_for_an_image_and_a_scene() {
         ..Default::default()
     };
     let nested = da3::NestedModel::load(&anyview, metric, &options).unwrap();
-    let processed = da3::preprocess::preprocess(&im, 112).unwrap();
     let expected = nested
         .session()
         .unwrap()
-        .predict_views_processed(std::slice::from_ref(&processed), RefViewStrategy::First)
+        .run(&da3::Request::image(&im).process_res(112))
         .unwrap();
     let scale = expected.metric_scale.unwrap();
     assert!(

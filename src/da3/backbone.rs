@@ -409,17 +409,6 @@ impl Backbone {
         })
     }
 
-    /// Builds the backbone on `image` ([W, H, 3, views], normalised).
-    pub fn forward(
-        &self,
-        g: &Ops,
-        image: &Tensor,
-        c: &BackboneConstants,
-    ) -> Result<BackboneOutput, Error> {
-        let tokens = self.embed(g, image, c)?;
-        self.forward_blocks(g, &tokens, 0..self.cfg.depth, c)
-    }
-
     /// Patch embedding, cls token and positional embedding: [embed, tokens * views].
     pub fn embed(&self, g: &Ops, image: &Tensor, c: &BackboneConstants) -> Result<Tensor, Error> {
         let cfg = &self.cfg;

@@ -20,17 +20,22 @@ pub mod plan;
 pub mod poses;
 pub mod preprocess;
 pub mod ray_pose;
+mod request;
 pub mod synthetic;
 mod weight_error;
 mod weights;
 
 pub use config::{Config, Ffn, HeadKind, PRESETS};
 pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
-pub use multiview::{MultiPrediction, RefViewStrategy};
+pub use multiview::RefViewStrategy;
 pub use nested::{NestedModel, NestedSession};
 pub use outputs::{Colormap, Pose, Prediction, RayMap};
 pub use plan::{ExecutionPlan, PlanOverrides};
 pub use poses::KnownPose;
+pub use preprocess::{decode_image, load_image, ResizeMethod, RgbImage8 as Image, ToRgbImage};
+#[allow(deprecated)]
+pub use request::MultiPrediction;
+pub use request::{Output, Predictor, Request};
 pub use weight_error::WeightError;
 pub use weights::{ConvKernels, LinearPacking, Loader, Role};
 

@@ -5,26 +5,26 @@
 //! one computation at a time needs (a backend stream, graphs per processed resolution, their
 //! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
-use super::backbone::{Backbone, BackboneConstants, CameraEncoder};
+use super::backbone::{Backbone, CameraEncoder};
 use super::config::{Config, HeadKind};
-use super::head::{CameraDecoder, Head, HeadConstants, RayHead, UvEmbedding};
-use super::ops::Ops;
-use super::outputs::{fill_sky, Pose, Prediction};
+use super::head::{CameraDecoder, Head, RayHead};
+use super::outputs::Prediction;
 use super::plan::{ExecutionPlan, LoadedFacts, PlanBuilder, PlanOverrides};
-use super::preprocess::{self, ProcessedImage, RgbImage8};
+use super::preprocess::ToRgbImage;
+use super::request::{Predictor, Request};
 use super::weight_error::WeightError;
 use super::weights::{ConvKernels, LinearPacking, LoadedWeights, Loader};
 use super::Error;
-use crate::ggml::{
-    Backend, BufferUsage, Context, DType, Device, DeviceKind, DeviceSpec, Graph, Tensor,
-};
+use crate::ggml::{Backend, Context, DType, Device, DeviceKind, DeviceSpec, Graph};
 use crate::gguf::GgufFile;
 use crate::residency::{Executor, Policy, Report};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-mod views;
+mod graphs;
+mod run;
+
+pub(crate) use run::Prepared;
 
 /// How to load a model.
 #[derive(Debug, Clone)]
@@ -307,9 +307,11 @@ impl Model {
         Session::new(self.clone())
     }
 
-    /// Depth (and confidence, sky, pose) for one image, post-processed as the official code
-    /// does, in a session made for this call. For many images keep a [`Session`].
-    pub fn predict(&self, image: &image::DynamicImage) -> Result<Prediction, Error> {
+    /// Depth (and confidence, sky, pose) for one image (an [`crate::Image`] or a decoded
+    /// `image::DynamicImage`), post-processed as the official code does, in a session made for
+    /// this call. For many images keep a [`Session`]; for scenes, known poses and other
+    /// settings, [`Session::run`] a [`Request`].
+    pub fn predict(&self, image: &(impl ToRgbImage + ?Sized)) -> Result<Prediction, Error> {
         self.session()?.predict(image)
     }
 }
@@ -385,13 +387,9 @@ pub struct Session {
     _open: OpenSession,
     layers: Layers,
     executor: Executor,
-    graphs: HashMap<(usize, usize), ResolutionGraph>,
-    /// Graphs of scenes of several views (see `views`).
-    view_graphs: views::ViewGraphs,
-    /// Whether scene graphs compute the ray branch ([`Session::set_ray_outputs`]).
-    ray_outputs: bool,
-    /// Whether scene poses come from the ray branch ([`Session::set_ray_pose`]).
-    ray_pose: bool,
+    /// Graphs by what shapes them (size, views, part, known cameras, rays), built on first
+    /// use and reused.
+    graphs: graphs::Graphs,
     last_report: Option<Report>,
 }
 
@@ -402,31 +400,6 @@ impl std::fmt::Debug for Session {
             .field("graphs", &self.graphs.keys().collect::<Vec<_>>())
             .finish_non_exhaustive()
     }
-}
-
-/// The graph for one processed resolution, built once and reused.
-/// The constants a graph of one resolution reads, in a context of their own: the resampled
-/// position embedding, the RoPE positions (repeated for each view of a scene) and the head's
-/// UV embeddings.
-struct ResolutionConstants {
-    ctx: Context,
-    pos: Tensor,
-    positions: Vec<Tensor>,
-    stage_uv: Vec<Tensor>,
-    output_uv: Option<UvEmbedding>,
-}
-
-struct ResolutionGraph {
-    graph: Graph,
-    image: Tensor,
-    depth: Tensor,
-    confidence: Option<Tensor>,
-    sky: Option<Tensor>,
-    pose: Option<Tensor>,
-    probes: Vec<(String, Tensor)>,
-    /// Keeps the graph's tensors and the resolution's constants alive.
-    _ctx: Ops,
-    _constants: Context,
 }
 
 /// One open session of a model: counted from creation to drop.
@@ -495,10 +468,7 @@ impl Session {
             },
             model,
             executor,
-            graphs: HashMap::new(),
-            view_graphs: Default::default(),
-            ray_outputs: false,
-            ray_pose: false,
+            graphs: Default::default(),
             last_report: None,
         })
     }
@@ -511,302 +481,50 @@ impl Session {
     pub fn device(&self) -> &Backend {
         self.executor.device()
     }
-    /// The planner's report for the graph of a processed resolution (building it if needed).
+    /// The planner's report for the graph of one image of a processed size (building it if
+    /// needed).
     pub fn residency_report(&mut self, width: usize, height: usize) -> Result<Report, Error> {
-        self.graph_for(width, height)?;
-        Ok(self.executor.plan(&self.graphs[&(width, height)].graph)?)
+        let key = Self::image_graph(width, height);
+        self.graph_of(key)?;
+        Ok(self.executor.plan(&self.graphs[&key].graph)?)
     }
-    /// The planner's report for the last computed image (with the scheduler's split count).
+    /// The planner's report for the last computed request (with the scheduler's split count).
     pub fn last_report(&self) -> Option<&Report> {
         self.last_report.as_ref()
     }
-    /// Drops the cached graphs (the next image of each resolution builds its graph again).
+    /// Drops the cached graphs (the next request of each size builds its graph again).
     pub fn clear_graphs(&mut self) {
         self.graphs.clear();
-        self.view_graphs.clear();
     }
-    /// The graph of a processed resolution (building it if needed), for inspection.
+    /// The graph of one image of a processed size (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
-        Ok(&self.graph_for(width, height)?.graph)
+        Ok(&self.graph_of(Self::image_graph(width, height))?.graph)
     }
 
-    /// Depth (and confidence, sky, pose) for an image, preprocessed at the model's process
-    /// resolution and post-processed as the official code does (sky filled for mono and
-    /// metric models).
-    pub fn predict(&mut self, image: &image::DynamicImage) -> Result<Prediction, Error> {
-        self.predict_rgb(&RgbImage8::from_dynamic(image)?)
-    }
-
-    /// [`Session::predict`] for an 8-bit RGB image.
-    pub fn predict_rgb(&mut self, image: &RgbImage8) -> Result<Prediction, Error> {
-        let res = self.model.shared.process_res;
-        self.predict_at(image, res)
-    }
-
-    /// [`Session::predict_rgb`] at an explicit process resolution (longest side).
-    pub fn predict_at(
-        &mut self,
-        image: &RgbImage8,
-        process_res: usize,
-    ) -> Result<Prediction, Error> {
-        let processed = preprocess::preprocess(image, process_res)?;
-        self.predict_processed(&processed)
-    }
-
-    /// [`Session::forward`] with the checks and post-processing of [`Session::predict`]: for
-    /// callers that keep the preprocessed image (its `rgb8` colours 3D exports).
-    pub fn predict_processed(&mut self, processed: &ProcessedImage) -> Result<Prediction, Error> {
-        let mut prediction = self.forward(processed)?;
-        let finite = prediction.depth.iter().filter(|v| v.is_finite()).count();
-        if finite == 0 {
-            return Err(Error::Input(format!(
-                "{}: every depth value is NaN or infinite (weights out of range?)",
-                self.model.shared.config.name
-            )));
-        }
-        if finite < prediction.depth.len() {
-            log::warn!(
-                "{} of {} depth values are NaN or infinite",
-                prediction.depth.len() - finite,
-                prediction.depth.len()
-            );
-        }
-        postprocess(&mut prediction);
-        Ok(prediction)
-    }
-
-    /// The network's outputs for an already preprocessed image, before post-processing.
-    pub fn forward(&mut self, image: &ProcessedImage) -> Result<Prediction, Error> {
-        let (w, h) = (image.width, image.height);
-        self.graph_for(w, h)?;
-        let g = &self.graphs[&(w, h)];
-        let run = self.executor.run(&g.graph)?;
-        self.last_report = Some(run.report().clone());
-        run.write(&g.image, &image.chw)?;
-        run.compute()?;
-        let read = |t: &Tensor| run.read::<f32>(t);
-        let pose = match &g.pose {
-            Some(t) => Some(Pose::from_encoding(&read(t)?, w, h)),
-            None => None,
-        };
-        let mut probes = Vec::new();
-        for (name, t) in &g.probes {
-            probes.push((name.clone(), read(t)?));
-        }
-        Ok(Prediction {
-            width: w,
-            height: h,
-            depth: read(&g.depth)?,
-            confidence: g.confidence.as_ref().map(read).transpose()?,
-            sky: g.sky.as_ref().map(read).transpose()?,
-            pose,
-            probes,
-            rays: None,
-        })
-    }
-
-    fn graph_for(&mut self, width: usize, height: usize) -> Result<&ResolutionGraph, Error> {
-        if !self.graphs.contains_key(&(width, height)) {
-            let graph = self.build_graph(width, height)?;
-            self.graphs.insert((width, height), graph);
-        }
-        Ok(&self.graphs[&(width, height)])
-    }
-
-    /// The patch grid of a processed size; an error unless both sides are positive multiples
-    /// of the patch size.
-    fn patch_grid(&self, width: usize, height: usize) -> Result<(usize, usize), Error> {
-        let p = self.model.shared.config.vit.patch_size;
-        if !width.is_multiple_of(p) || !height.is_multiple_of(p) || width < p || height < p {
-            return Err(Error::Input(format!(
-                "processed size {width}x{height} is not a positive multiple of the patch size {p}"
-            )));
-        }
-        Ok((width / p, height / p))
-    }
-
-    /// Declares the constants of a graph of `views` views of `width` x `height` in a context
-    /// of their own (allocate it, then [`Session::write_constants`]).
-    fn declare_constants(
-        &self,
-        width: usize,
-        height: usize,
-        views: usize,
-    ) -> Result<ResolutionConstants, Error> {
-        let shared = &self.model.shared;
-        let (gw, gh) = self.patch_grid(width, height)?;
-        let tokens = (gw * gh + 1) as i64;
-        let ctx = Context::metadata_with_graph(16, 1)?;
-        let e = shared.config.vit.embed_dim as i64;
-        let pos = ctx
-            .new_tensor(DType::F32, &[e, tokens])?
-            .named("pos_embed.resampled");
-        let positions = ["local", "global"]
-            .into_iter()
-            .map(|kind| {
-                ctx.new_tensor(DType::I32, &[4 * tokens * views as i64])
-                    .map(|t| t.named(&format!("rope.{kind}_positions")))
-            })
-            .collect::<Result<_, _>>()?;
-        // The UV embeddings exist only for heads that add them.
-        let head = &shared.config.head;
-        let (stage_uv, output_uv) = if head.pos_embed {
-            let stages = head
-                .out_channels
-                .iter()
-                .map(|&c| ctx.new_tensor(DType::F32, &[gw as i64, gh as i64, c as i64, 1]))
-                .collect::<Result<_, _>>()?;
-            let output = UvEmbedding::declare(&ctx, width, height, head.features / 2)?;
-            (stages, Some(output))
-        } else {
-            (Vec::new(), None)
-        };
-        Ok(ResolutionConstants {
-            ctx,
-            pos,
-            positions,
-            stage_uv,
-            output_uv,
-        })
-    }
-
-    /// Writes what [`Session::declare_constants`] declared, once its context is allocated.
-    fn write_constants(
-        &self,
-        c: &ResolutionConstants,
-        width: usize,
-        height: usize,
-        views: usize,
-    ) -> Result<(), Error> {
-        let head = &self.model.shared.config.head;
-        let (gw, gh) = self.patch_grid(width, height)?;
-        c.ctx.write(&c.pos, &self.resampled_pos_embed(gh, gw)?)?;
-        let (local, global) = rope_positions(gh, gw, views);
-        c.ctx.write(&c.positions[0], &local)?;
-        c.ctx.write(&c.positions[1], &global)?;
-        let aspect = width as f64 / height as f64;
-        for (t, &channels) in c.stage_uv.iter().zip(&head.out_channels) {
-            c.ctx.write(t, &scaled_uv(gw, gh, channels, aspect)?)?;
-        }
-        if let Some(uv) = &c.output_uv {
-            uv.write(&c.ctx, aspect)?;
-        }
-        Ok(())
-    }
-
-    fn build_graph(&self, width: usize, height: usize) -> Result<ResolutionGraph, Error> {
-        let shared = &self.model.shared;
-        let (gw, gh) = self.patch_grid(width, height)?;
-
-        // Constants of this resolution, on the device next to the weights.
-        let constants = self.declare_constants(width, height, 1)?;
-        constants
-            .ctx
-            .allocate_on(self.executor.device(), BufferUsage::Any)?;
-        self.write_constants(&constants, width, height, 1)?;
-        let ResolutionConstants {
-            ctx: constants,
-            pos,
-            positions,
-            stage_uv,
-            output_uv,
-        } = constants;
-
-        // The graph.
-        let ctx = graph_context(shared, GRAPH_NODES)?;
-        let image = ctx
-            .new_tensor(DType::F32, &[width as i64, height as i64, 3, 1])?
-            .named("image");
-        image.mark_input();
-        let bconst = BackboneConstants {
-            pos_embed: pos,
-            local_positions: positions[0].clone(),
-            global_positions: positions[1].clone(),
-            attention: self.model.shared.plan.attention(),
+    /// The key of the graph of one image, whole, with no known camera and no rays.
+    fn image_graph(width: usize, height: usize) -> graphs::GraphKey {
+        graphs::GraphKey {
+            width,
+            height,
             views: 1,
-            camera_slots: None,
-            camera_tokens: None,
-        };
-        let features = self.layers.backbone.forward(&ctx, &image, &bconst)?;
-        let hconst = HeadConstants {
-            stage_uv,
-            output_uv,
-        };
-        let out = self.layers.head.forward(
-            &ctx,
-            &features.features,
-            (gw as i64, gh as i64),
-            (width as i64, height as i64),
-            &hconst,
-        )?;
-        let pose = match (&self.layers.camera, &features.camera_token) {
-            (Some(cam), Some(token)) => Some(cam.forward(&ctx, token)?),
-            _ => None,
-        };
-        let graph = ctx.new_graph(GRAPH_NODES)?;
-        let mut outputs: Vec<&Tensor> = vec![&out.depth];
-        outputs.extend(out.confidence.iter());
-        outputs.extend(out.sky.iter());
-        outputs.extend(pose.iter());
-        let mut probes = Vec::new();
-        if shared.probes {
-            probes.push(("tokens_in".to_owned(), features.tokens_in.clone()));
-            for (i, f) in features.features.iter().enumerate() {
-                probes.push((format!("feat{i}"), f.clone()));
-            }
-            probes.extend(
-                features
-                    .camera_token
-                    .iter()
-                    .map(|t| ("cam_token".to_owned(), t.clone())),
-            );
+            part: graphs::Part::Whole,
+            posed: false,
+            rays: false,
         }
-        for t in outputs.iter().copied().chain(probes.iter().map(|(_, t)| t)) {
-            t.mark_output();
-            graph.expand(t)?;
-        }
-        Ok(ResolutionGraph {
-            graph,
-            image,
-            depth: out.depth,
-            confidence: out.confidence,
-            sky: out.sky,
-            pose,
-            probes,
-            _ctx: ctx,
-            _constants: constants,
-        })
     }
 
-    /// `vit.pos_embed` resampled to the patch grid, returned as [embed, tokens] (token-major
-    /// rows of `embed` values, which is ggml's [embed, tokens]).
-    fn resampled_pos_embed(&self, gh: usize, gw: usize) -> Result<Vec<f32>, Error> {
-        let shared = &self.model.shared;
-        let v = &shared.config.vit;
-        let e = v.embed_dim;
-        let grid = v.pos_embed_grid;
-        let (cls, patches) = shared.pos_embed.split_at(e);
-        let resampled = preprocess::resample_pos_embed(
-            patches,
-            e,
-            grid,
-            grid,
-            gh,
-            gw,
-            v.interpolate_offset as f64,
-        )?;
-        let mut out = Vec::with_capacity(e * (gh * gw + 1));
-        out.extend_from_slice(cls);
-        out.extend_from_slice(&resampled);
-        Ok(out)
+    /// Depth (and confidence, sky, pose) for one image, preprocessed at the model's process
+    /// resolution and post-processed as the official code does (sky filled for mono and
+    /// metric models): [`Session::run`] of [`Request::image`].
+    pub fn predict(&mut self, image: &(impl ToRgbImage + ?Sized)) -> Result<Prediction, Error> {
+        let image = image.to_rgb_image()?;
+        self.run(&Request::image(&image))?.into_single()
     }
-}
 
-/// The official post-processing of the raw outputs: sky regions of mono and metric models
-/// get the depth of the far non-sky scene.
-pub(crate) fn postprocess(prediction: &mut Prediction) {
-    if let Some(sky) = &prediction.sky {
-        fill_sky(&mut prediction.depth, sky);
+    /// Computes a [`Request`]: its images preprocessed, predicted together as one scene and
+    /// post-processed as the official code does ([`Predictor::run`]).
+    pub fn run(&mut self, request: &Request<'_>) -> Result<super::Output, Error> {
+        Predictor::run(self, request)
     }
 }
 
@@ -824,47 +542,4 @@ fn runs_half_convolutions(device: &Device) -> bool {
         Ok(device.supports_op(&conv))
     };
     probe().unwrap_or(false)
-}
-
-/// Graph capacity of one view: the giant variant builds about 2,700 nodes.
-const GRAPH_NODES: usize = 8192;
-
-/// The ops of a new graph of up to `nodes` nodes (and the tensors they make) of `shared`'s
-/// model, resolved through its execution plan: on the CPU, our kernels where the plan runs
-/// them (direct convolutions, fused attention), in the precision the weights were loaded for;
-/// a graph for another device keeps to ops every backend has.
-fn graph_context(shared: &ModelShared, nodes: usize) -> Result<Ops, Error> {
-    let ctx = Context::metadata_with_graph(3 * nodes, nodes)?;
-    Ok(Ops::new(ctx, shared.plan.cpu_kernels().copied()))
-}
-
-fn scaled_uv(w: usize, h: usize, channels: usize, aspect: f64) -> Result<Vec<f32>, Error> {
-    Ok(
-        preprocess::uv_embedding_with_aspect(w, h, channels, aspect)?
-            .into_iter()
-            .map(|v| v * 0.1)
-            .collect(),
-    )
-}
-
-/// RoPE positions of local and of global blocks for `views` views of a `gh` x `gw` patch
-/// grid, each `[rows; columns; 0; 0]` over all tokens ([`BackboneConstants`]'s layout):
-/// local (row+1, col+1) per patch, global (1, 1) for every patch, token 0 at (0, 0) in both;
-/// the same in every view (no view index, as the official code tiles them).
-fn rope_positions(gh: usize, gw: usize, views: usize) -> (Vec<i32>, Vec<i32>) {
-    let n = gh * gw + 1;
-    let (mut ly, mut lx) = (vec![0i32; n], vec![0i32; n]);
-    for r in 0..gh {
-        for c in 0..gw {
-            ly[1 + r * gw + c] = r as i32 + 1;
-            lx[1 + r * gw + c] = c as i32 + 1;
-        }
-    }
-    let mut global = vec![1i32; n];
-    global[0] = 0;
-    let unused = vec![0i32; 2 * n * views];
-    let layout = |rows: &[i32], cols: &[i32]| {
-        [rows.repeat(views), cols.repeat(views), unused.clone()].concat()
-    };
-    (layout(&ly, &lx), layout(&global, &global))
 }

@@ -11,10 +11,8 @@
 //! views changes nothing but the order of the sums in global attention: the graph keeps the
 //! input order and gives each view its camera token by slot ([`camera_slots`]).
 
-use super::outputs::Prediction;
 use super::Error;
-use crate::atomic_file;
-use std::path::Path;
+
 
 /// Fewer views than this never select (the official `THRESH_FOR_REF_SELECTION`): view 0 is
 /// the reference.
@@ -241,64 +239,6 @@ pub fn restore_order(views: usize, reference: usize) -> Vec<usize> {
 /// others (the official `camera_token[:, :1]` / `camera_token[:, 1:]` after reordering).
 pub fn camera_slots(views: usize, reference: usize) -> Vec<i32> {
     (0..views).map(|v| i32::from(v != reference)).collect()
-}
-
-/// A prediction for every view of a scene, in the input order.
-#[derive(Debug, Clone)]
-pub struct MultiPrediction {
-    /// One prediction per input view (poses in the reference view's world frame).
-    pub views: Vec<Prediction>,
-    /// The reference view (index into `views`): the one whose camera defines the scene's
-    /// world frame in the predicted poses.
-    pub reference: usize,
-    /// The strategy that was asked for (below three views none selects: view 0; with known
-    /// poses none selects either, and this is `First`).
-    pub strategy: RefViewStrategy,
-    /// With known poses: the scale the predicted depth was divided by to reach the units of
-    /// the given cameras (the official Umeyama alignment, see [`crate::poses`]).
-    pub pose_scale: Option<f64>,
-    /// From a nested model: the scale that brought the any-view depth and camera
-    /// translations to the metric branch's metres (see [`crate::nested`]).
-    pub metric_scale: Option<f64>,
-}
-
-impl MultiPrediction {
-    /// Writes the scene's cameras as JSON: `reference`, `ref_view_strategy` and `views`, one
-    /// entry per view in input order (`index`, `name` from `names` when given, `width`,
-    /// `height`, `intrinsics`, `extrinsics_world_to_camera`, `reference`); with known poses
-    /// also `known_poses` and `pose_scale`. An error when the model has no camera decoder.
-    /// The file reads back as `--poses` input (the intrinsics refer to `width` x `height`,
-    /// the processed size).
-    pub fn save_poses_json(&self, path: impl AsRef<Path>, names: &[String]) -> Result<(), Error> {
-        let mut views = Vec::with_capacity(self.views.len());
-        for (i, view) in self.views.iter().enumerate() {
-            let pose = view.pose.as_ref().ok_or_else(|| {
-                Error::Input("this model has no camera decoder (only DualDPT models do)".into())
-            })?;
-            views.push(serde_json::json!({
-                "index": i,
-                "name": names.get(i),
-                "width": view.width,
-                "height": view.height,
-                "reference": i == self.reference,
-                "intrinsics": pose.intrinsics,
-                "extrinsics_world_to_camera": pose.extrinsics,
-            }));
-        }
-        let mut json = serde_json::json!({
-            "reference": self.reference,
-            "ref_view_strategy": self.strategy.name(),
-            "views": views,
-        });
-        if let Some(scale) = self.pose_scale {
-            json["known_poses"] = serde_json::json!(true);
-            json["pose_scale"] = serde_json::json!(scale);
-        }
-        Ok(atomic_file::write(path.as_ref(), |out| {
-            serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
-            out.write_all(b"\n")
-        })?)
-    }
 }
 
 #[cfg(test)]

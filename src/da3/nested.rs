@@ -20,10 +20,11 @@
 //! files: the any-view one in the standard layout, the metric one under `m_vit.` / `m_head.`
 //! (read by every loader here, see [`crate::da3::config::FileLayout`]).
 
-use super::model::{Model, Session};
-use super::multiview::{MultiPrediction, RefViewStrategy};
+use super::model::{Model, Prepared, Session};
+use super::multiview::RefViewStrategy;
 use super::outputs::{quantile, Prediction};
-use super::preprocess::{self, ProcessedImage};
+use super::preprocess::ToRgbImage;
+use super::request::{Output, Predictor, Request};
 use super::{Error, HeadKind, LoadOptions};
 use std::path::Path;
 
@@ -104,14 +105,8 @@ impl NestedModel {
     }
 
     /// Metric depth, confidence and pose for one image, in a session made for this call.
-    pub fn predict(&self, image: &image::DynamicImage) -> Result<Prediction, Error> {
+    pub fn predict(&self, image: &(impl ToRgbImage + ?Sized)) -> Result<Prediction, Error> {
         self.session()?.predict(image)
-    }
-
-    /// Metric depth, confidence and poses for every image of one scene, in a session made
-    /// for this call.
-    pub fn predict_views(&self, images: &[image::DynamicImage]) -> Result<MultiPrediction, Error> {
-        self.session()?.predict_views(images)
     }
 }
 
@@ -123,49 +118,56 @@ pub struct NestedSession {
 }
 
 impl NestedSession {
-    /// The any-view branch's session, for its settings ([`Session::set_ray_pose`], ...).
-    pub fn anyview_mut(&mut self) -> &mut Session {
-        &mut self.anyview
-    }
-
     /// The any-view branch's session.
     pub fn anyview(&self) -> &Session {
         &self.anyview
     }
 
-    /// One image: the scene of one view.
-    pub fn predict(&mut self, image: &image::DynamicImage) -> Result<Prediction, Error> {
-        let mut scene = self.predict_views(std::slice::from_ref(image))?;
-        Ok(scene.views.swap_remove(0))
+    /// One image: the scene of one view ([`NestedSession::run`] of [`Request::image`]).
+    pub fn predict(&mut self, image: &(impl ToRgbImage + ?Sized)) -> Result<Prediction, Error> {
+        let image = image.to_rgb_image()?;
+        self.run(&Request::image(&image))?.into_single()
     }
 
-    /// Every image of one scene at the any-view model's process resolution, the reference
-    /// view by the official default strategy.
-    pub fn predict_views(
-        &mut self,
-        images: &[image::DynamicImage],
-    ) -> Result<MultiPrediction, Error> {
-        let res = self.anyview.model().process_res();
-        let processed = preprocess::preprocess_images(images, res)?;
-        self.predict_views_processed(&processed, RefViewStrategy::default())
+    /// Both branches on the request's views (preprocessed once, at the any-view model's
+    /// process resolution unless the request says), then [`align_to_metric`]:
+    /// [`Output::metric_scale`] holds the scale and each view's [`Prediction::sky`] is the
+    /// metric branch's sky. Known poses are refused (the nested pair brings its own scale).
+    pub fn run(&mut self, request: &Request<'_>) -> Result<Output, Error> {
+        Predictor::run(self, request)
     }
+}
 
-    /// Both branches on already preprocessed views, then [`align_to_metric`]:
-    /// [`MultiPrediction::metric_scale`] holds the scale. Each view's [`Prediction::sky`] is
-    /// the metric branch's sky.
-    pub fn predict_views_processed(
-        &mut self,
-        processed: &[ProcessedImage],
-        strategy: RefViewStrategy,
-    ) -> Result<MultiPrediction, Error> {
-        let mut scene = self.anyview.predict_views_processed(processed, strategy)?;
-        // The metric branch has no global attention: its views are independent, one batch.
-        let metric = self
-            .metric
-            .forward_views(processed, RefViewStrategy::First)?;
-        let scale = align_to_metric(&mut scene.views, &metric.views)?;
-        scene.metric_scale = Some(scale);
+impl Predictor for NestedSession {
+    fn run(&mut self, request: &Request<'_>) -> Result<Output, Error> {
+        request.check()?;
+        if request.poses.is_some() {
+            return Err(Error::Input(
+                "the nested model takes no known poses: its metric branch gives the scale"
+                    .to_owned(),
+            ));
+        }
+        self.anyview.check_outputs(request)?;
+        let prepared = Prepared::new(request, self.anyview.model().process_res())?;
+        let mut scene = self.anyview.run_prepared(&prepared, request)?;
+        if !request.raw {
+            // The metric branch has no global attention: its views are independent, one batch.
+            let metric =
+                self.metric
+                    .forward_scene(&prepared.images, RefViewStrategy::First, None, false)?;
+            let scale = align_to_metric(&mut scene.views, &metric.views)?;
+            scene.metric_scale = Some(scale);
+        }
+        prepared.attach(&mut scene, request);
         Ok(scene)
+    }
+
+    fn device_name(&self) -> String {
+        self.anyview.device().name()
+    }
+
+    fn default_process_res(&self) -> usize {
+        self.anyview.model().process_res()
     }
 }
 
@@ -321,6 +323,7 @@ mod tests {
             }),
             probes: Vec::new(),
             rays: None,
+            ..Default::default()
         }
     }
 
@@ -334,6 +337,7 @@ mod tests {
             pose: None,
             probes: Vec::new(),
             rays: None,
+            ..Default::default()
         }
     }
 

@@ -1,6 +1,7 @@
 //! What a prediction holds, camera pose from the decoder, the mono sky rule, and the files
 //! the CLI writes (atomically, through [`crate::atomic_file`]).
 
+use super::preprocess::RgbImage8;
 use super::Error;
 use crate::atomic_file;
 use std::path::Path;
@@ -56,8 +57,10 @@ impl Pose {
     }
 }
 
-/// Outputs at the processed resolution, row-major, rows top to bottom.
-#[derive(Debug, Clone, PartialEq)]
+/// Outputs of one view at the processed resolution, row-major, rows top to bottom, with
+/// the processed image and what is known of the input (its size and name), which exports
+/// need.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Prediction {
     /// Width of the processed image (a multiple of the patch size).
     pub width: usize,
@@ -74,8 +77,15 @@ pub struct Prediction {
     pub pose: Option<Pose>,
     /// Intermediate stages, when loaded with probes.
     pub probes: Vec<(String, Vec<f32>)>,
-    /// The DualDPT ray branch, when asked for ([`crate::Session::set_ray_outputs`]).
+    /// The DualDPT ray branch, when asked for ([`crate::Request::rays`]).
     pub rays: Option<RayMap>,
+    /// The processed image (8-bit RGB, `width` x `height`): the colours of 3D exports (the
+    /// official `processed_images`).
+    pub image: RgbImage8,
+    /// The input image's width and height (what [`Prediction::resize_to_input`] goes back to).
+    pub input_size: (usize, usize),
+    /// The input's name ([`crate::Request::names`]): the COLMAP image name, `poses.json`'s.
+    pub name: String,
 }
 
 /// The DualDPT auxiliary outputs of one view (the official `ray` and `ray_conf`), at 8/14 of
@@ -108,6 +118,60 @@ impl Prediction {
             self.height,
             colormap,
         )
+    }
+
+    /// Writes the depth as a 16-bit greyscale PNG scaled to its range (near = bright), with
+    /// the range in a text chunk.
+    pub fn save_png16(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        write_png16(path.as_ref(), &self.depth, self.width, self.height)
+    }
+
+    /// This prediction's maps (depth, confidence, sky) at the input image's size (bilinear,
+    /// pixel centres aligned), the intrinsics scaled to it and the image resampled to it
+    /// (area or cubic, as preprocessing resamples), for maps that line up with the input.
+    /// The ray maps stay at their size; probes are dropped. A prediction already at the input
+    /// size comes back unchanged. (With a `*_crop` [`crate::ResizeMethod`] the maps cover
+    /// the cropped window, stretched to the input's size.)
+    pub fn resize_to_input(&self) -> Result<Prediction, Error> {
+        let (w, h) = (self.width, self.height);
+        let (iw, ih) = self.input_size;
+        if (iw, ih) == (w, h) {
+            return Ok(self.clone());
+        }
+        if iw == 0 || ih == 0 {
+            return Err(Error::Input(
+                "this prediction does not know its input's size (made by hand?)".to_owned(),
+            ));
+        }
+        let map = |values: &[f32]| resize_bilinear(values, w, h, iw, ih);
+        let pose = self.pose.map(|mut pose| {
+            let (sx, sy) = (iw as f32 / w as f32, ih as f32 / h as f32);
+            for v in &mut pose.intrinsics[0] {
+                *v *= sx;
+            }
+            for v in &mut pose.intrinsics[1] {
+                *v *= sy;
+            }
+            pose
+        });
+        let image = match self.image.width {
+            0 => RgbImage8::default(),
+            _ if iw * ih > w * h => super::preprocess::resize_cubic(&self.image, iw, ih)?,
+            _ => super::preprocess::resize_area(&self.image, iw, ih)?,
+        };
+        Ok(Prediction {
+            width: iw,
+            height: ih,
+            depth: map(&self.depth)?,
+            confidence: self.confidence.as_deref().map(map).transpose()?,
+            sky: self.sky.as_deref().map(map).transpose()?,
+            pose,
+            probes: Vec::new(),
+            rays: self.rays.clone(),
+            image,
+            input_size: self.input_size,
+            name: self.name.clone(),
+        })
     }
 
     /// Writes the confidence as PFM; an error when the model has no confidence output.

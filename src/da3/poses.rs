@@ -160,14 +160,19 @@ fn centre(w2c: &Mat4) -> [f64; 3] {
     [c2w[0][3], c2w[1][3], c2w[2][3]]
 }
 
-/// The InputProcessor's intrinsics for an input of `width` x `height` resized by `plan`
-/// (`_resize_ixt` once for the bound resize and once for the patch resize, each a no-op
-/// ratio of 1 when the step is skipped).
+/// The InputProcessor's intrinsics for an input of `width` x `height` preprocessed by `plan`:
+/// `_resize_ixt` for the bound resize and for the patch resize (each a no-op ratio of 1 when
+/// the step is skipped), or `_crop_ixt` (the principal point moved by the window's corner)
+/// for the crop of the `*_crop` methods.
 pub fn processed_intrinsics(k: &Mat3, width: usize, height: usize, plan: &ResizePlan) -> Mat3 {
     let mut k = *k;
     let (mut w, mut h) = (width, height);
-    let first = plan.bound.map_or((w, h), |s| (s.width, s.height));
-    for (nw, nh) in [first, (plan.width, plan.height)] {
+    let bounded = plan.bounded_size(width, height);
+    let resized = match plan.crop {
+        Some(_) => bounded,
+        None => (plan.width, plan.height),
+    };
+    for (nw, nh) in [bounded, resized] {
         let (sx, sy) = (nw as f64 / w as f64, nh as f64 / h as f64);
         for v in &mut k[0] {
             *v *= sx;
@@ -176,6 +181,10 @@ pub fn processed_intrinsics(k: &Mat3, width: usize, height: usize, plan: &Resize
             *v *= sy;
         }
         (w, h) = (nw, nh);
+    }
+    if let Some(crop) = plan.crop {
+        k[0][2] -= crop.left as f64;
+        k[1][2] -= crop.top as f64;
     }
     k
 }

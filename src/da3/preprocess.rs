@@ -180,8 +180,9 @@ pub enum PreprocessError {
     },
 }
 
-/// An 8-bit RGB image, row-major, interleaved (`data[(y * width + x) * 3 + c]`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An 8-bit RGB image, row-major, interleaved (`data[(y * width + x) * 3 + c]`). The
+/// default is the empty image (0 x 0), which no computation takes.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct RgbImage8 {
     /// Width in pixels.
     pub width: usize,
@@ -223,6 +224,26 @@ impl RgbImage8 {
             });
         }
         Ok(())
+    }
+}
+
+/// An image the model can take: an [`RgbImage8`] (as [`load_image`] returns) or a decoded
+/// `image::DynamicImage` (converted as PIL's `convert("RGB")` does).
+pub trait ToRgbImage {
+    /// The image as 8-bit RGB, borrowed where it already is.
+    fn to_rgb_image(&self) -> Result<std::borrow::Cow<'_, RgbImage8>, PreprocessError>;
+}
+
+impl ToRgbImage for RgbImage8 {
+    fn to_rgb_image(&self) -> Result<std::borrow::Cow<'_, RgbImage8>, PreprocessError> {
+        self.validate()?;
+        Ok(std::borrow::Cow::Borrowed(self))
+    }
+}
+
+impl ToRgbImage for image::DynamicImage {
+    fn to_rgb_image(&self) -> Result<std::borrow::Cow<'_, RgbImage8>, PreprocessError> {
+        RgbImage8::from_dynamic(self).map(std::borrow::Cow::Owned)
     }
 }
 
@@ -268,8 +289,9 @@ pub const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
 /// # Errors
 /// [`PreprocessError::Open`], [`PreprocessError::Decode`] or
 /// [`PreprocessError::ImageTooLarge`], naming the path and the cause.
-pub fn load_image(path: &Path) -> Result<RgbImage8, PreprocessError> {
+pub fn load_image(path: impl AsRef<Path>) -> Result<RgbImage8, PreprocessError> {
     use std::io::Read;
+    let path = path.as_ref();
     let open_err = |source| PreprocessError::Open {
         path: path.to_path_buf(),
         source,
@@ -933,34 +955,147 @@ pub struct ResizeStep {
     pub interpolation: Interpolation,
 }
 
-/// The sizes the official `upper_bound_resize` path goes through for a `width` x `height` image.
+/// A centred crop of the `*_crop` methods ([`ResizeMethod`]): the window kept, in pixels of
+/// the image after the bound resize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CropStep {
+    /// Left edge of the window.
+    pub left: usize,
+    /// Top edge of the window.
+    pub top: usize,
+    /// Width of the window, a multiple of 14.
+    pub width: usize,
+    /// Height of the window, a multiple of 14.
+    pub height: usize,
+}
+
+/// How an image reaches its processed size: the official `process_res_method`s of the
+/// `InputProcessor`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ResizeMethod {
+    /// Longest side to `process_res`, then each side to the nearest multiple of 14 by a
+    /// small resize (the official default, `upper_bound_resize`).
+    #[default]
+    UpperBoundResize,
+    /// Longest side to `process_res`, then each side floored to a multiple of 14 by a
+    /// centred crop (`upper_bound_crop`).
+    UpperBoundCrop,
+    /// Shortest side to `process_res`, then the nearest multiples of 14 by a small resize
+    /// (`lower_bound_resize`).
+    LowerBoundResize,
+    /// Shortest side to `process_res`, then a centred crop to multiples of 14
+    /// (`lower_bound_crop`).
+    LowerBoundCrop,
+}
+
+impl ResizeMethod {
+    /// Every method, in the order of the variants.
+    pub const ALL: [ResizeMethod; 4] = [
+        ResizeMethod::UpperBoundResize,
+        ResizeMethod::UpperBoundCrop,
+        ResizeMethod::LowerBoundResize,
+        ResizeMethod::LowerBoundCrop,
+    ];
+
+    /// The official name (`upper_bound_resize`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ResizeMethod::UpperBoundResize => "upper_bound_resize",
+            ResizeMethod::UpperBoundCrop => "upper_bound_crop",
+            ResizeMethod::LowerBoundResize => "lower_bound_resize",
+            ResizeMethod::LowerBoundCrop => "lower_bound_crop",
+        }
+    }
+
+    /// Whether the side `process_res` bounds is the shortest one.
+    fn bounds_shortest_side(self) -> bool {
+        matches!(
+            self,
+            ResizeMethod::LowerBoundResize | ResizeMethod::LowerBoundCrop
+        )
+    }
+
+    /// Whether the patch multiple is reached by cropping (not resizing).
+    fn crops(self) -> bool {
+        matches!(self, ResizeMethod::UpperBoundCrop | ResizeMethod::LowerBoundCrop)
+    }
+}
+
+impl std::fmt::Display for ResizeMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for ResizeMethod {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ResizeMethod::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ResizeMethod::ALL.iter().map(|m| m.name()).collect();
+                format!("unknown resize method {s:?} (one of {})", names.join(", "))
+            })
+    }
+}
+
+/// The sizes the official preprocessing goes through for a `width` x `height` image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ResizePlan {
-    /// Longest side to `process_res` (skipped when it already is).
+    /// The bounded side to `process_res` (skipped when it already is).
     pub bound: Option<ResizeStep>,
-    /// Each side to the nearest multiple of 14 (skipped when both already are).
+    /// Each side to the nearest multiple of 14 (`*_resize` methods; skipped when both
+    /// already are).
     pub patch: Option<ResizeStep>,
-    /// Final processed size.
+    /// Each side floored to a multiple of 14 by a centred crop (`*_crop` methods; skipped
+    /// when both already are).
+    pub crop: Option<CropStep>,
     /// Final processed width, a multiple of 14.
     pub width: usize,
     /// Final processed height, a multiple of 14.
     pub height: usize,
 }
 
-/// Plans the official `upper_bound_resize` for a `width` x `height` image.
-///
-/// Sizes follow the official Python: the scale `process_res / longest` is an `f64`, each side is
-/// `max(1, round(side * scale))` with round-half-to-even, and each result then goes to the
-/// nearest multiple of 14 with ties rounding up. Cubic is used whenever the image (or, in the
-/// second step, either side) grows, area otherwise.
+impl ResizePlan {
+    /// The size after the bound resize (the input's size when it is skipped).
+    pub fn bounded_size(&self, width: usize, height: usize) -> (usize, usize) {
+        self.bound.map_or((width, height), |s| (s.width, s.height))
+    }
+}
+
+/// Plans the official `upper_bound_resize` for a `width` x `height` image
+/// ([`plan_resize_by`] with the default method).
 ///
 /// # Errors
-/// An empty or oversized image, `process_res` below 14 or above [`MAX_PROCESS_RES`], or [`PreprocessError::TooThin`] where
-/// a side would round to no patch at all.
+/// As [`plan_resize_by`].
 pub fn plan_resize(
     width: usize,
     height: usize,
     process_res: usize,
+) -> Result<ResizePlan, PreprocessError> {
+    plan_resize_by(width, height, process_res, ResizeMethod::UpperBoundResize)
+}
+
+/// Plans the official preprocessing by `method` for a `width` x `height` image.
+///
+/// Sizes follow the official Python: the scale `process_res / side` (the longest side, or the
+/// shortest for the `lower_bound` methods) is an `f64`, each side is
+/// `max(1, round(side * scale))` with round-half-to-even; each result then goes to the nearest
+/// multiple of 14 with ties rounding up (`*_resize`) or is floored to one by a centred crop
+/// (`*_crop`). Cubic is used whenever the image (or, in the second step, either side) grows,
+/// area otherwise.
+///
+/// # Errors
+/// An empty or oversized image, `process_res` below 14 or above [`MAX_PROCESS_RES`],
+/// [`PreprocessError::TooThin`] where a side would round to no patch at all, or
+/// [`PreprocessError::ProcessResTooLarge`] where the lower-bound methods would make the
+/// longest side larger than [`MAX_PROCESS_RES`] times 4.
+pub fn plan_resize_by(
+    width: usize,
+    height: usize,
+    process_res: usize,
+    method: ResizeMethod,
 ) -> Result<ResizePlan, PreprocessError> {
     rgb_len(width, height)?;
     if process_res < PATCH_SIZE {
@@ -969,13 +1104,23 @@ pub fn plan_resize(
     if process_res > MAX_PROCESS_RES {
         return Err(PreprocessError::ProcessResTooLarge { process_res });
     }
-    let longest = width.max(height);
+    let bounded = match method.bounds_shortest_side() {
+        true => width.min(height),
+        false => width.max(height),
+    };
     let (mut w, mut h) = (width, height);
     let mut bound = None;
-    if longest != process_res {
-        let scale = process_res as f64 / longest as f64;
+    if bounded != process_res {
+        let scale = process_res as f64 / bounded as f64;
         let side = |s: usize| ((s as f64 * scale).round_ties_even() as usize).max(1);
         (w, h) = (side(width), side(height));
+        // The shortest side bounded, the other may grow without limit: keep the token count
+        // (and the memory it needs) within what the upper-bound methods allow.
+        if w.max(h) > 4 * MAX_PROCESS_RES {
+            return Err(PreprocessError::ProcessResTooLarge {
+                process_res: w.max(h),
+            });
+        }
         let interpolation = if scale > 1.0 {
             Interpolation::Cubic
         } else {
@@ -987,12 +1132,16 @@ pub fn plan_resize(
             interpolation,
         });
     }
-    let nearest = |s: usize| -> Result<usize, PreprocessError> {
+    let to_patches = |s: usize| -> Result<usize, PreprocessError> {
         let down = s / PATCH_SIZE * PATCH_SIZE;
         let up = down + PATCH_SIZE;
-        let m = if up - s <= s - down { up } else { down };
+        let m = match method.crops() {
+            true => down,
+            false if up - s <= s - down => up,
+            false => down,
+        };
         if m == 0 {
-            // The official code would produce a 1-pixel side here.
+            // The official code would produce a 1-pixel (or empty) side here.
             return Err(PreprocessError::TooThin {
                 width,
                 height,
@@ -1002,23 +1151,33 @@ pub fn plan_resize(
         }
         Ok(m)
     };
-    let (pw, ph) = (nearest(w)?, nearest(h)?);
-    let mut patch = None;
+    let (pw, ph) = (to_patches(w)?, to_patches(h)?);
+    let (mut patch, mut crop) = (None, None);
     if (pw, ph) != (w, h) {
-        let interpolation = if pw > w || ph > h {
-            Interpolation::Cubic
+        if method.crops() {
+            crop = Some(CropStep {
+                left: (w - pw) / 2,
+                top: (h - ph) / 2,
+                width: pw,
+                height: ph,
+            });
         } else {
-            Interpolation::Area
-        };
-        patch = Some(ResizeStep {
-            width: pw,
-            height: ph,
-            interpolation,
-        });
+            let interpolation = if pw > w || ph > h {
+                Interpolation::Cubic
+            } else {
+                Interpolation::Area
+            };
+            patch = Some(ResizeStep {
+                width: pw,
+                height: ph,
+                interpolation,
+            });
+        }
     }
     Ok(ResizePlan {
         bound,
         patch,
+        crop,
         width: pw,
         height: ph,
     })
@@ -1055,15 +1214,28 @@ pub fn preprocess_images(
         .collect()
 }
 
-/// The official `InputProcessor` default path (`upper_bound_resize`) for one image; see
-/// [`plan_resize`] for the sizes. Normalisation is computed in `f32` in the official order
-/// (`v / 255`, minus mean, divided by std), so values match PyTorch exactly.
+/// The official `InputProcessor` default path (`upper_bound_resize`) for one image
+/// ([`preprocess_by`] with the default method).
 ///
 /// # Errors
-/// An invalid image ([`RgbImage8::validate`]) or any error of [`plan_resize`].
+/// As [`preprocess_by`].
 pub fn preprocess(img: &RgbImage8, process_res: usize) -> Result<ProcessedImage, PreprocessError> {
+    preprocess_by(img, process_res, ResizeMethod::UpperBoundResize)
+}
+
+/// The official `InputProcessor` for one image by `method`; see [`plan_resize_by`] for the
+/// sizes. Normalisation is computed in `f32` in the official order (`v / 255`, minus mean,
+/// divided by std), so values match PyTorch exactly.
+///
+/// # Errors
+/// An invalid image ([`RgbImage8::validate`]) or any error of [`plan_resize_by`].
+pub fn preprocess_by(
+    img: &RgbImage8,
+    process_res: usize,
+    method: ResizeMethod,
+) -> Result<ProcessedImage, PreprocessError> {
     img.validate()?;
-    let plan = plan_resize(img.width, img.height, process_res)?;
+    let plan = plan_resize_by(img.width, img.height, process_res, method)?;
     let mut cur = match &plan.bound {
         Some(step) => apply_step(img, step)?,
         None => img.clone(),
@@ -1071,12 +1243,29 @@ pub fn preprocess(img: &RgbImage8, process_res: usize) -> Result<ProcessedImage,
     if let Some(step) = &plan.patch {
         cur = apply_step(&cur, step)?;
     }
+    if let Some(crop) = &plan.crop {
+        cur = crop_rgb(&cur, crop);
+    }
     Ok(ProcessedImage {
         width: cur.width,
         height: cur.height,
         chw: normalize_chw(&cur),
         rgb8: cur,
     })
+}
+
+/// The window `crop` of `img` (PIL's `crop`, inside the image by construction).
+fn crop_rgb(img: &RgbImage8, crop: &CropStep) -> RgbImage8 {
+    let mut data = Vec::with_capacity(crop.width * crop.height * CN);
+    for y in crop.top..crop.top + crop.height {
+        let row = (y * img.width + crop.left) * CN;
+        data.extend_from_slice(&img.data[row..row + crop.width * CN]);
+    }
+    RgbImage8 {
+        width: crop.width,
+        height: crop.height,
+        data,
+    }
 }
 
 /// ImageNet normalisation to channel-major `f32`, matching torchvision's `ToTensor` +

@@ -3,12 +3,12 @@
 
 use super::common::{ModelArgs, MAX_THREADS};
 use super::outputs::{
-    check_model, named_outputs, write_exports, write_maps, Item, Output, Settings,
+    check_model, named_outputs, write_exports, write_maps, OutputKind, Settings,
 };
 use super::video;
 use anyhow::{bail, Context as _};
 use da3::atomic_file;
-use da3::preprocess::load_image;
+use da3::{load_image, Request};
 use da3::{Device, LoadOptions, Policy};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::{HashMap, HashSet};
@@ -36,14 +36,14 @@ pub struct Args {
     out_dir: PathBuf,
     /// Outputs per image, comma-separated (see the list below).
     #[arg(long, value_delimiter = ',', default_value = "pfm,png")]
-    outputs: Vec<Output>,
+    outputs: Vec<OutputKind>,
     /// Frames per second taken from each video.
     #[arg(long, default_value_t = 1.0)]
     fps: f64,
     #[command(flatten)]
     settings: Settings,
     /// Longest side of the processed image, 14 to 2048.
-    #[arg(long, default_value_t = 504)]
+    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
     process_res: usize,
     /// What to do with operands the device cannot read: auto, route, mirror, strict.
     #[arg(long, default_value = "auto")]
@@ -194,7 +194,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         bail!("no input images (folders are searched for .png, .jpg and .jpeg files)");
     }
     // Sizes are checked before the model is loaded.
-    da3::preprocess::plan_resize(640, 480, args.process_res)
+    da3::Request::check_process_res(args.process_res)
         .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("--out-dir {}", args.out_dir.display()))?;
@@ -331,8 +331,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                             );
                         }
                         let image = load_image(&job.source)?;
-                        let processed = da3::preprocess::preprocess(&image, process_res)?;
-                        let prediction = session.predict_processed(&processed)?;
                         let name = match job.frame {
                             Some(_) => format!("{}.png", job.stem),
                             None => job
@@ -341,14 +339,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                                 .map(|n| n.to_string_lossy().into_owned())
                                 .unwrap_or_else(|| job.stem.clone()),
                         };
-                        let item = Item {
-                            name,
-                            original: (image.width, image.height),
-                            processed: &processed.rgb8,
-                            prediction: &prediction,
-                        };
-                        let mut written = write_maps(&item, &maps, &settings)?;
-                        written.extend(write_exports(&[item], &exports, &settings)?);
+                        let request = Request::image(&image)
+                            .process_res(process_res)
+                            .names([name]);
+                        let output = session.run(&request)?;
+                        let prediction = &output.views[0];
+                        let mut written = write_maps(prediction, &maps, &settings)?;
+                        written.extend(write_exports(&output, &exports, &settings)?);
                         Ok((written, (prediction.width, prediction.height)))
                     })();
                     let outcome = Outcome {

@@ -2,7 +2,7 @@
 
 use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use da3::atomic_file::write as write_atomically;
-use da3::{LoadOptions, Policy, Prediction, RefViewStrategy, Session};
+use da3::{LoadOptions, Policy, Prediction, RefViewStrategy, Request, Session};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -24,7 +24,7 @@ pub struct Args {
     /// The reference-view strategy of a scene (--views 3 and more select).
     #[arg(long, value_name = "STRATEGY", default_value = "saddle_balanced")]
     ref_view: RefViewStrategy,
-    #[arg(long, default_value_t = 504)]
+    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
     process_res: usize,
     #[arg(long, default_value = "auto")]
     policy: Policy,
@@ -66,9 +66,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         )?;
     }
     let image = load_input(args.input.as_ref())?;
+    // One image, or the same image as every view of a scene (through the scene graph).
+    let images = vec![image.clone(); args.views];
+    let request = Request::new(&images)
+        .process_res(args.process_res)
+        .reference(args.ref_view);
     // Sizes are checked before the model is loaded or anything is allocated for them.
-    da3::preprocess::plan_resize(image.width, image.height, args.process_res)
-        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
+    let processed = request
+        .processed_plans(args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?[0];
     let load_options = args.device.options()?;
     let device = args.device.device.resolve()?;
     let device_name = device.name();
@@ -90,15 +96,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     let mut model = model.session()?;
     let load_s = started.elapsed().as_secs_f64();
-    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
-
-    // One image: the single-image graph; a scene: every view through the scene graph.
-    let scene = vec![processed.clone(); args.views];
+    // Timed from the image in memory to the post-processed result (preprocessing included).
     let predict = |session: &mut Session| -> Result<Prediction, da3::Error> {
-        if args.views == 1 {
-            return session.predict_processed(&processed);
-        }
-        let mut scene = session.predict_views_processed(&scene, args.ref_view)?;
+        let mut scene = session.run(&request)?;
         Ok(scene.views.swap_remove(0))
     };
     let started = Instant::now();

@@ -1,9 +1,8 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
-use da3::preprocess::{load_image, RgbImage8};
-use da3::{atomic_file, outputs};
-use da3::{ConvPrecision, Device, LoadOptions, Model};
+use da3::{atomic_file, load_image, outputs, Image};
+use da3::{Config, ConvPrecision, Device, LoadOptions, Model, NestedModel, Predictor};
 use std::path::{Path, PathBuf};
 
 /// Most CPU threads `--threads` takes (ggml's own limit), and at most 4 per available CPU.
@@ -114,8 +113,53 @@ impl ModelArgs {
     }
 }
 
+/// The model `--model` names, or the nested pair `--model` + `--metric-model`.
+pub enum Loaded {
+    Single(Model),
+    Nested(NestedModel),
+}
+
+impl Loaded {
+    pub fn load(
+        model: &ModelArgs,
+        metric_model: Option<&Path>,
+        options: &LoadOptions,
+    ) -> anyhow::Result<Loaded> {
+        let anyview = model.load_for_results(options)?;
+        let Some(path) = metric_model else {
+            return Ok(Loaded::Single(anyview));
+        };
+        let metric = Model::load(path, options)
+            .with_context(|| format!("loading --metric-model {}", path.display()))?;
+        let nested = NestedModel::new(anyview, metric)
+            .with_context(|| format!("--metric-model {}", path.display()))?;
+        Ok(Loaded::Nested(nested))
+    }
+
+    /// What the outputs are checked against: a nested pair has the any-view branch's
+    /// outputs and the metric branch's sky.
+    pub fn config(&self) -> Config {
+        match self {
+            Loaded::Single(m) => m.config().clone(),
+            Loaded::Nested(n) => {
+                let mut config = n.anyview().config().clone();
+                config.head.sky = true;
+                config
+            }
+        }
+    }
+
+    /// A session of the model or of the pair.
+    pub fn predictor(&self) -> anyhow::Result<Box<dyn Predictor>> {
+        Ok(match self {
+            Loaded::Single(m) => Box::new(m.session()?),
+            Loaded::Nested(n) => Box::new(n.session()?),
+        })
+    }
+}
+
 /// `--input`, or the built-in synthetic 640x427 image.
-pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<RgbImage8> {
+pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<Image> {
     match input {
         Some(path) if super::video::is_video(path) => anyhow::bail!(
             "{} is a video: `da3 depth` takes images; `da3 batch --input {} --fps N --out-dir DIR` \

@@ -1,16 +1,13 @@
 //! `da3 depth`: depth (and confidence, sky, pose) for one image, or for every view of one
 //! scene (several `--input`s).
 
-use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
+use super::common::{check_outputs, input_files, load_input, DeviceArgs, Loaded, ModelArgs};
 use super::outputs::{
-    check_colmap_folder, check_model, named_outputs, write_exports, write_maps, Exports, Item,
-    Maps, Output, Settings,
+    check_colmap_folder, check_model, named_outputs, write_exports, write_maps, Exports, Maps,
+    OutputKind, Settings,
 };
 use anyhow::{bail, Context as _};
-use da3::{
-    Config, LoadOptions, Model, MultiPrediction, NestedModel, NestedSession, Policy, Prediction,
-    RefViewStrategy, Session,
-};
+use da3::{LoadOptions, Policy, RefViewStrategy, Request};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -90,12 +87,12 @@ pub struct Args {
     /// viewN.depth16.png, viewN.conf.pfm, viewN.sky.pfm). Default: pfm,png and sky where the
     /// model has a sky head.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    view_maps: Option<Vec<Output>>,
+    view_maps: Option<Vec<OutputKind>>,
     #[command(flatten)]
     settings: Settings,
     /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
     /// resizing).
-    #[arg(long, default_value_t = 504)]
+    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
     process_res: usize,
     /// What to do with operands the device cannot read: auto (mirror constant weights once,
     /// route anything else), route, mirror, strict.
@@ -153,24 +150,29 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         check_colmap_folder(dir)?;
     }
     let image = load_input(args.input.first())?;
+    let request = Request::image(&image)
+        .process_res(args.process_res)
+        .names([input_name(args.input.first())])
+        .ray_pose(args.ray_pose);
     // Sizes are checked before the model is loaded or anything is allocated for them.
-    da3::preprocess::plan_resize(image.width, image.height, args.process_res)
+    request
+        .processed_plans(args.process_res)
         .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
         ..args.device.options()?
     };
-    let model = Loaded::load(&args, &options)?;
+    let model = Loaded::load(&args.model, args.metric_model.as_deref(), &options)?;
     check_model(&model.config(), &maps, &exports, &args.settings)?;
-    let mut session = model.session(args.ray_pose)?;
-    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
-    let prediction = session.predict_one(&processed).with_context(|| {
+    let mut predictor = model.predictor()?;
+    let output = predictor.run(&request).with_context(|| {
         format!(
             "computing depth with {}; nothing written",
             args.model.describe()
         )
     })?;
+    let prediction = &output.views[0];
     let (lo, hi) = prediction.depth_range();
     outln!(
         "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
@@ -178,19 +180,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         image.height,
         prediction.width,
         prediction.height,
-        session.device_name()
+        predictor.device_name()
     );
-    if let Some(scale) = session.metric_scale {
+    if let Some(scale) = output.metric_scale {
         outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
     }
-    let item = Item {
-        name: input_name(args.input.first()),
-        original: (image.width, image.height),
-        processed: &processed.rgb8,
-        prediction: &prediction,
-    };
-    let mut written = write_maps(&item, &maps, &args.settings)?;
-    written.extend(write_exports(&[item], &exports, &args.settings)?);
+    let mut written = write_maps(prediction, &maps, &args.settings)?;
+    written.extend(write_exports(&output, &exports, &args.settings)?);
     for path in written {
         outln!("wrote {}", path.display());
     }
@@ -224,7 +220,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(list) = &args.view_maps {
-        if let Some(o) = list.iter().find(|o| !o.is_map() || **o == Output::Pose) {
+        if let Some(o) = list.iter().find(|o| !o.is_map() || **o == OutputKind::Pose) {
             bail!(
                 "--view-maps: {o:?} is not a per-view map (pfm, png, png16, conf, sky); a scene's \
                  cameras go to poses.json and its 3D exports to --ply/--glb/--npz/--colmap"
@@ -242,34 +238,32 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
             .map(|path| load_input(Some(path)))
             .collect::<anyhow::Result<Vec<_>>>()?
     };
-    let mut sizes = Vec::new();
-    for image in &images {
-        let plan = da3::preprocess::plan_resize(image.width, image.height, args.process_res)
-            .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
-        sizes.push((plan.width, plan.height));
-    }
-    if let Some(i) = sizes.iter().position(|s| *s != sizes[0]) {
-        bail!(
-            "the views of a scene must reach one processed size: view 0 becomes {}x{}, view {i} {}x{}",
-            sizes[0].0,
-            sizes[0].1,
-            sizes[i].0,
-            sizes[i].1
-        );
-    }
+    // The names carried to poses.json (and, as file names, to the COLMAP model).
+    let names: Vec<String> = match args.input.is_empty() {
+        true => vec![input_name(None)],
+        false => args.input.iter().map(|p| p.display().to_string()).collect(),
+    };
+    let scene = Request::new(&images)
+        .process_res(args.process_res)
+        .names(names.clone())
+        .reference(args.ref_view)
+        .ray_pose(args.ray_pose);
+    scene
+        .processed_plans(args.process_res)
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
         camera_encoder: args.poses.is_some() || args.poses_colmap.is_some(),
         ..args.device.options()?
     };
-    let model = Loaded::load(&args, &options)?;
+    let model = Loaded::load(&args.model, args.metric_model.as_deref(), &options)?;
     let config = model.config();
     let (has_sky, has_pose) = (config.head.sky, config.cam_dim.is_some());
     let view_maps = match &args.view_maps {
         Some(list) => list.clone(),
-        None if has_sky => vec![Output::Pfm, Output::Png, Output::Sky],
-        None => vec![Output::Pfm, Output::Png],
+        None if has_sky => vec![OutputKind::Pfm, OutputKind::Png, OutputKind::Sky],
+        None => vec![OutputKind::Pfm, OutputKind::Png],
     };
     let exports = args.exports();
     let per_view: Vec<Maps> = (0..images.len())
@@ -305,7 +299,6 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(colmap) = &exports.colmap {
         check_colmap_folder(colmap)?;
     }
-    let names: Vec<String> = args.input.iter().map(|p| p.display().to_string()).collect();
     let known = match (&args.poses, &args.poses_colmap) {
         (Some(path), _) => Some(
             da3::poses::read_poses_json(path)
@@ -329,26 +322,20 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
-    let mut session = model.session(args.ray_pose)?;
-    // The processed images colour the 3D exports.
-    let processed = images
-        .iter()
-        .map(|im| da3::preprocess::preprocess(im, args.process_res))
-        .collect::<Result<Vec<_>, _>>()?;
-    let scene = match (&known, &mut session.engine) {
-        (Some(poses), Engine::Single(s)) => {
-            s.predict_views_with_poses_at(&images, args.process_res, poses)
-        }
-        (Some(_), Engine::Nested(_)) => unreachable!("clap keeps --poses from --metric-model"),
-        (None, _) => session.predict_views(&processed, args.ref_view),
-    }
-    .context("computing the scene")?;
+    let mut predictor = model.predictor()?;
+    let request = match &known {
+        Some(poses) => scene.poses(poses),
+        None => scene,
+    };
+    let scene = predictor
+        .run(&request)
+        .context("computing the scene")?;
     outln!(
         "{} views -> {}x{} on {}: reference view {} ({})",
         images.len(),
         scene.views[0].width,
         scene.views[0].height,
-        session.device_name(),
+        predictor.device_name(),
         scene.reference,
         scene.strategy
     );
@@ -358,136 +345,17 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(scale) = scene.metric_scale {
         outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
     }
-    let items: Vec<Item> = scene
-        .views
-        .iter()
-        .enumerate()
-        .map(|(i, view)| Item {
-            name: input_name(args.input.get(i)),
-            original: (images[i].width, images[i].height),
-            processed: &processed[i].rgb8,
-            prediction: view,
-        })
-        .collect();
-    for (i, (item, maps)) in items.iter().zip(&per_view).enumerate() {
-        let (lo, hi) = item.prediction.depth_range();
+    for (i, (view, maps)) in scene.views.iter().zip(&per_view).enumerate() {
+        let (lo, hi) = view.depth_range();
         outln!("view {i}: depth {lo:.4} .. {hi:.4}");
-        write_maps(item, maps, &args.settings)?;
+        write_maps(view, maps, &args.settings)?;
     }
     if has_pose {
-        let names: Vec<String> = if args.input.is_empty() {
-            vec!["built-in synthetic 640x427".to_owned()]
-        } else {
-            args.input.iter().map(|p| p.display().to_string()).collect()
-        };
-        scene.save_poses_json(dir.join("poses.json"), &names)?;
+        scene.save_poses_json(dir.join("poses.json"))?;
     }
     outln!("wrote {} views to {}", scene.views.len(), dir.display());
-    for path in write_exports(&items, &exports, &args.settings)? {
+    for path in write_exports(&scene, &exports, &args.settings)? {
         outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// The model `--model` names, or the nested pair `--model` + `--metric-model`.
-enum Loaded {
-    Single(Model),
-    Nested(NestedModel),
-}
-
-impl Loaded {
-    fn load(args: &Args, options: &LoadOptions) -> anyhow::Result<Loaded> {
-        let model = args.model.load_for_results(options)?;
-        let Some(path) = &args.metric_model else {
-            return Ok(Loaded::Single(model));
-        };
-        let metric = Model::load(path, options)
-            .with_context(|| format!("loading --metric-model {}", path.display()))?;
-        let nested = NestedModel::new(model, metric)
-            .with_context(|| format!("--metric-model {}", path.display()))?;
-        Ok(Loaded::Nested(nested))
-    }
-
-    /// What the outputs are checked against: a nested pair has the any-view branch's
-    /// outputs and the metric branch's sky.
-    fn config(&self) -> Config {
-        match self {
-            Loaded::Single(m) => m.config().clone(),
-            Loaded::Nested(n) => {
-                let mut config = n.anyview().config().clone();
-                config.head.sky = true;
-                config
-            }
-        }
-    }
-
-    fn session(&self, ray_pose: bool) -> anyhow::Result<Runner> {
-        let engine = match self {
-            Loaded::Single(m) => Engine::Single(Box::new(m.session()?)),
-            Loaded::Nested(n) => Engine::Nested(Box::new(n.session()?)),
-        };
-        let mut runner = Runner {
-            engine,
-            ray_pose,
-            metric_scale: None,
-        };
-        if ray_pose {
-            runner.anyview().set_ray_pose(true)?;
-        }
-        Ok(runner)
-    }
-}
-
-/// Both boxed: a session holds its graphs' bookkeeping inline (about 2 KiB).
-enum Engine {
-    Single(Box<Session>),
-    Nested(Box<NestedSession>),
-}
-
-/// The per-request state of a [`Loaded`] model.
-struct Runner {
-    engine: Engine,
-    ray_pose: bool,
-    /// The nested alignment's scale of the last prediction.
-    metric_scale: Option<f64>,
-}
-
-impl Runner {
-    fn anyview(&mut self) -> &mut Session {
-        match &mut self.engine {
-            Engine::Single(s) => s,
-            Engine::Nested(n) => n.anyview_mut(),
-        }
-    }
-
-    fn device_name(&mut self) -> String {
-        self.anyview().device().name()
-    }
-
-    fn predict_views(
-        &mut self,
-        processed: &[da3::preprocess::ProcessedImage],
-        strategy: RefViewStrategy,
-    ) -> Result<MultiPrediction, da3::Error> {
-        let scene = match &mut self.engine {
-            Engine::Single(s) => s.predict_views_processed(processed, strategy),
-            Engine::Nested(n) => n.predict_views_processed(processed, strategy),
-        }?;
-        self.metric_scale = scene.metric_scale;
-        Ok(scene)
-    }
-
-    /// One image. Ray pose and nested models run the scene graph (one view through it is
-    /// the single-image prediction exactly); otherwise the single-image graph.
-    fn predict_one(
-        &mut self,
-        processed: &da3::preprocess::ProcessedImage,
-    ) -> Result<Prediction, da3::Error> {
-        let scene_path = matches!(self.engine, Engine::Nested(_)) || self.ray_pose;
-        if !scene_path {
-            return self.anyview().predict_processed(processed);
-        }
-        self.predict_views(std::slice::from_ref(processed), RefViewStrategy::First)
-            .map(|mut scene| scene.views.swap_remove(0))
-    }
 }

@@ -86,7 +86,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !model.unused_tensors().is_empty() {
         outln!("unused tensors: {}", model.unused_tensors().join(", "));
     }
-    let report = model.session()?.residency_report(504, 336)?;
+    // The graph of a 640x427 photo at the model's process resolution (504x336 by default).
+    let photo = da3::synthetic::image(640, 427);
+    let size = da3::Request::image(&photo).processed_plans(model.process_res())?[0];
+    let report = model.session()?.residency_report(size.width, size.height)?;
     outln!("{}", report.summary());
     Ok(ExitCode::SUCCESS)
 }

@@ -2,10 +2,9 @@
 //! confidence, sky, pose) and 3D exports (PLY, glb, COLMAP, npz) of one view or a scene.
 
 use anyhow::{bail, Context as _};
-use da3::export::{self, CloudOptions, ColmapFormat, GlbOptions, View};
-use da3::outputs::{resize_bilinear, write_pfm, write_png, write_png16};
-use da3::preprocess::RgbImage8;
+use da3::export::ExportOptions;
 use da3::{Colormap, Config, Prediction};
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// Where each map of one view goes (`None`: not written).
@@ -82,7 +81,7 @@ const COLMAP_FILES: [&str; 6] = [
 /// What `--outputs` (batch) and `--view-maps` (scene) may name, each written as
 /// `<dir>/<stem><suffix>`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
+pub enum OutputKind {
     /// depth PFM (<name>.pfm)
     Pfm,
     /// 8-bit colour-mapped depth (<name>.png)
@@ -105,31 +104,31 @@ pub enum Output {
     Colmap,
 }
 
-impl Output {
+impl OutputKind {
     pub fn is_map(self) -> bool {
         matches!(
             self,
-            Output::Pfm | Output::Png | Output::Png16 | Output::Conf | Output::Sky | Output::Pose
+            OutputKind::Pfm | OutputKind::Png | OutputKind::Png16 | OutputKind::Conf | OutputKind::Sky | OutputKind::Pose
         )
     }
 }
 
 /// The files `outputs` name for `<dir>/<stem>...`.
-pub fn named_outputs(dir: &Path, stem: &str, outputs: &[Output]) -> (Maps, Exports) {
+pub fn named_outputs(dir: &Path, stem: &str, outputs: &[OutputKind]) -> (Maps, Exports) {
     let f = |suffix: &str| Some(dir.join(format!("{stem}{suffix}")));
     let (mut m, mut e) = (Maps::default(), Exports::default());
     for o in outputs {
         match o {
-            Output::Pfm => m.pfm = f(".pfm"),
-            Output::Png => m.png = f(".png"),
-            Output::Png16 => m.png16 = f(".depth16.png"),
-            Output::Conf => m.conf = f(".conf.pfm"),
-            Output::Sky => m.sky = f(".sky.pfm"),
-            Output::Pose => m.pose = f(".pose.json"),
-            Output::Ply => e.ply = f(".ply"),
-            Output::Glb => e.glb = f(".glb"),
-            Output::Npz => e.npz = f(".npz"),
-            Output::Colmap => e.colmap = f(".colmap"),
+            OutputKind::Pfm => m.pfm = f(".pfm"),
+            OutputKind::Png => m.png = f(".png"),
+            OutputKind::Png16 => m.png16 = f(".depth16.png"),
+            OutputKind::Conf => m.conf = f(".conf.pfm"),
+            OutputKind::Sky => m.sky = f(".sky.pfm"),
+            OutputKind::Pose => m.pose = f(".pose.json"),
+            OutputKind::Ply => e.ply = f(".ply"),
+            OutputKind::Glb => e.glb = f(".glb"),
+            OutputKind::Npz => e.npz = f(".npz"),
+            OutputKind::Colmap => e.colmap = f(".colmap"),
         }
     }
     (m, e)
@@ -223,145 +222,80 @@ pub fn check_model(
     Ok(())
 }
 
-/// One predicted view and the images it came from.
-pub struct Item<'a> {
-    /// The input's file name (COLMAP's image name).
-    pub name: String,
-    /// The input image's size.
-    pub original: (usize, usize),
-    /// The processed 8-bit image (colours of the 3D exports).
-    pub processed: &'a RgbImage8,
-    pub prediction: &'a Prediction,
+impl Settings {
+    /// The library's export options for these settings.
+    pub fn export_options(&self) -> ExportOptions {
+        ExportOptions {
+            max_points: Some(self.max_points as usize),
+            confidence_percentile: self.conf_percentile,
+            assumed_fov: self.fov,
+            ..ExportOptions::default()
+        }
+    }
 }
 
 /// Writes the maps of one view; returns the paths written.
 pub fn write_maps(
-    item: &Item<'_>,
+    prediction: &Prediction,
     maps: &Maps,
     settings: &Settings,
 ) -> anyhow::Result<Vec<PathBuf>> {
-    let prediction = item.prediction;
     let mut written = Vec::new();
-    let (w, h) = (prediction.width, prediction.height);
-    let (ow, oh) = if settings.resize_to_input {
-        item.original
-    } else {
-        (w, h)
+    let resized = match settings.resize_to_input {
+        true => Cow::Owned(prediction.resize_to_input()?),
+        false => Cow::Borrowed(prediction),
     };
-    let map = |values: &[f32]| -> anyhow::Result<Vec<f32>> {
-        if (ow, oh) == (w, h) {
-            Ok(values.to_vec())
-        } else {
-            Ok(resize_bilinear(values, w, h, ow, oh)?)
+    let mut write = |path: &Option<PathBuf>,
+                     save: &dyn Fn(&Path) -> Result<(), da3::Error>|
+     -> anyhow::Result<()> {
+        if let Some(path) = path {
+            save(path)?;
+            written.push(path.clone());
         }
+        Ok(())
     };
-    if maps.pfm.is_some() || maps.png.is_some() || maps.png16.is_some() {
-        let depth = map(&prediction.depth)?;
-        if let Some(path) = &maps.pfm {
-            write_pfm(path, &depth, ow, oh)?;
-            written.push(path.clone());
-        }
-        if let Some(path) = &maps.png {
-            write_png(path, &depth, ow, oh, settings.colormap()?)?;
-            written.push(path.clone());
-        }
-        if let Some(path) = &maps.png16 {
-            write_png16(path, &depth, ow, oh)?;
-            written.push(path.clone());
-        }
-    }
-    if let Some(path) = &maps.conf {
-        let conf = prediction
-            .confidence
-            .as_deref()
-            .context("--conf: this model predicts no confidence (only DualDPT models do)")?;
-        write_pfm(path, &map(conf)?, ow, oh)?;
-        written.push(path.clone());
-    }
-    if let Some(path) = &maps.sky {
-        let sky = prediction
-            .sky
-            .as_deref()
-            .context("--sky: this model has no sky head (only mono/metric models do)")?;
-        write_pfm(path, &map(sky)?, ow, oh)?;
-        written.push(path.clone());
-    }
-    if let Some(path) = &maps.pose {
-        prediction.save_pose_json(path)?;
-        written.push(path.clone());
-    }
+    write(&maps.pfm, &|path| resized.save_pfm(path))?;
+    let colormap = settings.colormap()?;
+    write(&maps.png, &|path| resized.save_png(path, colormap))?;
+    write(&maps.png16, &|path| resized.save_png16(path))?;
+    write(&maps.conf, &|path| resized.save_confidence_pfm(path))?;
+    write(&maps.sky, &|path| resized.save_sky_pfm(path))?;
+    // The camera stays at the processed resolution, where its intrinsics apply.
+    write(&maps.pose, &|path| prediction.save_pose_json(path))?;
     Ok(written)
 }
 
 /// Writes the 3D exports of the views of one scene (or one view) in their common world
 /// frame; returns the paths written.
 pub fn write_exports(
-    items: &[Item<'_>],
+    output: &da3::Output,
     exports: &Exports,
     settings: &Settings,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let mut written = Vec::new();
     if let Some(path) = &exports.npz {
-        let predictions: Vec<&Prediction> = items.iter().map(|i| i.prediction).collect();
-        export::write_mini_npz(path, &predictions)?;
+        output.save_npz(path)?;
         written.push(path.clone());
     }
-    if !exports.needs_camera() {
-        return Ok(written);
-    }
-    let mut views = Vec::with_capacity(items.len());
-    for item in items {
-        let p = item.prediction;
-        let view = match (p.pose, settings.fov) {
-            (Some(_), _) => View::new(p, item.processed)?,
-            (None, Some(fov)) => View::with_pose(
-                p,
-                item.processed,
-                export::assumed_pose(p.width, p.height, fov),
-            )?,
-            (None, None) => bail!(
-                "--ply/--glb/--colmap need a camera: this model predicts none (mono/metric); \
-                 pass --fov DEGREES to assume a pinhole camera"
-            ),
-        };
-        views.push(view.named(item.name.clone(), item.original));
-    }
-    if exports.ply.is_some() || exports.glb.is_some() {
-        let options = CloudOptions {
-            lower_percentile: settings.conf_percentile,
-            upper_percentile: settings.conf_percentile.max(90.0),
-            max_points: Some(settings.max_points as usize),
-            ..Default::default()
-        };
-        let cloud = export::point_cloud(&views, &options)?;
-        log::info!(
-            "{} points{}",
-            cloud.len(),
-            cloud
-                .confidence_threshold
-                .map(|t| format!(" (confidence >= {t:.3})"))
-                .unwrap_or_default()
+    if exports.needs_camera() && settings.fov.is_none() && output.views[0].pose.is_none() {
+        bail!(
+            "--ply/--glb/--colmap need a camera: this model predicts none (mono/metric); \
+             pass --fov DEGREES to assume a pinhole camera"
         );
-        if let Some(path) = &exports.ply {
-            export::write_ply(path, &cloud)?;
-            written.push(path.clone());
-        }
-        if let Some(path) = &exports.glb {
-            export::write_glb(path, &cloud, &views, &GlbOptions::default())?;
-            written.push(path.clone());
-        }
+    }
+    let options = settings.export_options();
+    if let Some(path) = &exports.ply {
+        output.save_ply(path, &options)?;
+        written.push(path.clone());
+    }
+    if let Some(path) = &exports.glb {
+        output.save_glb(path, &options)?;
+        written.push(path.clone());
     }
     if let Some(dir) = &exports.colmap {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("--colmap: cannot create {}", dir.display()))?;
-        let options = CloudOptions {
-            lower_percentile: settings.conf_percentile,
-            upper_percentile: settings.conf_percentile,
-            ..CloudOptions::colmap()
-        };
-        let cloud = export::point_cloud(&views, &options)?;
-        export::write_colmap(dir, &cloud, &views, ColmapFormat::Text)?;
-        export::write_colmap(dir, &cloud, &views, ColmapFormat::Binary)?;
+        output
+            .save_colmap(dir, &options)
+            .with_context(|| format!("--colmap {}", dir.display()))?;
         written.push(dir.clone());
     }
     Ok(written)

@@ -51,7 +51,7 @@ pub struct Args {
     /// CPU threads (0: one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    #[arg(long, default_value_t = 504)]
+    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
     process_res: usize,
     /// Internal: run the unchecked path in this process (the parent runs it as a child).
     #[arg(long, hide = true)]
@@ -102,10 +102,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         plan: Vec::new(),
     };
     let reference = args.model.load(&cpu_only.options()?)?;
-    let expected = reference
-        .session()?
-        .predict_at(&image, args.process_res)?
-        .depth;
+    let request = da3::Request::image(&image).process_res(args.process_res);
+    let expected = reference.session()?.run(&request)?.into_single()?.depth;
     drop(reference);
 
     // 1. The unchecked path, in a child process.
@@ -127,7 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model = args.model.load(&options)?;
     let separate_memory = model.device().kind() != DeviceKind::Cpu;
     let mut model = model.session()?;
-    let processed = da3::preprocess::preprocess(&image, args.process_res)?;
+    let processed = request.processed_plans(args.process_res)?[0];
     match model.residency_report(processed.width, processed.height) {
         Err(da3::Error::Residency(residency::Error::Refused(report))) => {
             outln!("{report}");
@@ -136,8 +134,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         other => other?,
     };
-    let prediction = model.forward(&processed)?;
-    out!("{}", model.last_report().expect("set by forward"));
+    let raw = request.clone().raw_outputs(true);
+    let prediction = model.run(&raw)?.into_single()?;
+    out!("{}", model.last_report().expect("set by run"));
     drop(model);
     let cmp = compare(&prediction.depth, &expected);
     outln!(
@@ -150,7 +149,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // with every weight resident.
     let resident_cmp = if separate_memory {
         let resident = args.model.load(&device_args.options()?)?;
-        let resident_depth = resident.session()?.forward(&processed)?.depth;
+        let resident_depth = resident.session()?.run(&raw)?.into_single()?.depth;
         let c = compare(&prediction.depth, &resident_depth);
         outln!(
             "    depth vs {device_spec} with every weight resident: max abs {:.3e}, max rel {:.3e}",
@@ -338,7 +337,8 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
     };
     let model = args.model.load(&options)?;
     let image = load_input(args.input.as_ref())?;
-    let prediction = model.session()?.predict_at(&image, args.process_res)?;
+    let request = da3::Request::image(&image).process_res(args.process_res);
+    let prediction = model.session()?.run(&request)?.into_single()?;
     let finite = prediction.depth.iter().all(|v| v.is_finite());
     outln!(
         "unchecked compute returned ({} values, all finite: {finite})",

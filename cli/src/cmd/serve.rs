@@ -16,7 +16,9 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use base64::Engine as _;
-use da3::preprocess::{decode_image, PreprocessError, RgbImage8};
+use da3::export::ExportOptions;
+use da3::preprocess::PreprocessError;
+use da3::{decode_image, Image as RgbImage8};
 use da3::{Colormap, Model, Prediction};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -332,11 +334,13 @@ fn worker(
         metrics.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
         let mut result = Ok(Vec::with_capacity(job.images.len()));
         for (i, image) in job.images.iter().enumerate() {
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.process_res {
-                    Some(res) => session.predict_at(image, res),
-                    None => session.predict_rgb(image),
-                }));
+            let request = match job.process_res {
+                Some(res) => da3::Request::image(image).process_res(res),
+                None => da3::Request::image(image),
+            };
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                session.run(&request).and_then(da3::Output::into_single)
+            }));
             match outcome {
                 Ok(Ok(prediction)) => {
                     if let Ok(list) = &mut result {
@@ -669,7 +673,6 @@ async fn depth(
     })
     .await
     .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error decoding"))??;
-    let sizes: Vec<(usize, usize)> = images.iter().map(|i| (i.width, i.height)).collect();
     let images = Arc::new(images);
 
     let (reply, answer) = oneshot::channel();
@@ -713,14 +716,10 @@ async fn depth(
     };
     let model = shared.model_name.clone();
     let body = tokio::task::spawn_blocking(move || {
-        let res = process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
         let images = predictions
             .iter()
             .zip(&names)
-            .zip(sizes.iter().zip(images.iter()))
-            .map(|((p, name), (size, image))| {
-                encode(p, name.as_deref(), *size, &outputs, image, res)
-            })
+            .map(|(p, name)| encode(p, name.as_deref(), &outputs))
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok::<_, ApiError>(json!({"model": model, "images": images}))
     })
@@ -738,7 +737,7 @@ fn decode(i: usize, bytes: &[u8], process_res: Option<usize>) -> Result<RgbImage
         ApiError::new(status, format!("image {}: {e}", i + 1))
     })?;
     let res = process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
-    da3::preprocess::plan_resize(image.width, image.height, res).map_err(|e| {
+    da3::Request::image(&image).processed_plans(res).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("image {}: {e}", i + 1),
@@ -759,46 +758,33 @@ const ASSUMED_FOV_DEGREES: f32 = 60.0;
 const POINTS_OUTPUT_CAP: usize = 200_000;
 
 /// The 3D outputs of one prediction: its point cloud (the official glb export's filtering)
-/// and the views it came from.
+/// as the page's viewer draws it, or a PLY or glb file.
 fn cloud_outputs(
     p: &Prediction,
-    image: &RgbImage8,
-    process_res: usize,
     outputs: &[Output],
     encoded: &mut serde_json::Map<String, Value>,
 ) -> Result<(), ApiError> {
-    use da3::export::{point_cloud, CloudOptions, GlbOptions, View};
-    let processed = da3::preprocess::preprocess(image, process_res).map_err(internal)?;
-    let pose = p
-        .pose
-        .unwrap_or_else(|| da3::export::assumed_pose(p.width, p.height, ASSUMED_FOV_DEGREES));
-    let views = [View::with_pose(p, &processed.rgb8, pose).map_err(internal)?];
-    let cloud = point_cloud(&views, &CloudOptions::default()).map_err(internal)?;
+    let options = ExportOptions {
+        assumed_fov: Some(ASSUMED_FOV_DEGREES),
+        ..ExportOptions::default()
+    };
     let dir = tempfile::tempdir().map_err(internal)?;
+    let file = |name: &str, save: &dyn Fn(&std::path::Path) -> Result<(), da3::Error>| {
+        let path = dir.path().join(name);
+        save(&path).map_err(internal)?;
+        let bytes = std::fs::read(&path).map_err(internal)?;
+        Ok::<_, ApiError>(Value::String(
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+        ))
+    };
     for output in outputs {
         let value = match output {
-            Output::Points => {
-                let scene = da3::export::ViewerScene::new(&cloud, &views, &GlbOptions::default())
-                    .map_err(internal)?;
-                scene.to_json(POINTS_OUTPUT_CAP)
-            }
-            Output::Ply => {
-                let path = dir.path().join("points.ply");
-                da3::export::write_ply(&path, &cloud).map_err(internal)?;
-                Value::String(
-                    base64::engine::general_purpose::STANDARD
-                        .encode(std::fs::read(&path).map_err(internal)?),
-                )
-            }
-            Output::Glb => {
-                let path = dir.path().join("scene.glb");
-                da3::export::write_glb(&path, &cloud, &views, &GlbOptions::default())
-                    .map_err(internal)?;
-                Value::String(
-                    base64::engine::general_purpose::STANDARD
-                        .encode(std::fs::read(&path).map_err(internal)?),
-                )
-            }
+            Output::Points => p
+                .viewer_scene(&options)
+                .map_err(internal)?
+                .to_json(POINTS_OUTPUT_CAP),
+            Output::Ply => file("points.ply", &|path| p.save_ply(path, &options))?,
+            Output::Glb => file("scene.glb", &|path| p.save_glb(path, &options))?,
             _ => continue,
         };
         encoded.insert(output.name().to_owned(), value);
@@ -806,26 +792,19 @@ fn cloud_outputs(
     Ok(())
 }
 
-fn encode(
-    p: &Prediction,
-    name: Option<&str>,
-    (input_width, input_height): (usize, usize),
-    outputs: &[Output],
-    image: &RgbImage8,
-    process_res: usize,
-) -> Result<Value, ApiError> {
+fn encode(p: &Prediction, name: Option<&str>, outputs: &[Output]) -> Result<Value, ApiError> {
     let (lo, hi) = p.depth_range();
+    let (input_width, input_height) = p.input_size;
     let mut encoded = serde_json::Map::new();
     if outputs.iter().any(|o| o.is_3d()) {
-        cloud_outputs(p, image, process_res, outputs, &mut encoded)?;
+        cloud_outputs(p, outputs, &mut encoded)?;
     }
     for output in outputs {
         let value = match output {
             Output::DepthPng => {
                 let dir = tempfile::tempdir().map_err(internal)?;
                 let path = dir.path().join("depth.png");
-                da3::outputs::write_png(&path, &p.depth, p.width, p.height, Colormap::Turbo)
-                    .map_err(internal)?;
+                p.save_png(&path, Colormap::Turbo).map_err(internal)?;
                 let png = std::fs::read(&path).map_err(internal)?;
                 base64::engine::general_purpose::STANDARD.encode(png)
             }

@@ -21,12 +21,14 @@ mod colmap;
 mod glb;
 mod npz;
 mod ply;
+mod saving;
 mod viewer;
 
 pub use colmap::{write_colmap, ColmapFormat};
 pub use glb::{write_glb, GlbOptions};
 pub use npz::write_mini_npz;
 pub use ply::write_ply;
+pub use saving::ExportOptions;
 pub use viewer::{viewer_html, write_viewer, ViewerScene, DEFAULT_VIEWER_POINTS, VIEWER_JS};
 
 use super::outputs::{quantile, Pose, Prediction};

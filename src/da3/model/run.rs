@@ -1,0 +1,397 @@
+//! [`Session::run`]: a [`Request`] preprocessed, computed as one scene through the session's
+//! graphs ([`super::graphs`]) and post-processed into an [`Output`].
+
+use super::graphs::{GraphKey, Part};
+use super::{EncoderLoad, Session};
+use crate::da3::head::RAY_CHANNELS;
+use crate::da3::multiview::{
+    camera_slots, positional_reference, select_reference_view, RefViewStrategy,
+};
+use crate::da3::outputs::{fill_sky, Pose, Prediction, RayMap};
+use crate::da3::poses::{self, KnownPose};
+use crate::da3::preprocess::{self, ProcessedImage, ResizePlan};
+use crate::da3::request::{Output, Predictor, Request};
+use crate::da3::Error;
+use crate::ggml::TensorView;
+
+/// A request's images preprocessed, with the plans that say how (for the intrinsics of
+/// known cameras).
+pub(crate) struct Prepared {
+    pub images: Vec<ProcessedImage>,
+    plans: Vec<ResizePlan>,
+}
+
+impl Prepared {
+    /// Preprocesses every image of `request` at its process resolution (`default_res`
+    /// unless it says); an error naming the views when they reach different sizes.
+    pub fn new(request: &Request<'_>, default_res: usize) -> Result<Prepared, Error> {
+        let res = request.process_res_or(default_res);
+        let plans = request.processed_plans(default_res)?;
+        let images = request
+            .images()
+            .iter()
+            .map(|im| preprocess::preprocess_by(im, res, request.resize))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Prepared { images, plans })
+    }
+
+    /// The request's views of `output` carry what their exports need: the processed image,
+    /// the input's size and name.
+    pub fn attach(self, output: &mut Output, request: &Request<'_>) {
+        let inputs = request.images();
+        for (i, (view, processed)) in output.views.iter_mut().zip(self.images).enumerate() {
+            view.image = processed.rgb8;
+            view.input_size = (inputs[i].width, inputs[i].height);
+            view.name = request.name(i);
+        }
+    }
+}
+
+impl Request<'_> {
+    /// The resize plan of every image at the request's process resolution (`default_res`
+    /// unless it says), checked before anything is computed: an error naming the image
+    /// whose size is refused, or the first two views that reach different processed sizes.
+    pub fn processed_plans(&self, default_res: usize) -> Result<Vec<ResizePlan>, Error> {
+        let res = self.process_res_or(default_res);
+        let plans = self
+            .images()
+            .iter()
+            .enumerate()
+            .map(|(i, im)| {
+                preprocess::plan_resize_by(im.width, im.height, res, self.resize).map_err(|e| {
+                    match self.images().len() {
+                        1 => Error::Preprocess(e),
+                        _ => Error::Input(format!("{}: {e}", self.name(i))),
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let size = |p: &ResizePlan| (p.width, p.height);
+        if let Some(i) = plans.iter().position(|p| size(p) != size(&plans[0])) {
+            return Err(Error::Input(format!(
+                "the views of a scene must reach one processed size: view 0 becomes {}x{}, \
+                 view {i} {}x{}",
+                plans[0].width, plans[0].height, plans[i].width, plans[i].height
+            )));
+        }
+        Ok(plans)
+    }
+}
+
+impl Predictor for Session {
+    fn run(&mut self, request: &Request<'_>) -> Result<Output, Error> {
+        request.check()?;
+        self.check_outputs(request)?;
+        let prepared = Prepared::new(request, self.model.process_res())?;
+        let mut output = self.run_prepared(&prepared, request)?;
+        prepared.attach(&mut output, request);
+        Ok(output)
+    }
+
+    fn device_name(&self) -> String {
+        self.device().name()
+    }
+
+    fn default_process_res(&self) -> usize {
+        self.model.process_res()
+    }
+}
+
+impl Session {
+    /// Refuses what this model cannot compute: rays without a ray branch, known poses
+    /// without a camera encoder.
+    pub(crate) fn check_outputs(&self, request: &Request<'_>) -> Result<(), Error> {
+        if request.rays && self.layers.rays.is_none() {
+            return Err(Error::Input(
+                "this model file has no ray branch (`head.scratch.*_aux` tensors; DualDPT \
+                 models only, kept by `da3 convert`)"
+                    .to_owned(),
+            ));
+        }
+        if request.ray_pose && self.layers.rays.is_none() {
+            return Err(Error::Input(
+                "ray pose needs the ray branch, which this model file does not have \
+                 (`head.scratch.*_aux` tensors; DualDPT models only, kept by `da3 convert`)"
+                    .to_owned(),
+            ));
+        }
+        if request.poses.is_some() && self.layers.camera_encoder.is_none() {
+            return Err(Error::Input(
+                if self.model.shared.camera_encoder == EncoderLoad::LeftOut {
+                    "the model was loaded without its camera encoder, which known poses \
+                     need: load it with `LoadOptions { camera_encoder: true, .. }`"
+                } else {
+                    "this model file has no camera encoder (`cam_enc.*` tensors), so it \
+                     cannot take known poses; convert the checkpoint again with `da3 convert`"
+                }
+                .to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Predictor::run`] on images already preprocessed (a nested model's two branches
+    /// share them).
+    pub(crate) fn run_prepared(
+        &mut self,
+        prepared: &Prepared,
+        request: &Request<'_>,
+    ) -> Result<Output, Error> {
+        let images = &prepared.images;
+        let mut output = match request.poses {
+            Some(known) => self.run_posed(prepared, request, known)?,
+            None => {
+                let rays = request.rays || request.ray_pose;
+                let mut output = self.forward_scene(images, request.reference, None, rays)?;
+                if request.ray_pose {
+                    solve_ray_poses(&mut output, request.rays)?;
+                }
+                output
+            }
+        };
+        self.check_finite(&output)?;
+        if !request.raw {
+            for view in &mut output.views {
+                postprocess(view);
+            }
+            if let Some(known) = request.poses {
+                let given: Vec<poses::Mat4> = known.iter().map(|p| p.extrinsics).collect();
+                let intrinsics = processed_intrinsics(prepared, request, known);
+                let scale = poses::align_to_known_poses(&mut output.views, &given, &intrinsics)?;
+                output.pose_scale = Some(scale);
+            }
+        }
+        Ok(output)
+    }
+
+    /// The network's outputs for views with known cameras: their normalised extrinsics and
+    /// processed intrinsics encoded as the camera encoder's input, view 0 the reference;
+    /// depth and poses in the normalised frame (before the alignment to the given cameras).
+    fn run_posed(
+        &mut self,
+        prepared: &Prepared,
+        request: &Request<'_>,
+        known: &[KnownPose],
+    ) -> Result<Output, Error> {
+        let intrinsics = processed_intrinsics(prepared, request, known);
+        let given: Vec<poses::Mat4> = known.iter().map(|p| p.extrinsics).collect();
+        let normalized = poses::normalize_extrinsics(&given);
+        let encodings: Vec<f32> = normalized
+            .iter()
+            .zip(&intrinsics)
+            .zip(&prepared.images)
+            .flat_map(|((e, k), im)| poses::pose_encoding(e, k, im.width, im.height))
+            .collect();
+        let rays = request.rays;
+        self.forward_scene(
+            &prepared.images,
+            RefViewStrategy::First,
+            Some(&encodings),
+            rays,
+        )
+    }
+
+    /// Every view's depth must hold a finite value; a warning counts the rest.
+    fn check_finite(&self, output: &Output) -> Result<(), Error> {
+        let views = output.views.len();
+        for (i, view) in output.views.iter().enumerate() {
+            let finite = view.depth.iter().filter(|v| v.is_finite()).count();
+            let which = match views {
+                1 => String::new(),
+                _ => format!(" of view {i}"),
+            };
+            if finite == 0 {
+                return Err(Error::Input(format!(
+                    "{}: every depth value{which} is NaN or infinite (weights out of range?)",
+                    self.model.shared.config.name
+                )));
+            }
+            if finite < view.depth.len() {
+                log::warn!(
+                    "{} of {} depth values{which} are NaN or infinite",
+                    view.depth.len() - finite,
+                    view.depth.len()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The network's outputs for preprocessed views of one scene (all of one size), in their
+    /// order, before post-processing: `strategy` picks the reference view when there are three
+    /// or more and no known cameras (`pose_encoding`, 9 values a view, the camera encoder's
+    /// input); `rays` adds the ray branch.
+    pub(crate) fn forward_scene(
+        &mut self,
+        images: &[ProcessedImage],
+        strategy: RefViewStrategy,
+        pose_encoding: Option<&[f32]>,
+        rays: bool,
+    ) -> Result<Output, Error> {
+        let first = images
+            .first()
+            .ok_or_else(|| Error::Input("a scene needs at least one view".to_owned()))?;
+        let (w, h) = (first.width, first.height);
+        if let Some(other) = images.iter().find(|im| (im.width, im.height) != (w, h)) {
+            return Err(Error::Input(format!(
+                "the views of a scene must share one processed size: {w}x{h} and {}x{}",
+                other.width, other.height
+            )));
+        }
+        let views = images.len();
+        let mut chw = Vec::with_capacity(first.chw.len() * views);
+        for im in images {
+            chw.extend_from_slice(&im.chw);
+        }
+        let alt_start = self.model.shared.config.vit.alt_start;
+        let posed = pose_encoding.is_some();
+        let rays = rays && self.layers.rays.is_some();
+        let key = |part| GraphKey {
+            width: w,
+            height: h,
+            views,
+            part,
+            posed,
+            rays,
+        };
+        // Known cameras: no selection (the official backbone selects only without them).
+        let known = if posed {
+            Some(0)
+        } else {
+            positional_reference(views, strategy)
+        };
+        let (reference, part, tokens, carried) = match (known, alt_start) {
+            (None, Some(cut)) if cut >= 1 => {
+                // Run to the selection point, select, continue from the tokens.
+                self.graph_of(key(Part::Stem(cut - 1)))?;
+                let stem = &self.graphs[&key(Part::Stem(cut - 1))];
+                let run = self.executor.run(&stem.graph)?;
+                run.write(&stem.input, &chw)?;
+                run.compute()?;
+                let tokens = run.read::<f32>(stem.tokens_out.as_ref().expect("stem output"))?;
+                let carried = stem
+                    .carried
+                    .iter()
+                    .map(|t| run.read::<f32>(t))
+                    .collect::<Result<Vec<_>, _>>()?;
+                drop(run);
+                let e = self.model.shared.config.vit.embed_dim;
+                let per_view = tokens.len() / views;
+                let token0: Vec<f32> = (0..views)
+                    .flat_map(|v| tokens[v * per_view..v * per_view + e].iter().copied())
+                    .collect();
+                let reference = select_reference_view(&token0, e, strategy);
+                (reference, Part::Trunk(cut - 1), tokens, carried)
+            }
+            _ => (known.unwrap_or(0), Part::Whole, chw, Vec::new()),
+        };
+        self.graph_of(key(part))?;
+        let graph = &self.graphs[&key(part)];
+        let run = self.executor.run(&graph.graph)?;
+        self.last_report = Some(run.report().clone());
+        run.write(&graph.input, &tokens)?;
+        if let (Some(t), Some(values)) = (&graph.pose_encoding, pose_encoding) {
+            run.write(t, values)?;
+        }
+        for (t, values) in graph.carried.iter().zip(&carried) {
+            run.write(t, values)?;
+        }
+        if let Some(slots) = &graph.slots {
+            run.write(slots, &camera_slots(views, reference))?;
+        }
+        run.compute()?;
+        let read = |t: &Option<crate::ggml::Tensor>| t.as_ref().map(|t| run.read::<f32>(t)).transpose();
+        let (depth, confidence, sky, pose) = (
+            read(&graph.depth)?.expect("the trunk ends in depth"),
+            read(&graph.confidence)?,
+            read(&graph.sky)?,
+            read(&graph.pose)?,
+        );
+        let ray_maps = match &graph.rays {
+            Some((ray, conf)) => {
+                let (rw, rh) = (ray.ne()[0] as usize, ray.ne()[1] as usize);
+                Some((rw, rh, run.read::<f32>(ray)?, run.read::<f32>(conf)?))
+            }
+            None => None,
+        };
+        let mut probes = Vec::new();
+        for (name, t) in &graph.probes {
+            probes.push((name.clone(), run.read::<f32>(t)?));
+        }
+        let plane = w * h;
+        let per_view = |values: &Option<Vec<f32>>, v: usize, n: usize| {
+            values.as_ref().map(|all| all[v * n..(v + 1) * n].to_vec())
+        };
+        let predictions = (0..views)
+            .map(|v| Prediction {
+                width: w,
+                height: h,
+                depth: depth[v * plane..(v + 1) * plane].to_vec(),
+                confidence: per_view(&confidence, v, plane),
+                sky: per_view(&sky, v, plane),
+                pose: per_view(&pose, v, 9).map(|enc| Pose::from_encoding(&enc, w, h)),
+                // Probes hold every view (views last).
+                probes: probes.clone(),
+                rays: ray_maps.as_ref().map(|(rw, rh, ray, conf)| {
+                    let n = rw * rh;
+                    RayMap {
+                        width: *rw,
+                        height: *rh,
+                        rays: ray[v * RAY_CHANNELS * n..(v + 1) * RAY_CHANNELS * n].to_vec(),
+                        confidence: conf[v * n..(v + 1) * n].to_vec(),
+                    }
+                }),
+                ..Prediction::default()
+            })
+            .collect();
+        Ok(Output {
+            views: predictions,
+            reference,
+            strategy,
+            pose_scale: None,
+            metric_scale: None,
+        })
+    }
+}
+
+/// The intrinsics of the known cameras in pixels of the processed images.
+fn processed_intrinsics(
+    prepared: &Prepared,
+    request: &Request<'_>,
+    known: &[KnownPose],
+) -> Vec<poses::Mat3> {
+    known
+        .iter()
+        .zip(request.images())
+        .zip(&prepared.plans)
+        .map(|((pose, im), plan)| {
+            poses::processed_intrinsics(&pose.intrinsics, im.width, im.height, plan)
+        })
+        .collect()
+}
+
+/// Each view's camera from its ray map (the official `use_ray_pose`); the maps are dropped
+/// afterwards unless `keep_rays`, as the official forward drops them.
+fn solve_ray_poses(output: &mut Output, keep_rays: bool) -> Result<(), Error> {
+    for (i, view) in output.views.iter_mut().enumerate() {
+        let rays = view
+            .rays
+            .as_ref()
+            .expect("ray pose computes the ray branch");
+        let pose = crate::da3::ray_pose::pose_from_rays(rays, view.width, view.height)
+            .map_err(|e| Error::Input(format!("view {i}: {e}")))?;
+        view.pose = Some(pose);
+        if !keep_rays {
+            view.rays = None;
+        }
+    }
+    Ok(())
+}
+
+/// The official post-processing of the raw outputs: sky regions of mono and metric models
+/// get the depth of the far non-sky scene.
+pub(crate) fn postprocess(prediction: &mut Prediction) {
+    if let Some(sky) = &prediction.sky {
+        fill_sky(&mut prediction.depth, sky);
+    }
+}
