@@ -9,9 +9,9 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use da3::convert::{write_synthetic, WeightType};
 use da3::ggml::{rpc, Backend, Device, Gallocr};
-use da3::{Image, Request};
 use da3::residency::{self, Policy};
 use da3::{synthetic, Config, LoadOptions, Model, Session};
+use da3::{Image, Request};
 use std::time::Duration;
 
 const CRASH_LAYOUT: &[&str] = &["vit.camera_token", "vit.norm.weight", "vit.norm.bias"];

@@ -5,7 +5,7 @@
 //! ```no_run
 //! # fn main() -> Result<(), da3::Error> {
 //! let model = da3::Model::open("depth-anything-small-f32.gguf")?; // device `auto`
-//! let image = da3::image::open("photo.jpg")?;
+//! let image = da3::load_image("photo.jpg")?;
 //! let prediction = model.predict(&image)?;
 //! prediction.save_png("depth.png", da3::Colormap::Turbo)?;
 //! # Ok(()) }
@@ -16,8 +16,10 @@
 //! - [`Session`] holds what one computation at a time needs (graphs per resolution, their
 //!   memory, the residency planner); it is single-threaded: make one per thread with
 //!   [`Model::session`] and reuse it for many images.
-//! - [`Prediction`] is the result: depth (post-processed as the official code does),
-//!   confidence, sky, pose, and methods that write them to files.
+//! - [`Request`] is one computation (an image or the views of a scene, process resolution,
+//!   known cameras, reference view, rays); [`Session::run`] returns an [`Output`], one
+//!   [`Prediction`] per view: depth (post-processed as the official code does), confidence,
+//!   sky, pose, the processed image, and methods that write every export.
 //! - [`Device`] and [`LoadOptions`] choose where and how to compute.
 //!
 //! Layers, each depending only on the ones before it:
@@ -51,14 +53,15 @@ pub use crate::da3::synthetic;
 #[allow(deprecated)]
 pub use crate::da3::MultiPrediction;
 pub use crate::da3::{
-    convert, export, decode_image, load_image, multiview, nested, outputs, poses, preprocess, ray_pose,
-    Colormap, Config, ConvPrecision, Error, ExecutionPlan, Image, KnownPose, LoadOptions, Model,
-    NestedModel, NestedSession, Output, PlanOverrides, Pose, Prediction, Predictor, RayMap,
+    convert, decode_image, export, load_image, multiview, nested, outputs, poses, preprocess,
+    ray_pose, Colormap, Config, ConvPrecision, Error, ExecutionPlan, Image, KnownPose, LoadOptions,
+    Model, NestedModel, NestedSession, Output, PlanOverrides, Pose, Prediction, Predictor, RayMap,
     RefViewStrategy, Request, ResizeMethod, Session, ToRgbImage, WeightError, DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;
-/// The `image` crate this library decodes with (use it to open images for [`Model::predict`]).
+/// The `image` crate this library decodes with ([`load_image`] is the checked way to open a
+/// file; [`Model::predict`] also takes a decoded `image::DynamicImage`).
 pub use image;
 
 /// The README's Rust code blocks, compiled as doctests.

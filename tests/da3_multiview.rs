@@ -110,7 +110,11 @@ fn scenes_match_the_official_multi_view_forward() {
             .collect();
         let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
         let mut prediction = model
-            .run(&Request::new(&images).process_res(process_res).reference(strategy))
+            .run(
+                &Request::new(&images)
+                    .process_res(process_res)
+                    .reference(strategy),
+            )
             .unwrap();
         let official = scene["reference"].as_u64().unwrap() as usize;
         if prediction.reference != official {
@@ -128,7 +132,11 @@ fn scenes_match_the_official_multi_view_forward() {
             );
             assert!(gap < 1e-5, "{at}: reference view, scores {scores:?}");
             prediction = model
-                .run(&Request::new(&images).process_res(process_res).reference(RefViewStrategy::View(official)))
+                .run(
+                    &Request::new(&images)
+                        .process_res(process_res)
+                        .reference(RefViewStrategy::View(official)),
+                )
                 .unwrap();
         }
         assert_eq!(prediction.reference, official, "{at}: reference view");
@@ -491,7 +499,11 @@ fn the_camera_encoder_is_loaded_only_when_asked_for() {
         model
             .session()
             .unwrap()
-            .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::First))
+            .run(
+                &Request::new(&images)
+                    .process_res(112)
+                    .reference(RefViewStrategy::First),
+            )
             .unwrap()
             .views
             .iter()
@@ -571,7 +583,11 @@ fn ray_branch_matches_the_official_auxiliary_outputs() {
     // Not asked for: no ray outputs; a file without the branch refuses them.
     let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
     let plain = model
-        .run(&Request::new(&images).process_res(process_res).reference(RefViewStrategy::First))
+        .run(
+            &Request::new(&images)
+                .process_res(process_res)
+                .reference(RefViewStrategy::First),
+        )
         .unwrap();
     assert!(plain.views[0].rays.is_none());
     let mut peer = Model::load(peer_model_file(), &cpu_options())
@@ -643,18 +659,30 @@ fn a_given_reference_view_is_used_and_one_outside_the_scene_refused() {
     let (mut model, _dir) = load_tiny();
     let images = [synthetic::image(640, 240), synthetic::image(600, 225)];
     let scene = model
-        .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::View(1)))
+        .run(
+            &Request::new(&images)
+                .process_res(112)
+                .reference(RefViewStrategy::View(1)),
+        )
         .unwrap();
     assert_eq!(scene.reference, 1);
     let default = model
-        .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::First))
+        .run(
+            &Request::new(&images)
+                .process_res(112)
+                .reference(RefViewStrategy::First),
+        )
         .unwrap();
     assert_ne!(
         scene.views[0].pose, default.views[0].pose,
         "the world frame moved"
     );
     let err = model
-        .run(&Request::new(&images).process_res(112).reference(RefViewStrategy::View(2)))
+        .run(
+            &Request::new(&images)
+                .process_res(112)
+                .reference(RefViewStrategy::View(2)),
+        )
         .unwrap_err();
     assert!(
         err.to_string().contains("reference view 2 of a scene of 2"),

@@ -770,7 +770,13 @@ fn cli_and_library_give_identical_depth_for_a_sky_model() {
     .unwrap();
     assert!(model.config().head.sky);
     let image = synthetic::image(640, 427);
-    let library = model.session().unwrap().run(&da3::Request::image(&image).process_res(112)).unwrap().into_single().unwrap();
+    let library = model
+        .session()
+        .unwrap()
+        .run(&da3::Request::image(&image).process_res(112))
+        .unwrap()
+        .into_single()
+        .unwrap();
     assert!(library.sky.is_some());
     let pfm = dir.path().join("d.pfm");
     let run = da3(&[

@@ -519,7 +519,12 @@ fn a_model_truncated_after_loading_still_computes_the_same_depth() {
         .session()
         .unwrap();
     let image = synthetic::image(160, 120);
-    let before = model.run(&da3::Request::image(&image).process_res(112)).unwrap().into_single().unwrap().depth;
+    let before = model
+        .run(&da3::Request::image(&image).process_res(112))
+        .unwrap()
+        .into_single()
+        .unwrap()
+        .depth;
     std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
@@ -527,7 +532,12 @@ fn a_model_truncated_after_loading_still_computes_the_same_depth() {
         .set_len(100)
         .unwrap();
     model.clear_graphs();
-    let after = model.run(&da3::Request::image(&image).process_res(112)).unwrap().into_single().unwrap().depth;
+    let after = model
+        .run(&da3::Request::image(&image).process_res(112))
+        .unwrap()
+        .into_single()
+        .unwrap()
+        .depth;
     assert_eq!(before, after);
     assert!(before.iter().all(|d| d.is_finite()));
     drop(file);

@@ -378,7 +378,11 @@ fn depth_equals_the_library_bit_for_bit() {
         ("image", Some("two.png"), &bytes),
     ]);
     assert_eq!(status, 200, "{json}");
-    let expected = session.run(&da3::Request::image(&image).process_res(280)).unwrap().into_single().unwrap();
+    let expected = session
+        .run(&da3::Request::image(&image).process_res(280))
+        .unwrap()
+        .into_single()
+        .unwrap();
     let images = json["images"].as_array().unwrap();
     assert_eq!(images.len(), 2);
     assert_eq!(images[1]["filename"], "two.png");
@@ -669,7 +673,13 @@ fn point_cloud_outputs_equal_the_library_exports() {
     // The library's cloud of the same prediction, written by the same writers.
     let image = da3::preprocess::decode_image(&bytes).unwrap();
     let model = library_model();
-    let prediction = model.session().unwrap().run(&da3::Request::image(&image).process_res(280)).unwrap().into_single().unwrap();
+    let prediction = model
+        .session()
+        .unwrap()
+        .run(&da3::Request::image(&image).process_res(280))
+        .unwrap()
+        .into_single()
+        .unwrap();
     let processed = da3::preprocess::preprocess(&image, 280).unwrap();
     let pose = prediction.pose.expect("the built-in model predicts a pose");
     let views = [da3::export::View::with_pose(&prediction, &processed.rgb8, pose).unwrap()];

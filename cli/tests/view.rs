@@ -84,7 +84,11 @@ fn pages_embed_the_ply_and_glb_clouds() {
     let mut session = model.session().unwrap();
     let image = da3::preprocess::load_image(Path::new(IMAGE)).unwrap();
     let res = 280;
-    let prediction = session.run(&da3::Request::image(&image).process_res(res)).unwrap().into_single().unwrap();
+    let prediction = session
+        .run(&da3::Request::image(&image).process_res(res))
+        .unwrap()
+        .into_single()
+        .unwrap();
     let processed = da3::preprocess::preprocess(&image, res).unwrap();
     let pose = prediction
         .pose

@@ -49,8 +49,9 @@ pub(crate) fn backbone_load(l: &mut Loader<'_>, config: &Config) -> Result<Backb
     Backbone::load(l, &config.vit)
 }
 
-/// Errors of the DA3 layer.
-#[derive(Debug, thiserror::Error)]
+/// Errors of the DA3 layer. `Display` (and `Debug`, so that a `main` returning this error
+/// prints it readably) names the file, flag, tensor or device and the cause.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Hyperparameters that are missing, contradictory or unknown.
@@ -103,6 +104,62 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl std::fmt::Debug for Error {
+    /// The message and its causes, one per line, as `anyhow` prints them: what a `main` that
+    /// returns `Result<(), da3::Error>` shows. `{:#?}` gives the structure.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if f.alternate() {
+            return self.fmt_structure(f);
+        }
+        write!(f, "{self}")?;
+        let mut source = std::error::Error::source(self);
+        let mut first = true;
+        while let Some(cause) = source {
+            let text = cause.to_string();
+            // Transparent variants repeat their source's message.
+            if !self.to_string().ends_with(&text) {
+                if first {
+                    f.write_str("\n\nCaused by:")?;
+                    first = false;
+                }
+                write!(f, "\n    {text}")?;
+            }
+            source = cause.source();
+        }
+        Ok(())
+    }
+}
+
+impl Error {
+    fn fmt_structure(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Config(m) => f.debug_tuple("Config").field(m).finish(),
+            Error::Weights(e) => f.debug_tuple("Weights").field(e).finish(),
+            Error::Input(m) => f.debug_tuple("Input").field(m).finish(),
+            Error::Preprocess(e) => f.debug_tuple("Preprocess").field(e).finish(),
+            Error::Image(e) => f.debug_tuple("Image").field(e).finish(),
+            Error::Gguf(e) => f.debug_tuple("Gguf").field(e).finish(),
+            Error::Ggml(e) => f.debug_tuple("Ggml").field(e).finish(),
+            Error::Residency(e) => f.debug_tuple("Residency").field(e).finish(),
+            Error::Checkpoint { path, reason } => f
+                .debug_struct("Checkpoint")
+                .field("path", path)
+                .field("reason", reason)
+                .finish(),
+            Error::Quantize { path, reason } => f
+                .debug_struct("Quantize")
+                .field("path", path)
+                .field("reason", reason)
+                .finish(),
+            Error::Output { path, source } => f
+                .debug_struct("Output")
+                .field("path", path)
+                .field("source", source)
+                .finish(),
+        }
+    }
 }
 
 impl From<crate::atomic_file::WriteError> for Error {

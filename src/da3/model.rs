@@ -53,7 +53,7 @@ pub struct LoadOptions {
     /// for comparing the two paths.
     pub ggml_ops_only: bool,
     /// Load the camera encoder (`cam_enc.*`), which only computations with known camera
-    /// poses use ([`Session::predict_views_with_poses`]). Off by default: it is a small
+    /// poses use ([`crate::Request::poses`]). Off by default: it is a small
     /// transformer of its own (about 110 MiB of f32 weights for da3-base, a fifth of the
     /// model) that every other request would carry.
     pub camera_encoder: bool,

@@ -13,7 +13,6 @@
 
 use super::Error;
 
-
 /// Fewer views than this never select (the official `THRESH_FOR_REF_SELECTION`): view 0 is
 /// the reference.
 pub const SELECTION_MIN_VIEWS: usize = 3;

@@ -673,6 +673,27 @@ pub fn match_views(
 mod tests {
     use super::*;
 
+    /// The official `_resize_ixt` then `_crop_ixt` of `upper_bound_crop`: 640x427 to 504x336
+    /// (exactly: 427 * 504 / 640 = 336.26 rounds to 336), no crop; 640x437 to 504x344,
+    /// cropped to 504x336 from row (344 - 336) // 2 = 4.
+    #[test]
+    fn crop_methods_move_the_principal_point() {
+        use crate::da3::preprocess::{plan_resize_by, ResizeMethod};
+        let k = [[600.0, 0.0, 320.0], [0.0, 610.0, 218.5], [0.0, 0.0, 1.0]];
+        let plan = plan_resize_by(640, 437, 504, ResizeMethod::UpperBoundCrop).unwrap();
+        assert_eq!(plan.bounded_size(640, 437), (504, 344));
+        assert_eq!((plan.width, plan.height), (504, 336));
+        let out = processed_intrinsics(&k, 640, 437, &plan);
+        let (sx, sy) = (504.0 / 640.0, 344.0 / 437.0);
+        assert_eq!(out[0], [600.0 * sx, 0.0, 320.0 * sx]);
+        assert_eq!(out[1], [0.0, 610.0 * sy, 218.5 * sy - 4.0]);
+        // The resize methods scale to the final size instead.
+        let plan = plan_resize_by(640, 437, 504, ResizeMethod::UpperBoundResize).unwrap();
+        let out = processed_intrinsics(&k, 640, 437, &plan);
+        assert_eq!((plan.width, plan.height), (504, 350));
+        assert!((out[1][1] - 610.0 * sy * (350.0 / 344.0)).abs() < 1e-9);
+    }
+
     fn rot_y(deg: f64) -> Mat3 {
         let a = deg.to_radians();
         [

@@ -1017,7 +1017,10 @@ impl ResizeMethod {
 
     /// Whether the patch multiple is reached by cropping (not resizing).
     fn crops(self) -> bool {
-        matches!(self, ResizeMethod::UpperBoundCrop | ResizeMethod::LowerBoundCrop)
+        matches!(
+            self,
+            ResizeMethod::UpperBoundCrop | ResizeMethod::LowerBoundCrop
+        )
     }
 }
 

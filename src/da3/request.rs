@@ -149,7 +149,9 @@ impl<'a> Request<'a> {
     pub(crate) fn check(&self) -> Result<(), Error> {
         let views = self.images.len();
         if views == 0 {
-            return Err(Error::Input("a request needs at least one image".to_owned()));
+            return Err(Error::Input(
+                "a request needs at least one image".to_owned(),
+            ));
         }
         if !self.names.is_empty() && self.names.len() != views {
             return Err(Error::Input(format!(

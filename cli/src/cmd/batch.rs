@@ -2,9 +2,7 @@
 //! device and one session per device reused for every image; outputs named after the inputs.
 
 use super::common::{ModelArgs, MAX_THREADS};
-use super::outputs::{
-    check_model, named_outputs, write_exports, write_maps, OutputKind, Settings,
-};
+use super::outputs::{check_model, named_outputs, write_exports, write_maps, OutputKind, Settings};
 use super::video;
 use anyhow::{bail, Context as _};
 use da3::atomic_file;

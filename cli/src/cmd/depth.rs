@@ -327,9 +327,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         Some(poses) => scene.poses(poses),
         None => scene,
     };
-    let scene = predictor
-        .run(&request)
-        .context("computing the scene")?;
+    let scene = predictor.run(&request).context("computing the scene")?;
     outln!(
         "{} views -> {}x{} on {}: reference view {} ({})",
         images.len(),

@@ -108,7 +108,12 @@ impl OutputKind {
     pub fn is_map(self) -> bool {
         matches!(
             self,
-            OutputKind::Pfm | OutputKind::Png | OutputKind::Png16 | OutputKind::Conf | OutputKind::Sky | OutputKind::Pose
+            OutputKind::Pfm
+                | OutputKind::Png
+                | OutputKind::Png16
+                | OutputKind::Conf
+                | OutputKind::Sky
+                | OutputKind::Pose
         )
     }
 }

@@ -737,12 +737,14 @@ fn decode(i: usize, bytes: &[u8], process_res: Option<usize>) -> Result<RgbImage
         ApiError::new(status, format!("image {}: {e}", i + 1))
     })?;
     let res = process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
-    da3::Request::image(&image).processed_plans(res).map_err(|e| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("image {}: {e}", i + 1),
-        )
-    })?;
+    da3::Request::image(&image)
+        .processed_plans(res)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("image {}: {e}", i + 1),
+            )
+        })?;
     Ok(image)
 }
 

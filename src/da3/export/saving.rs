@@ -71,20 +71,19 @@ fn views<'a>(
     predictions
         .iter()
         .map(|p| {
-            let view = match (p.pose, options.assumed_fov) {
-                (Some(pose), _) => View::with_pose(p, &p.image, pose)?,
-                (None, Some(fov)) => {
-                    View::with_pose(p, &p.image, assumed_pose(p.width, p.height, fov))?
-                }
-                (None, None) => {
-                    return Err(Error::Input(
+            let view =
+                match (p.pose, options.assumed_fov) {
+                    (Some(pose), _) => View::with_pose(p, &p.image, pose)?,
+                    (None, Some(fov)) => {
+                        View::with_pose(p, &p.image, assumed_pose(p.width, p.height, fov))?
+                    }
+                    (None, None) => return Err(Error::Input(
                         "a 3D export needs a camera, and this model predicts none (mono/metric): \
                          give ExportOptions::assumed_fov (da3: --fov DEGREES) to assume a \
                          pinhole camera"
                             .to_owned(),
-                    ))
-                }
-            };
+                    )),
+                };
             // COLMAP names images by file name.
             let name = Path::new(&p.name)
                 .file_name()
@@ -166,11 +165,7 @@ impl Output {
 
     /// Writes the scene as a COLMAP sparse model (text and binary) into the folder `dir`,
     /// created if needed (its parent must exist); cameras at the inputs' sizes.
-    pub fn save_colmap(
-        &self,
-        dir: impl AsRef<Path>,
-        options: &ExportOptions,
-    ) -> Result<(), Error> {
+    pub fn save_colmap(&self, dir: impl AsRef<Path>, options: &ExportOptions) -> Result<(), Error> {
         save_colmap(&self.views, dir.as_ref(), options)
     }
 
@@ -200,11 +195,7 @@ impl Prediction {
 
     /// Writes this view as a COLMAP sparse model (text and binary) into the folder `dir`,
     /// created if needed.
-    pub fn save_colmap(
-        &self,
-        dir: impl AsRef<Path>,
-        options: &ExportOptions,
-    ) -> Result<(), Error> {
+    pub fn save_colmap(&self, dir: impl AsRef<Path>, options: &ExportOptions) -> Result<(), Error> {
         save_colmap(std::slice::from_ref(self), dir.as_ref(), options)
     }
 

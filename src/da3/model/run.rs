@@ -300,7 +300,8 @@ impl Session {
             run.write(slots, &camera_slots(views, reference))?;
         }
         run.compute()?;
-        let read = |t: &Option<crate::ggml::Tensor>| t.as_ref().map(|t| run.read::<f32>(t)).transpose();
+        let read =
+            |t: &Option<crate::ggml::Tensor>| t.as_ref().map(|t| run.read::<f32>(t)).transpose();
         let (depth, confidence, sky, pose) = (
             read(&graph.depth)?.expect("the trunk ends in depth"),
             read(&graph.confidence)?,
