@@ -48,7 +48,8 @@ for side in old new; do
   cp "$work/old/scene/out/poses.json" "$work/$side-poses.json"
   mkdir -p "$work/$side/posed/out"
 done
-run posed depth --model $model --input $work/a.png --input $work/b.png --out-dir out \
+# The peer file has no camera encoder; the built-in model has one.
+run posed depth --input $work/a.png --input $work/b.png --out-dir out \
   --poses "$work/old-poses.json" --ply s.ply
 mkdir -p "$work/old/nested/out" "$work/new/nested/out"
 run nested depth --model $model --metric-model $metric --input $work/a.png --input $work/b.png \

@@ -193,6 +193,7 @@ fn sigint_during_a_run_leaves_no_file() {
     let case = Case::new();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
         .args([
+            "-v", // the residency plan is a debug line
             "depth",
             "--device",
             "cpu",

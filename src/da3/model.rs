@@ -46,7 +46,7 @@ pub struct LoadOptions {
     pub host_only: Vec<String>,
     /// Keep intermediate stages readable (for parity tests), at some memory cost.
     pub probes: bool,
-    /// Log the planner's one-line decision (`log::info!`, once per graph).
+    /// Log the planner's one-line decision (`log::debug!`, once per graph).
     pub log_decisions: bool,
     /// Compute every node with ggml's own ops even on the CPU backend, as happens anyway
     /// where the CPU kernels would be slower than ggml's ([`crate::ggml::KernelSet::beats_ggml`]):
@@ -169,6 +169,15 @@ impl Model {
 
     /// Loads a model from an open GGUF file.
     pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Model, Error> {
+        if cfg!(debug_assertions) {
+            // A dependent crate's plain `cargo run` builds this crate (and ggml's C code)
+            // unoptimised: about 100 times slower, which looks like a hang.
+            log::warn!(
+                "da3 was built without optimisations (a debug build): it computes about 100 \
+                 times slower. Build with --release, or add to your Cargo.toml: \
+                 [profile.dev.package.\"*\"] opt-level = 3"
+            );
+        }
         let config = Config::from_gguf(file)?;
         let device = options.device.resolve()?;
         let host_only: Vec<&str> = options.host_only.iter().map(String::as_str).collect();

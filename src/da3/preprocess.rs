@@ -272,14 +272,15 @@ pub const MAX_DECODE_BYTES: u64 = 1 << 30;
 /// Largest image file [`load_image`] reads.
 pub const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
 
-/// Decodes an image file (PNG or JPEG, format sniffed from the content like PIL does) to RGB8.
+/// Decodes an image file (PNG, JPEG, WebP, TIFF, BMP or GIF's first frame; the format sniffed
+/// from the content like PIL does) to RGB8, upright as its EXIF orientation says.
 ///
 /// Alpha is dropped (not composited) and grey is replicated, as PIL's `convert("RGB")` does;
 /// 8-bit PNGs (RGB, RGBA, grey, palette) decode exactly as PIL decodes them. Known deviations
 /// from the official PIL loader: JPEGs are decoded by the `image` crate rather than
 /// libjpeg-turbo, so pixels differ by up to a few levels (IDCT and chroma upsampling differ);
-/// 16-bit PNGs are reduced to 8 bits differently; only PNG and JPEG are supported. EXIF
-/// orientation is ignored by both.
+/// 16-bit PNGs are reduced to 8 bits differently; the EXIF orientation is applied (a phone's
+/// portrait photo is upright), which the official loader does not do.
 ///
 /// Limits, checked before pixels are decoded: [`MAX_IMAGE_FILE_BYTES`], [`MAX_IMAGE_SIDE`],
 /// [`MAX_IMAGE_PIXELS`], and [`MAX_DECODE_BYTES`] of decoder memory. A JPEG without its
@@ -321,7 +322,7 @@ pub fn load_image(path: impl AsRef<Path>) -> Result<RgbImage8, PreprocessError> 
     decode_bytes(&bytes, path)
 }
 
-/// Decodes PNG or JPEG bytes (format sniffed from the content) as [`load_image`] decodes a
+/// Decodes image bytes (format sniffed from the content) as [`load_image`] decodes a
 /// file, with the same limits; errors name the path `<memory>`.
 pub fn decode_image(bytes: &[u8]) -> Result<RgbImage8, PreprocessError> {
     let path = Path::new("<memory>");
@@ -362,7 +363,7 @@ fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage8, PreprocessError>
     limits.max_alloc = Some(MAX_DECODE_BYTES);
     reader.limits(limits);
     let described = |e: image::ImageError| decode_err(describe_image_error(format, &e));
-    let decoder = reader.into_decoder().map_err(|e| match &e {
+    let mut decoder = reader.into_decoder().map_err(|e| match &e {
         image::ImageError::Limits(_) => PreprocessError::ImageTooLarge {
             path: path.to_path_buf(),
             reason: format!("a side exceeds the limit of {MAX_IMAGE_SIDE} px"),
@@ -379,7 +380,13 @@ fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage8, PreprocessError>
             ),
         });
     }
-    let decoded = image::DynamicImage::from_decoder(decoder).map_err(described)?;
+    // A phone's portrait photo is stored sideways with an EXIF orientation; upright is what
+    // the user sees and means (the official loader, PIL without `exif_transpose`, ignores it).
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let mut decoded = image::DynamicImage::from_decoder(decoder).map_err(described)?;
+    decoded.apply_orientation(orientation);
     let rgb = decoded.into_rgb8();
     let (width, height) = (rgb.width() as usize, rgb.height() as usize);
     RgbImage8::new(width, height, rgb.into_raw())

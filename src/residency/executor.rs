@@ -47,7 +47,7 @@ impl Executor {
             log: true,
         })
     }
-    /// Stops logging the one-line decision (`log::info!`, once per graph).
+    /// Stops logging the one-line decision (`log::debug!`, once per graph).
     pub fn quiet(mut self) -> Self {
         self.log = false;
         self
@@ -228,7 +228,7 @@ impl Executor {
             h.finish()
         };
         if self.log && self.logged.insert(key) {
-            log::info!("{summary}");
+            log::debug!("{summary}");
         }
         Ok(Run { inner, report })
     }

@@ -11,7 +11,7 @@ use std::time::Instant;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Image (PNG or JPEG). Default: the built-in synthetic 640x427 image.
+    /// Image (PNG, JPEG, WebP, TIFF, BMP or GIF). Default: the built-in synthetic 640x427 image.
     #[arg(long)]
     input: Option<PathBuf>,
     /// Timed runs after the first.

@@ -3,8 +3,8 @@
 
 use super::common::{check_outputs, input_files, load_input, DeviceArgs, Loaded, ModelArgs};
 use super::outputs::{
-    check_colmap_folder, check_model, named_outputs, write_exports, write_maps, Exports, Maps,
-    OutputKind, Settings,
+    check_colmap_folder, check_file_names, check_model, create_out_dir, named_outputs,
+    write_exports, write_maps, Exports, Maps, OutputKind, Settings,
 };
 use anyhow::{bail, Context as _};
 use da3::{LoadOptions, Policy, RefViewStrategy, Request};
@@ -15,8 +15,9 @@ use std::process::ExitCode;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Image to process (PNG or JPEG). Default: a built-in synthetic 640x427 image. Given
-    /// several times: the views of one scene, predicted together (outputs in --out-dir).
+    /// Image to process (PNG, JPEG, WebP, TIFF, BMP, GIF). Default: a built-in synthetic
+    /// 640x427 image. Given several times: the views of one scene, predicted together (outputs
+    /// in --out-dir).
     #[arg(long)]
     input: Vec<PathBuf>,
     /// Scene outputs, per view N (input order): viewN.pfm, viewN.png, viewN.sky.pfm (mono and
@@ -87,7 +88,7 @@ pub struct Args {
     /// viewN.depth16.png, viewN.conf.pfm, viewN.sky.pfm). Default: pfm,png and sky where the
     /// model has a sky head.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    view_maps: Option<Vec<OutputKind>>,
+    view_maps: Option<Vec<ViewMap>>,
     #[command(flatten)]
     settings: Settings,
     /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
@@ -100,6 +101,34 @@ pub struct Args {
     policy: Policy,
     #[command(flatten)]
     device: DeviceArgs,
+}
+
+/// What `--view-maps` may name: the per-view maps of a scene (its cameras go to poses.json,
+/// its 3D exports to --ply/--glb/--npz/--colmap).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ViewMap {
+    /// depth PFM (viewN.pfm)
+    Pfm,
+    /// 8-bit colour-mapped depth (viewN.png)
+    Png,
+    /// 16-bit depth (viewN.depth16.png)
+    Png16,
+    /// confidence PFM (viewN.conf.pfm)
+    Conf,
+    /// sky PFM (viewN.sky.pfm)
+    Sky,
+}
+
+impl From<ViewMap> for OutputKind {
+    fn from(map: ViewMap) -> Self {
+        match map {
+            ViewMap::Pfm => OutputKind::Pfm,
+            ViewMap::Png => OutputKind::Png,
+            ViewMap::Png16 => OutputKind::Png16,
+            ViewMap::Conf => OutputKind::Conf,
+            ViewMap::Sky => OutputKind::Sky,
+        }
+    }
 }
 
 impl Args {
@@ -137,6 +166,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         pose: args.pose.clone(),
     };
     let exports = args.exports();
+    if maps.files().is_empty() && !exports.any() {
+        bail!(
+            "no output asked for: name at least one of --png, --pfm, --png16, --conf, --sky, \
+             --pose, --ply, --glb, --npz, --colmap (or --out-dir for a folder of maps)"
+        );
+    }
+    check_file_names(&maps, &exports)?;
     // Before any computing: an output that cannot be written fails now, not after inference.
     let export_files = exports.files();
     let mut outputs: Vec<(&str, &Path)> = maps.files();
@@ -219,17 +255,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
             bail!("{flag}: a scene writes its maps into --out-dir (viewN.pfm, viewN.png, viewN.sky.pfm, poses.json; --view-maps chooses)");
         }
     }
-    if let Some(list) = &args.view_maps {
-        if let Some(o) = list.iter().find(|o| !o.is_map() || **o == OutputKind::Pose) {
-            bail!(
-                "--view-maps: {o:?} is not a per-view map (pfm, png, png16, conf, sky); a scene's \
-                 cameras go to poses.json and its 3D exports to --ply/--glb/--npz/--colmap"
-            );
-        }
-    }
-    if !dir.is_dir() {
-        bail!("--out-dir {}: not a folder", dir.display());
-    }
+    create_out_dir(dir)?;
     let images = if args.input.is_empty() {
         vec![load_input(None)?]
     } else {
@@ -261,7 +287,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     let config = model.config();
     let (has_sky, has_pose) = (config.head.sky, config.cam_dim.is_some());
     let view_maps = match &args.view_maps {
-        Some(list) => list.clone(),
+        Some(list) => list.iter().map(|&m| OutputKind::from(m)).collect(),
         None if has_sky => vec![OutputKind::Pfm, OutputKind::Png, OutputKind::Sky],
         None => vec![OutputKind::Pfm, OutputKind::Png],
     };

@@ -148,8 +148,9 @@ pub(crate) fn stdout_failed(error: std::io::Error) -> ! {
     std::process::exit(1)
 }
 
-/// The library logs through `log`; by default the CLI shows its warnings and the planner's
-/// one-line decisions (info), `-q` only errors, `-v`/`-vv` more. `RUST_LOG` overrides.
+/// The library logs through `log`; by default the CLI shows warnings and its own notes
+/// (info), `-q` only errors, `-v` also the planner's one-line decisions and other debug
+/// lines, `-vv` everything. `RUST_LOG` overrides.
 fn init_logger(verbose: u8, quiet: bool) {
     let level = match (quiet, verbose) {
         (true, _) => "error",

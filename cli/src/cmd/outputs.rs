@@ -64,6 +64,10 @@ impl Exports {
         }
         files
     }
+    /// Whether any export is asked for.
+    pub fn any(&self) -> bool {
+        self.ply.is_some() || self.glb.is_some() || self.npz.is_some() || self.colmap.is_some()
+    }
     pub fn needs_camera(&self) -> bool {
         self.ply.is_some() || self.glb.is_some() || self.colmap.is_some()
     }
@@ -102,20 +106,6 @@ pub enum OutputKind {
     Npz,
     /// COLMAP model folder (<name>.colmap/)
     Colmap,
-}
-
-impl OutputKind {
-    pub fn is_map(self) -> bool {
-        matches!(
-            self,
-            OutputKind::Pfm
-                | OutputKind::Png
-                | OutputKind::Png16
-                | OutputKind::Conf
-                | OutputKind::Sky
-                | OutputKind::Pose
-        )
-    }
 }
 
 /// The files `outputs` name for `<dir>/<stem>...`.
@@ -304,6 +294,63 @@ pub fn write_exports(
         written.push(dir.clone());
     }
     Ok(written)
+}
+
+/// Refuses file names that would mislead: `-` (taken for standard output, which these flags
+/// do not write to) and an extension that names another format (`--ply x.glb` would be a PLY
+/// named .glb).
+pub fn check_file_names(maps: &Maps, exports: &Exports) -> anyhow::Result<()> {
+    let expected: [(&str, &Option<PathBuf>, &[&str]); 9] = [
+        ("--pfm", &maps.pfm, &["pfm"]),
+        ("--png", &maps.png, &["png"]),
+        ("--png16", &maps.png16, &["png"]),
+        ("--conf", &maps.conf, &["pfm"]),
+        ("--sky", &maps.sky, &["pfm"]),
+        ("--pose", &maps.pose, &["json"]),
+        ("--ply", &exports.ply, &["ply"]),
+        ("--glb", &exports.glb, &["glb"]),
+        ("--npz", &exports.npz, &["npz"]),
+    ];
+    for (flag, path, extensions) in expected {
+        let Some(path) = path else { continue };
+        if path.as_os_str() == "-" {
+            bail!("{flag} -: writing to standard output is not supported; name a file");
+        }
+        let extension = path
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase());
+        match extension {
+            Some(e) if extensions.contains(&e.as_str()) => {}
+            Some(e) if KNOWN_EXTENSIONS.contains(&e.as_str()) => bail!(
+                "{flag} {}: a .{e} name for a {} file; name it .{}",
+                path.display(),
+                &flag[2..],
+                extensions[0]
+            ),
+            // No extension, or one of the user's own: their choice.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Extensions of the formats `da3` writes or reads, which a file of another format must not
+/// carry.
+const KNOWN_EXTENSIONS: [&str; 12] = [
+    "pfm", "png", "json", "ply", "glb", "gltf", "npz", "npy", "jpg", "jpeg", "txt", "bin",
+];
+
+/// The scene's output folder: created when missing (its parent must exist), refused when a
+/// file is in the way.
+pub fn create_out_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if dir.exists() {
+        bail!("--out-dir {}: not a folder", dir.display());
+    }
+    std::fs::create_dir(dir)
+        .with_context(|| format!("--out-dir {}: cannot create it", dir.display()))
 }
 
 /// The folder the COLMAP model goes to: absent (its parent must exist) or a folder.

@@ -38,7 +38,7 @@ const MIN_CORRELATION_WITH_CPU: f64 = 0.9999;
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Image (PNG or JPEG). Default: the built-in synthetic 640x427 image.
+    /// Image (PNG, JPEG, WebP, TIFF, BMP or GIF). Default: the built-in synthetic 640x427 image.
     #[arg(long)]
     input: Option<PathBuf>,
     /// Device for the scenario: a GPU name, `rpc:HOST:PORT`, or `auto` (a GPU if ggml has one,

@@ -14,6 +14,9 @@ use crate::da3::request::{Output, Predictor, Request};
 use crate::da3::Error;
 use crate::ggml::TensorView;
 
+/// Upsampling beyond this factor is worth a warning: the network sees mostly interpolation.
+const MAX_QUIET_UPSCALE: f64 = 4.0;
+
 /// A request's images preprocessed, with the plans that say how (for the intrinsics of
 /// known cameras).
 pub(crate) struct Prepared {
@@ -32,6 +35,20 @@ impl Prepared {
             .iter()
             .map(|im| preprocess::preprocess_by(im, res, request.resize))
             .collect::<Result<Vec<_>, _>>()?;
+        for (i, (input, processed)) in request.images().iter().zip(&images).enumerate() {
+            let growth = processed.width as f64 / input.width as f64;
+            if growth > MAX_QUIET_UPSCALE {
+                log::warn!(
+                    "{} is {}x{}: upsampled {growth:.0}x to {}x{}; depth from so few pixels \
+                     means little",
+                    request.name(i),
+                    input.width,
+                    input.height,
+                    processed.width,
+                    processed.height
+                );
+            }
+        }
         Ok(Prepared { images, plans })
     }
 
