@@ -47,6 +47,61 @@ fn image_errors_name_the_file_and_the_cause() {
     assert_eq!(da3::load_image(&photo).unwrap().width, 64);
 }
 
+/// WebP, TIFF, BMP and GIF load as PNG does; a JPEG's EXIF orientation is applied (a phone's
+/// portrait photo stored sideways comes out upright).
+#[test]
+fn more_formats_and_the_exif_orientation() {
+    use da3::image::{ImageFormat, Rgb, RgbImage};
+    let dir = tempfile::tempdir().unwrap();
+    let image = RgbImage::from_fn(40, 30, |x, y| Rgb([(x * 6) as u8, (y * 8) as u8, 77]));
+    let png = dir.path().join("a.png");
+    image.save_with_format(&png, ImageFormat::Png).unwrap();
+    let reference = da3::load_image(&png).unwrap();
+    for (name, format) in [
+        ("a.webp", ImageFormat::WebP),
+        ("a.tiff", ImageFormat::Tiff),
+        ("a.bmp", ImageFormat::Bmp),
+        ("a.gif", ImageFormat::Gif),
+    ] {
+        let path = dir.path().join(name);
+        image.save_with_format(&path, format).unwrap();
+        let loaded = da3::load_image(&path).unwrap();
+        assert_eq!((loaded.width, loaded.height), (40, 30), "{name}");
+        if format != ImageFormat::Gif {
+            // GIF quantises to a palette; the others are lossless here.
+            assert_eq!(loaded, reference, "{name}");
+        }
+    }
+
+    // A JPEG with an EXIF APP1 segment saying "rotate 90 degrees clockwise to view" (6).
+    let mut jpeg = Vec::new();
+    image
+        .write_to(&mut std::io::Cursor::new(&mut jpeg), ImageFormat::Jpeg)
+        .unwrap();
+    let tiff: &[u8] = &[
+        b'I', b'I', 42, 0, 8, 0, 0, 0, // little-endian TIFF header, IFD at 8
+        1, 0, // one entry
+        0x12, 0x01, 3, 0, 1, 0, 0, 0, 6, 0, 0, 0, // Orientation (SHORT, 1) = 6
+        0, 0, 0, 0, // no next IFD
+    ];
+    let mut app1 = b"Exif\0\0".to_vec();
+    app1.extend_from_slice(tiff);
+    let mut rotated = jpeg[..2].to_vec();
+    rotated.extend_from_slice(&[0xFF, 0xE1]);
+    rotated.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+    rotated.extend_from_slice(&app1);
+    rotated.extend_from_slice(&jpeg[2..]);
+    let upright = da3::decode_image(&rotated).unwrap();
+    assert_eq!((upright.width, upright.height), (30, 40));
+    let sideways = da3::decode_image(&jpeg).unwrap();
+    // Rotated clockwise: the upright image's top-right pixel is the stored top-left one.
+    let px = |im: &da3::Image, x: usize, y: usize| {
+        let i = (y * im.width + x) * 3;
+        [im.data[i], im.data[i + 1], im.data[i + 2]]
+    };
+    assert_eq!(px(&upright, 29, 0), px(&sideways, 0, 0));
+}
+
 /// Every official `process_res_method` reaches the official processed size (computed by the
 /// official `InputProcessor` code, `tests/reference/official_resize_sizes.py`); where the
 /// official code would make a side of no patch (or one this library refuses as too large),

@@ -48,6 +48,40 @@ fn depth_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
 
 // --- outputs -----------------------------------------------------------------------------------
 
+/// Outputs that would surprise: none at all (a run that computes and writes nothing), `-`
+/// (not standard output) and a name of another format; all refused before computing.
+#[test]
+fn no_output_a_dash_and_a_misleading_extension_are_refused() {
+    let case = Case::new();
+    for (args, parts) in [
+        (vec![], vec!["no output asked for", "--png"]),
+        (vec!["--png", "-"], vec!["--png -", "standard output"]),
+        (
+            vec!["--ply", "out/x.glb"],
+            vec!["--ply out/x.glb", ".glb name for a ply file"],
+        ),
+        (
+            vec!["--pfm", "out/d.png"],
+            vec!["--pfm", ".png name for a pfm file"],
+        ),
+    ] {
+        let run = case.assert_fails(&depth_args(&args), &parts);
+        assert!(!run.stdout.contains("depth"), "{}", run.context());
+    }
+    assert!(!case.path("-").exists());
+    case.assert_fails(
+        &depth_args(&["--out-dir", "missing/scene"]),
+        &["--out-dir missing/scene", "cannot create"],
+    );
+    // Names of the user's own choosing stay theirs.
+    let run = case.run(&depth_args(&["--pfm", "out/depth.float"]));
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    // A scene's --out-dir is created (its parent must exist).
+    let run = case.run(&depth_args(&["--out-dir", "out/scene"]));
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(case.path("out/scene/view0.pfm").is_file());
+}
+
 #[cfg(unix)]
 #[test]
 fn device_nodes_are_refused_and_untouched() {
