@@ -166,12 +166,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         pose: args.pose.clone(),
     };
     let exports = args.exports();
-    if maps.files().is_empty() && !exports.any() {
-        bail!(
-            "no output asked for: name at least one of --png, --pfm, --png16, --conf, --sky, \
-             --pose, --ply, --glb, --npz, --colmap (or --out-dir for a folder of maps)"
-        );
-    }
     check_file_names(&maps, &exports)?;
     // Before any computing: an output that cannot be written fails now, not after inference.
     let export_files = exports.files();
@@ -186,6 +180,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         check_colmap_folder(dir)?;
     }
     let image = load_input(args.input.first())?;
+    // After the input: a video named by --input gets its own advice first.
+    if maps.files().is_empty() && !exports.any() {
+        bail!(
+            "no output asked for: name at least one of --png, --pfm, --png16, --conf, --sky, \
+             --pose, --ply, --glb, --npz, --colmap (or --out-dir for a folder of maps)"
+        );
+    }
     let request = Request::image(&image)
         .process_res(args.process_res)
         .names([input_name(args.input.first())])
