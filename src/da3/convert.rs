@@ -1,8 +1,8 @@
 //! Official checkpoints (and synthetic weights) to GGUF files in depth-anything.cpp's layout.
 
-use super::config::{Config, HeadKind};
-use super::weights::Loader;
-use super::{Error, Head};
+use super::architecture::{tensors, Parts, Role, TensorSpec};
+use super::config::Config;
+use super::Error;
 use crate::ggml::DType;
 use crate::gguf::GgufWriter;
 use std::collections::HashSet;
@@ -190,42 +190,42 @@ pub fn official_name(gguf: &str) -> String {
     gguf.to_owned()
 }
 
-/// Every tensor a file for `config` must hold: (GGUF name, PyTorch shape), in load order.
+/// The architecture's tensors of a file converted for `config` ([`Parts::of_config`]).
+fn converted_tensors(config: &Config) -> Result<Vec<TensorSpec>, Error> {
+    tensors(config, &Parts::of_config(config))
+}
+
+/// Every tensor a file for `config` must hold: (GGUF name, PyTorch shape), in file order.
 pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Error> {
-    Ok(declared_tensors(config)?.0)
+    Ok(converted_tensors(config)?
+        .into_iter()
+        .map(|t| (t.name, t.shape))
+        .collect())
 }
 
 /// The convolution kernels among [`expected_tensors`]: stored in the half type of f16 and
 /// bf16 files ([`WeightType::conv_kernel_dtype`]).
 pub fn conv_kernel_names(config: &Config) -> Result<HashSet<String>, Error> {
-    Ok(declared_tensors(config)?.1)
+    names_where(config, |t| t.role == Role::ConvKernel)
 }
 
-fn declared_tensors(config: &Config) -> Result<DeclaredTensors, Error> {
-    let mut l = Loader::recording(config)?;
-    super::backbone_load(&mut l, config)?;
-    Head::load(&mut l, &config.head, config.vit.feature_dim())?;
-    if config.head.kind == HeadKind::DualDpt && config.cam_dim.is_some() {
-        super::head::CameraDecoder::load(&mut l)?;
-        super::backbone::CameraEncoder::load(&mut l, &config.vit)?;
-    }
-    super::head::RayHead::load(&mut l, &config.head)?;
-    let conv_kernels = l.declared_conv_kernels().iter().cloned().collect();
-    let mut tensors = l.into_declared();
-    let e = config.vit.embed_dim;
-    tensors.push((
-        "vit.pos_embed".to_owned(),
-        vec![
-            1,
-            config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1,
-            e,
-        ],
-    ));
-    Ok((tensors, conv_kernels))
+/// The matrix weights among [`expected_tensors`] that converted and quantised files store in
+/// their weight type ([`TensorSpec::quantised`]): the block linears of the backbone and of the
+/// camera encoder, and the camera decoder's.
+pub fn quantised_weight_names(config: &Config) -> Result<HashSet<String>, Error> {
+    names_where(config, |t| t.quantised)
 }
 
-/// Names and PyTorch shapes, and the names of the convolution kernels.
-type DeclaredTensors = (Vec<(String, Vec<usize>)>, HashSet<String>);
+fn names_where(
+    config: &Config,
+    keep: impl Fn(&TensorSpec) -> bool,
+) -> Result<HashSet<String>, Error> {
+    Ok(converted_tensors(config)?
+        .into_iter()
+        .filter(keep)
+        .map(|t| t.name)
+        .collect())
+}
 
 /// Metadata in depth-anything.cpp's key layout.
 pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
@@ -296,7 +296,7 @@ pub fn write_aux_metadata(w: &mut GgufWriter<'_>) {
 }
 
 /// Tensor storage types a converted, synthetic or quantised file may use. Except for `F32`,
-/// the type applies to the matrix-product weights ([`is_matmul_weight`]) only, as in
+/// the type applies to the matrix-product weights ([`quantised_weight_names`]) only, as in
 /// depth-anything.cpp's files, and f16 and bf16 to the convolution kernels too
 /// ([`WeightType::conv_kernel_dtype`]); k-quants fall back to q8_0 where a row is not a multiple of
 /// 256, and a block type leaves a matrix whose rows are not a multiple of 32 as it is.
@@ -424,16 +424,16 @@ pub fn build_gguf(
 ) -> Result<GgufWriter<'static>, Error> {
     let mut w = GgufWriter::new();
     write_metadata(&mut w, config);
-    let (tensors, conv_kernels) = declared_tensors(config)?;
-    if tensors.iter().any(|(name, _)| name.contains("_aux.")) {
+    let tensors = converted_tensors(config)?;
+    if tensors.iter().any(|t| t.name.contains("_aux.")) {
         write_aux_metadata(&mut w);
     }
-    for (name, shape) in tensors {
-        let data = values(&official_name(&name), &shape)?;
-        let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        let dtype = if is_matmul_weight(&name) {
+    for t in tensors {
+        let data = values(&official_name(&t.name), &t.shape)?;
+        let ne: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+        let dtype = if t.quantised {
             weight_type.for_row(ne[0]).unwrap_or(DType::F32)
-        } else if conv_kernels.contains(&name) {
+        } else if t.role == Role::ConvKernel {
             weight_type.conv_kernel_dtype()
         } else {
             DType::F32
@@ -442,43 +442,9 @@ pub fn build_gguf(
             DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
             other => crate::ggml::quantize(other, &data, ne[0] as usize)?,
         };
-        w.add_tensor(name, dtype, &ne, bytes)?;
+        w.add_tensor(t.name, dtype, &ne, bytes)?;
     }
     Ok(w)
-}
-
-/// The matrix weights of `ggml_mul_mat` that are stored quantised: those depth-anything.cpp's
-/// quantizer converts, `vit.blk.N.{attn_qkv,attn_proj,mlp_fc1,mlp_fc2,mlp_w12,mlp_w3}.weight`
-/// and `cam.{bb0,bb2,fc_t,fc_q,fc_fov}.weight`, and the same block linears of the camera
-/// encoder (`cam_enc.blk.N.*`; its 9-input first layer stays f32). Everything else
-/// (convolutions, norms, biases, tokens, position embedding) stays f32.
-pub fn is_matmul_weight(name: &str) -> bool {
-    const BLOCK: [&str; 6] = [
-        "attn_qkv",
-        "attn_proj",
-        "mlp_fc1",
-        "mlp_fc2",
-        "mlp_w12",
-        "mlp_w3",
-    ];
-    const CAMERA: [&str; 5] = ["bb0", "bb2", "fc_t", "fc_q", "fc_fov"];
-    let Some(stem) = name.strip_suffix(".weight") else {
-        return false;
-    };
-    let block = |prefix: &str| {
-        stem.strip_prefix(prefix).is_some_and(|rest| {
-            rest.split_once('.').is_some_and(|(index, field)| {
-                !index.is_empty()
-                    && index.bytes().all(|b| b.is_ascii_digit())
-                    && BLOCK.contains(&field)
-            })
-        })
-    };
-    block("vit.blk.")
-        || block("cam_enc.blk.")
-        || stem
-            .strip_prefix("cam.")
-            .is_some_and(|field| CAMERA.contains(&field))
 }
 
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).

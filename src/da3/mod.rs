@@ -5,12 +5,14 @@
 //! weights load once ([`Model::load`]), a graph is built once per processed resolution, and
 //! each image is computed through the residency planner ([`crate::residency::Executor`]).
 
+pub mod architecture;
 mod backbone;
 mod colormaps;
 pub mod config;
 pub mod convert;
 pub mod export;
 mod head;
+mod layers;
 mod model;
 pub mod multiview;
 pub mod nested;
@@ -21,9 +23,11 @@ pub mod poses;
 pub mod preprocess;
 pub mod ray_pose;
 pub mod synthetic;
+mod transforms;
 mod weight_error;
 mod weights;
 
+pub use architecture::{Role, TensorSpec};
 pub use config::{Config, Ffn, HeadKind, PRESETS};
 pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::{MultiPrediction, RefViewStrategy};
@@ -32,17 +36,9 @@ pub use outputs::{Colormap, Pose, Prediction, RayMap};
 pub use plan::{ExecutionPlan, PlanOverrides};
 pub use poses::KnownPose;
 pub use weight_error::WeightError;
-pub use weights::{ConvKernels, LinearPacking, Loader, Role};
+pub use weights::{ConvKernels, LinearPacking, Loader};
 
 use std::path::PathBuf;
-
-pub(crate) use backbone::Backbone;
-pub(crate) use head::Head;
-
-/// Declares the backbone's tensors (shared by loading and [`convert::expected_tensors`]).
-pub(crate) fn backbone_load(l: &mut Loader<'_>, config: &Config) -> Result<Backbone, Error> {
-    Backbone::load(l, &config.vit)
-}
 
 /// Errors of the DA3 layer.
 #[derive(Debug, thiserror::Error)]
