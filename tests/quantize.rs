@@ -6,7 +6,9 @@
 mod common;
 
 use common::correlation;
-use da3::convert::{conv_kernel_names, is_matmul_weight, quantize, write_synthetic, WeightType};
+use da3::convert::{
+    conv_kernel_names, quantised_weight_names, quantize, write_synthetic, WeightType,
+};
 use da3::ggml::DType;
 use da3::gguf::{GgufFile, GgufWriter, Value};
 use da3::{synthetic, Config, Device, LoadOptions, Model};
@@ -77,12 +79,14 @@ fn check_layout(input: &Path, output: &Path, t: WeightType) -> (usize, usize) {
     };
     assert_eq!(meta(&a), meta(&b), "metadata copied in order");
     assert_eq!(a.tensors().len(), b.tensors().len());
-    let conv_kernels = conv_kernel_names(&Config::from_gguf(&a).unwrap()).unwrap();
+    let config = Config::from_gguf(&a).unwrap();
+    let conv_kernels = conv_kernel_names(&config).unwrap();
     assert!(!conv_kernels.is_empty());
+    let matrices = quantised_weight_names(&config).unwrap();
     let (mut converted, mut fallback) = (0, 0);
     for (x, y) in a.tensors().iter().zip(b.tensors()) {
         assert_eq!((&x.name, x.shape()), (&y.name, y.shape()));
-        if is_matmul_weight(&x.name) {
+        if matrices.contains(&x.name) {
             let ne0 = x.ne[0];
             let want = if ne0 % 256 == 0 || !t.dtype().is_quantized() {
                 t.dtype()
@@ -347,12 +351,13 @@ fn f16_input_quantises_and_drops_the_file_type() {
     let dir = tempfile::tempdir().unwrap();
     let input = tiny_f32(dir.path());
     let f16 = dir.path().join("f16.gguf");
+    let matrices = quantised_weight_names(&Config::preset("da3-tiny").unwrap()).unwrap();
     rewrite(
         &input,
         &f16,
         &[("general.file_type", 1u32.into())],
         |name, t, data| {
-            if is_matmul_weight(name) {
+            if matrices.contains(name) {
                 let halves: Vec<u8> = data
                     .chunks_exact(4)
                     .flat_map(|c| {

@@ -2,13 +2,13 @@
 //! alternating local/global attention. Tokens are `[embed, n_tokens]` (ggml order), token 0
 //! first.
 
+use super::architecture::camera_encoder_vit;
 use super::config::{Ffn, VitConfig};
+use super::layers::{Linear, Norm};
 use super::ops::Ops;
-use super::weight_error::WeightError;
-use super::weights::{Folded, Linear, Loader, Norm, Role};
+use super::weights::BoundWeights;
 use super::Error;
 use crate::ggml::{RopeMode, Tensor, TensorView};
-use std::sync::Arc;
 
 /// Host-computed inputs that depend only on the resolution (set once per graph).
 pub struct BackboneConstants {
@@ -45,7 +45,8 @@ struct Block {
     attn_qkv: Linear,
     qk_norm: Option<(Norm, Norm)>,
     attn_proj: Linear,
-    /// The layer scales; none where folded into the layer before ([`Loader::fold_affine`]).
+    /// The layer scales; none where folded into the layer before
+    /// ([`super::weights::Loader::fold_affine`]).
     ls1: Option<Tensor>,
     norm2: Norm,
     ffn: FfnWeights,
@@ -61,60 +62,12 @@ enum RopeLayout {
     /// As the file lays heads out: one rotation per half, two nodes for each of Q and K.
     Halves,
     /// The heads' second and third quarters swapped at load (the rows of the QKV weight and
-    /// bias, and the QK-norm's scale and shift, for Q and K; attention scores do not change
-    /// when Q and K permute alike): the pairs are then `(i, i + D/2)`, the row axis on the
-    /// first quarter and the column axis on the second, one node of ggml's vision mode for
-    /// each of Q and K (on GPUs, where each node is a kernel: DA3-large's 64 rotations 32).
+    /// bias, and the QK-norm's scale and shift, for Q and K, as the architecture's
+    /// [`super::architecture::TensorSpec::vision_rope_rows`] give them; attention scores do
+    /// not change when Q and K permute alike): the pairs are then `(i, i + D/2)`, the row axis
+    /// on the first quarter and the column axis on the second, one node of ggml's vision mode
+    /// for each of Q and K (on GPUs, where each node is a kernel: DA3-large's 64 rotations 32).
     Vision,
-}
-
-impl RopeLayout {
-    /// The layout for block `i` of `l`'s model, if the block rotates.
-    fn of_block(l: &Loader<'_>, cfg: &VitConfig, i: usize) -> Option<Self> {
-        let rotates = cfg.rope_start.is_some_and(|s| i >= s);
-        let quarters = cfg.head_dim().is_multiple_of(4);
-        rotates.then(|| match l.lays_out_for_vision_rope() && quarters {
-            true => RopeLayout::Vision,
-            false => RopeLayout::Halves,
-        })
-    }
-}
-
-/// The stored order of a head's `d` values for [`RopeLayout::Vision`]: quarters 0, 2, 1, 3.
-fn vision_head_order(d: usize) -> impl Fn(usize) -> usize {
-    move |i| [0, 2, 1, 3][i / (d / 4)] * (d / 4) + i % (d / 4)
-}
-
-/// Reorders Q and K of block `p`'s QKV layer (`3 e` outputs ordered q|k|v, head, dim) and its
-/// QK-norm, if it has one, for [`RopeLayout::Vision`].
-fn reorder_for_vision_rope(
-    l: &mut Loader<'_>,
-    p: &str,
-    e: usize,
-    d: usize,
-    qk_norm: bool,
-) -> Result<(), Error> {
-    let head = vision_head_order(d);
-    let qkv: Arc<[usize]> = (0..3 * e)
-        .map(|r| match r < 2 * e {
-            true => r / d * d + head(r % d),
-            false => r,
-        })
-        .collect();
-    l.reorder_rows(&format!("{p}.attn_qkv.weight"), qkv.clone())?;
-    l.reorder_rows(&format!("{p}.attn_qkv.bias"), qkv)?;
-    if qk_norm {
-        let norm: Arc<[usize]> = (0..d).map(head).collect();
-        for name in [
-            "attn_qnorm.weight",
-            "attn_qnorm.bias",
-            "attn_knorm.weight",
-            "attn_knorm.bias",
-        ] {
-            l.reorder_rows(&format!("{p}.{name}"), norm.clone())?;
-        }
-    }
-    Ok(())
 }
 
 /// Backbone weights.
@@ -184,77 +137,58 @@ struct AttentionMode {
 }
 
 impl Block {
-    fn load(l: &mut Loader<'_>, cfg: &VitConfig, i: usize) -> Result<Self, Error> {
-        Self::load_at(l, cfg, &format!("vit.blk.{i}"), i)
-    }
-
-    /// Block `i` of a stack shaped by `cfg`, its tensors under `p`.
-    fn load_at(l: &mut Loader<'_>, cfg: &VitConfig, p: &str, i: usize) -> Result<Self, Error> {
-        let e = cfg.embed_dim;
-        // Where the loader folds (GPUs), each norm's scale and shift go into the layer after
-        // it and each layer scale into the layer before: 3 of a block's kernels instead of 9.
-        let (norm1, norm2) = (format!("{p}.norm1"), format!("{p}.norm2"));
-        let (ls1, ls2) = (format!("{p}.ls1"), format!("{p}.ls2"));
-        let (after, before) = (Folded::norm, Folded::scale);
+    /// Block `i` of a stack shaped by `cfg`, its tensors under `p`. Where the loader folded
+    /// (GPUs), each norm's scale and shift are part of the layer after it and each layer scale
+    /// of the layer before: 3 of a block's kernels instead of 9.
+    fn bind(w: &BoundWeights<'_>, cfg: &VitConfig, p: &str, i: usize) -> Result<Self, Error> {
+        let eps = cfg.block_ln_eps;
         let (ffn_in, ffn_out) = match cfg.ffn {
             Ffn::Mlp => (format!("{p}.mlp_fc1"), format!("{p}.mlp_fc2")),
             Ffn::SwiGlu => (format!("{p}.mlp_w12"), format!("{p}.mlp_w3")),
         };
         let qkv = format!("{p}.attn_qkv");
-        let proj = format!("{p}.attn_proj");
-        let norm1_folded = l.folds_into(&qkv, after(&norm1));
         // The QK-norm of a folded block is an RMS norm of heads the QKV layer centres: one
         // fused kernel for each of Q and K on GPUs instead of three.
-        let has_qk_norm = cfg.qknorm_start.is_some_and(|start| i >= start);
-        let centred_heads = has_qk_norm && norm1_folded && l.centres_qk_heads();
-        let qkv_folded = match centred_heads {
-            true => after(&norm1).centring(2 * e, cfg.head_dim()),
-            false => after(&norm1),
-        };
-        let qk_norm = match has_qk_norm {
+        let centred_heads = w.centres(&qkv);
+        let qk_norm = match cfg.qknorm_start.is_some_and(|start| i >= start) {
             true => {
-                let (d, eps) = (cfg.head_dim(), cfg.qk_ln_eps);
-                Some((
-                    Norm::load_centred(l, &format!("{p}.attn_qnorm"), d, eps, centred_heads)?,
-                    Norm::load_centred(l, &format!("{p}.attn_knorm"), d, eps, centred_heads)?,
-                ))
+                let norm = |name: &str| {
+                    Norm::bind_centred(w, &format!("{p}.{name}"), cfg.qk_ln_eps, centred_heads)
+                };
+                Some((norm("attn_qnorm")?, norm("attn_knorm")?))
             }
             false => None,
         };
-        let norm2_folded = l.folds_into(&ffn_in, after(&norm2));
-        let ls1_folded = l.folds_into(&proj, before(&ls1));
-        let ls2_folded = l.folds_into(&ffn_out, before(&ls2));
         let ffn = match cfg.ffn {
             Ffn::Mlp => FfnWeights::Mlp {
-                fc1: Linear::load_folded(l, &ffn_in, e, cfg.mlp_hidden, after(&norm2))?,
-                fc2: Linear::load_folded(l, &ffn_out, cfg.mlp_hidden, e, before(&ls2))?,
+                fc1: Linear::bind(w, &ffn_in)?,
+                fc2: Linear::bind(w, &ffn_out)?,
             },
             Ffn::SwiGlu => FfnWeights::SwiGlu {
-                w12: Linear::load_folded(l, &ffn_in, e, 2 * cfg.mlp_hidden, after(&norm2))?,
-                w3: Linear::load_folded(l, &ffn_out, cfg.mlp_hidden, e, before(&ls2))?,
+                w12: Linear::bind(w, &ffn_in)?,
+                w3: Linear::bind(w, &ffn_out)?,
             },
         };
-        let scale = |l: &mut Loader<'_>, name: &str, folded: bool| match folded {
+        let scale = |name: String| match w.folded_away(&name) {
             true => Ok(None),
-            false => l.tensor(name, &[e], Role::F32).map(Some),
+            false => w.tensor(&name).map(Some),
         };
-        let rope = RopeLayout::of_block(l, cfg, i);
-        let block = Block {
-            norm1: Norm::load_unless_folded(l, &norm1, e, cfg.block_ln_eps, norm1_folded)?,
-            attn_qkv: Linear::load_folded(l, &qkv, e, 3 * e, qkv_folded)?,
+        let rotates = cfg.rope_start.is_some_and(|s| i >= s);
+        let rope = rotates.then(|| match w.rows_reordered(&format!("{qkv}.weight")) {
+            true => RopeLayout::Vision,
+            false => RopeLayout::Halves,
+        });
+        Ok(Block {
+            norm1: Norm::bind(w, &format!("{p}.norm1"), eps)?,
+            attn_qkv: Linear::bind(w, &qkv)?,
             qk_norm,
-            attn_proj: Linear::load_folded(l, &proj, e, e, before(&ls1))?,
-            ls1: scale(l, &ls1, ls1_folded)?,
-            norm2: Norm::load_unless_folded(l, &norm2, e, cfg.block_ln_eps, norm2_folded)?,
+            attn_proj: Linear::bind(w, &format!("{p}.attn_proj"))?,
+            ls1: scale(format!("{p}.ls1"))?,
+            norm2: Norm::bind(w, &format!("{p}.norm2"), eps)?,
             ffn,
-            ls2: scale(l, &ls2, ls2_folded)?,
+            ls2: scale(format!("{p}.ls2"))?,
             rope,
-        };
-        if rope == Some(RopeLayout::Vision) {
-            let qk_norm = block.qk_norm.is_some();
-            reorder_for_vision_rope(l, p, e, cfg.head_dim(), qk_norm)?;
-        }
-        Ok(block)
+        })
     }
 
     /// `x + ls1 * proj(attn(norm1(x)))`, then `+ ls2 * ffn(norm2(x))`.
@@ -376,36 +310,21 @@ fn rope_2d(
 }
 
 impl Backbone {
-    pub fn load(l: &mut Loader<'_>, cfg: &VitConfig) -> Result<Self, Error> {
-        let (e, p) = (cfg.embed_dim, cfg.patch_size);
-        let n_pos = cfg.pos_embed_grid * cfg.pos_embed_grid + 1;
-        let blocks = (0..cfg.depth)
-            .map(|i| Block::load(l, cfg, i))
-            .collect::<Result<Vec<_>, _>>()?;
-        // Shape checks for the tokens used on the host.
-        l.shape_of("vit.pos_embed").and_then(|s| {
-            if s.iter().product::<usize>() == n_pos * e {
-                Ok(())
-            } else {
-                Err(WeightError::TensorShape {
-                    name: "vit.pos_embed".into(),
-                    expected: vec![1, n_pos, e],
-                    got: s,
-                }
-                .into())
-            }
-        })?;
+    /// The backbone of `cfg` (`vit.*`).
+    pub fn bind(w: &BoundWeights<'_>, cfg: &VitConfig) -> Result<Self, Error> {
         Ok(Backbone {
             cfg: cfg.clone(),
-            patch_embed_w: l.tensor("vit.patch_embed.weight", &[e, 3, p, p], Role::F32)?,
-            patch_embed_b: l.tensor("vit.patch_embed.bias", &[e], Role::F32)?,
-            cls_token: l.tensor("vit.cls_token", &[1, 1, e], Role::F32)?,
+            patch_embed_w: w.tensor("vit.patch_embed.weight")?,
+            patch_embed_b: w.tensor("vit.patch_embed.bias")?,
+            cls_token: w.tensor("vit.cls_token")?,
             camera_token: match cfg.alt_start {
-                Some(_) => Some(l.tensor("vit.camera_token", &[1, 2, e], Role::F32)?),
+                Some(_) => Some(w.tensor("vit.camera_token")?),
                 None => None,
             },
-            blocks,
-            norm: Norm::load(l, "vit.norm", e, cfg.final_ln_eps)?,
+            blocks: (0..cfg.depth)
+                .map(|i| Block::bind(w, cfg, &format!("vit.blk.{i}"), i))
+                .collect::<Result<Vec<_>, _>>()?,
+            norm: Norm::bind(w, "vit.norm", cfg.final_ln_eps)?,
         })
     }
 
@@ -566,53 +485,22 @@ pub struct CameraEncoder {
     trunk_norm: Norm,
 }
 
-/// The official `CameraEnc` defaults the presets keep (`trunk_depth`, `num_heads`,
-/// `mlp_ratio`).
-const CAM_ENC_DEPTH: usize = 4;
-const CAM_ENC_HEADS: usize = 16;
-const CAM_ENC_LN_EPS: f32 = 1e-5;
-
 impl CameraEncoder {
-    /// The encoder when the file has one (`cam_enc.token_norm.weight` present), of width
-    /// `vit.embed_dim`.
-    pub fn load(l: &mut Loader<'_>, vit: &VitConfig) -> Result<Option<Self>, Error> {
-        let Ok(shape) = l.shape_of("cam_enc.token_norm.weight") else {
+    /// The encoder beside a backbone of `vit`, where the model loaded one.
+    pub fn bind(w: &BoundWeights<'_>, vit: &VitConfig) -> Result<Option<Self>, Error> {
+        if !w.has("cam_enc.token_norm.weight") {
             return Ok(None);
-        };
-        let e = vit.embed_dim;
-        if shape != [e] {
-            return Err(WeightError::TensorShape {
-                name: "cam_enc.token_norm.weight".into(),
-                expected: vec![e],
-                got: shape,
-            }
-            .into());
         }
-        if !e.is_multiple_of(CAM_ENC_HEADS) {
-            return Err(WeightError::Other(format!(
-                "camera encoder width {e} is not a multiple of its {CAM_ENC_HEADS} heads"
-            ))
-            .into());
-        }
-        let cfg = VitConfig {
-            num_heads: CAM_ENC_HEADS,
-            mlp_hidden: 4 * e,
-            ffn: Ffn::Mlp,
-            alt_start: None,
-            rope_start: None,
-            qknorm_start: None,
-            block_ln_eps: CAM_ENC_LN_EPS,
-            ..vit.clone()
-        };
-        let blocks = (0..CAM_ENC_DEPTH)
-            .map(|i| Block::load_at(l, &cfg, &format!("cam_enc.blk.{i}"), i))
-            .collect::<Result<Vec<_>, _>>()?;
+        let cfg = camera_encoder_vit(vit);
+        let eps = cfg.final_ln_eps;
         Ok(Some(CameraEncoder {
-            fc1: Linear::load(l, "cam_enc.pose.fc1", 9, e / 2)?,
-            fc2: Linear::load(l, "cam_enc.pose.fc2", e / 2, e)?,
-            token_norm: Norm::load(l, "cam_enc.token_norm", e, CAM_ENC_LN_EPS)?,
-            blocks,
-            trunk_norm: Norm::load(l, "cam_enc.trunk_norm", e, CAM_ENC_LN_EPS)?,
+            fc1: Linear::bind(w, "cam_enc.pose.fc1")?,
+            fc2: Linear::bind(w, "cam_enc.pose.fc2")?,
+            token_norm: Norm::bind(w, "cam_enc.token_norm", eps)?,
+            blocks: (0..cfg.depth)
+                .map(|i| Block::bind(w, &cfg, &format!("cam_enc.blk.{i}"), i))
+                .collect::<Result<Vec<_>, _>>()?,
+            trunk_norm: Norm::bind(w, "cam_enc.trunk_norm", eps)?,
             cfg,
         }))
     }

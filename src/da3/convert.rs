@@ -1,231 +1,54 @@
 //! Official checkpoints (and synthetic weights) to GGUF files in depth-anything.cpp's layout.
 
-use super::config::{Config, HeadKind};
-use super::weights::Loader;
-use super::{Error, Head};
+use super::architecture::{tensors, Parts, Role, TensorSpec};
+use super::config::Config;
+use super::Error;
 use crate::ggml::DType;
 use crate::gguf::GgufWriter;
 use std::collections::HashSet;
 use std::path::Path;
 
+mod names;
 mod quantize;
+pub use names::{gguf_name, official_name};
 pub use quantize::{quantize, QuantizeSummary, TypeCount};
 
-/// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
-/// tensors no graph uses (the 3DGS head).
-///
-/// The camera encoder (`cam_enc.*`, which depth-anything.cpp does not convert) is kept under
-/// `cam_enc.`: `pose.fc1` / `pose.fc2` (the official `pose_branch`), `token_norm`,
-/// `blk.{i}.*` (the official `trunk.{i}`, fields named as in the backbone blocks) and
-/// `trunk_norm`. The DualDPT ray branch (`*_aux`) is named as depth-anything.cpp's
-/// `--with-aux` files name it, so that their files and ours load alike: the fusion chain
-/// `head.scratch.rn{k}_aux.*`, and of the per-level output convolutions only the last
-/// (finest) level, the one the official forward returns: `head.scratch.out1_aux.{i}`
-/// (`output_conv1_aux.3.{i}`), `out2a_aux` / `out2b_aux` (`output_conv2_aux.3.0` / `.3.5`)
-/// and `out2_aux_ln` (the LayerNorm every level shares). The other levels get names no graph
-/// declares, so a conversion leaves them out.
-pub fn gguf_name(key: &str) -> Option<String> {
-    if key.starts_with("gs_") {
-        return None;
-    }
-    if let Some(rest) = key.strip_prefix("cam_enc.") {
-        let rest = match rest.strip_prefix("trunk.") {
-            Some(b) => {
-                let (index, field) = b.split_once('.')?;
-                format!("blk.{index}.{}", block_field(field))
-            }
-            None => rest.replace("pose_branch.", "pose."),
-        };
-        return Some(format!("cam_enc.{rest}"));
-    }
-    if let Some(rest) = key.strip_prefix("backbone.pretrained.") {
-        let rest = match rest {
-            "patch_embed.proj.weight" => "patch_embed.weight".to_owned(),
-            "patch_embed.proj.bias" => "patch_embed.bias".to_owned(),
-            other => match other.strip_prefix("blocks.") {
-                Some(b) => {
-                    let (index, field) = b.split_once('.')?;
-                    format!("blk.{index}.{}", block_field(field))
-                }
-                None => other.to_owned(),
-            },
-        };
-        return Some(format!("vit.{rest}"));
-    }
-    if let Some(rest) = key.strip_prefix("head.") {
-        let mut name = rest
-            .replace("projects.", "proj.")
-            .replace("resize_layers.", "resize.")
-            .replace("scratch.output_conv1.", "scratch.out1.")
-            .replace("scratch.output_conv2.0.", "scratch.out2a.")
-            .replace("scratch.output_conv2.2.", "scratch.out2b.")
-            .replace("scratch.sky_output_conv2.0.", "scratch.sky_out2a.")
-            .replace("scratch.sky_output_conv2.2.", "scratch.sky_out2b.")
-            .replace("scratch.output_conv1_aux.3.", "scratch.out1_aux.")
-            .replace("scratch.output_conv2_aux.3.0.", "scratch.out2a_aux.")
-            .replace("scratch.output_conv2_aux.3.5.", "scratch.out2b_aux.");
-        // One LayerNorm module serves every level (`ln_seq` is built once): one tensor.
-        for level in 0..4 {
-            name = name.replace(
-                &format!("scratch.output_conv2_aux.{level}.2."),
-                "scratch.out2_aux_ln.",
-            );
-        }
-        // The coarser levels, which the official forward computes and drops.
-        name = name.replace("scratch.output_conv1_aux.", "scratch.out1_aux_unused.");
-        name = name.replace("scratch.output_conv2_aux.", "scratch.out2_aux_unused.");
-        for k in 1..=4 {
-            name = name.replace(&format!("refinenet{k}."), &format!("rn{k}."));
-            name = name.replace(&format!("refinenet{k}_aux."), &format!("rn{k}_aux."));
-        }
-        name = name
-            .replace("resConfUnit", "rc")
-            .replace(".conv1.", ".c1.")
-            .replace(".conv2.", ".c2.")
-            .replace(".out_conv.", ".out.");
-        return Some(format!("head.{name}"));
-    }
-    if let Some(rest) = key.strip_prefix("cam_dec.") {
-        let name = rest
-            .replace("backbone.0.", "bb0.")
-            .replace("backbone.2.", "bb2.")
-            .replace("fc_qvec.", "fc_q.")
-            .replace("fc_fov.0.", "fc_fov.");
-        return Some(format!("cam.{name}"));
-    }
-    None
+/// The architecture's tensors of a file converted for `config` ([`Parts::of_config`]).
+fn converted_tensors(config: &Config) -> Result<Vec<TensorSpec>, Error> {
+    tensors(config, &Parts::of_config(config))
 }
 
-/// A transformer block's field in GGUF naming (`attn.qkv.weight` -> `attn_qkv.weight`).
-fn block_field(field: &str) -> String {
-    field
-        .replace("attn.qkv", "attn_qkv")
-        .replace("attn.proj", "attn_proj")
-        .replace("attn.q_norm", "attn_qnorm")
-        .replace("attn.k_norm", "attn_knorm")
-        .replace("ls1.gamma", "ls1")
-        .replace("ls2.gamma", "ls2")
-        .replace("mlp.fc1", "mlp_fc1")
-        .replace("mlp.fc2", "mlp_fc2")
-        .replace("mlp.w12", "mlp_w12")
-        .replace("mlp.w3", "mlp_w3")
-}
-
-/// The official name of a block field (the inverse of [`block_field`]).
-fn official_block_field(field: &str) -> String {
-    match field {
-        "ls1" => "ls1.gamma".to_owned(),
-        "ls2" => "ls2.gamma".to_owned(),
-        f => f
-            .replace("attn_qkv", "attn.qkv")
-            .replace("attn_proj", "attn.proj")
-            .replace("attn_qnorm", "attn.q_norm")
-            .replace("attn_knorm", "attn.k_norm")
-            .replace("mlp_fc1", "mlp.fc1")
-            .replace("mlp_fc2", "mlp.fc2")
-            .replace("mlp_w12", "mlp.w12")
-            .replace("mlp_w3", "mlp.w3"),
-    }
-}
-
-/// The official key of a GGUF name (the inverse of [`gguf_name`] on the tensors it keeps).
-pub fn official_name(gguf: &str) -> String {
-    if let Some(rest) = gguf.strip_prefix("vit.") {
-        let rest = match rest {
-            "patch_embed.weight" => "patch_embed.proj.weight".to_owned(),
-            "patch_embed.bias" => "patch_embed.proj.bias".to_owned(),
-            other => match other.strip_prefix("blk.") {
-                Some(b) => {
-                    let (index, field) = b.split_once('.').unwrap_or((b, ""));
-                    format!("blocks.{index}.{}", official_block_field(field))
-                }
-                None => other.to_owned(),
-            },
-        };
-        return format!("backbone.pretrained.{rest}");
-    }
-    if let Some(rest) = gguf.strip_prefix("head.") {
-        let mut name = rest
-            .replace("proj.", "projects.")
-            .replace("resize.", "resize_layers.")
-            .replace("scratch.out1.", "scratch.output_conv1.")
-            .replace("scratch.out2a.", "scratch.output_conv2.0.")
-            .replace("scratch.out2b.", "scratch.output_conv2.2.")
-            .replace("scratch.sky_out2a.", "scratch.sky_output_conv2.0.")
-            .replace("scratch.sky_out2b.", "scratch.sky_output_conv2.2.")
-            .replace("scratch.out1_aux.", "scratch.output_conv1_aux.3.")
-            .replace("scratch.out2a_aux.", "scratch.output_conv2_aux.3.0.")
-            .replace("scratch.out2b_aux.", "scratch.output_conv2_aux.3.5.")
-            .replace("scratch.out2_aux_ln.", "scratch.output_conv2_aux.0.2.");
-        for k in 1..=4 {
-            name = name.replace(&format!("rn{k}."), &format!("refinenet{k}."));
-            name = name.replace(&format!("rn{k}_aux."), &format!("refinenet{k}_aux."));
-        }
-        name = name
-            .replace(".rc", ".resConfUnit")
-            .replace(".c1.", ".conv1.")
-            .replace(".c2.", ".conv2.")
-            .replace(".out.", ".out_conv.");
-        return format!("head.{name}");
-    }
-    if let Some(rest) = gguf.strip_prefix("cam_enc.") {
-        let rest = match rest.strip_prefix("blk.") {
-            Some(b) => {
-                let (index, field) = b.split_once('.').unwrap_or((b, ""));
-                format!("trunk.{index}.{}", official_block_field(field))
-            }
-            None => rest.replace("pose.", "pose_branch."),
-        };
-        return format!("cam_enc.{rest}");
-    }
-    if let Some(rest) = gguf.strip_prefix("cam.") {
-        return format!(
-            "cam_dec.{}",
-            rest.replace("bb0.", "backbone.0.")
-                .replace("bb2.", "backbone.2.")
-                .replace("fc_q.", "fc_qvec.")
-                .replace("fc_fov.", "fc_fov.0.")
-        );
-    }
-    gguf.to_owned()
-}
-
-/// Every tensor a file for `config` must hold: (GGUF name, PyTorch shape), in load order.
+/// Every tensor a file for `config` must hold: (GGUF name, PyTorch shape), in file order.
 pub fn expected_tensors(config: &Config) -> Result<Vec<(String, Vec<usize>)>, Error> {
-    Ok(declared_tensors(config)?.0)
+    Ok(converted_tensors(config)?
+        .into_iter()
+        .map(|t| (t.name, t.shape))
+        .collect())
 }
 
 /// The convolution kernels among [`expected_tensors`]: stored in the half type of f16 and
 /// bf16 files ([`WeightType::conv_kernel_dtype`]).
 pub fn conv_kernel_names(config: &Config) -> Result<HashSet<String>, Error> {
-    Ok(declared_tensors(config)?.1)
+    names_where(config, |t| t.role == Role::ConvKernel)
 }
 
-fn declared_tensors(config: &Config) -> Result<DeclaredTensors, Error> {
-    let mut l = Loader::recording(config)?;
-    super::backbone_load(&mut l, config)?;
-    Head::load(&mut l, &config.head, config.vit.feature_dim())?;
-    if config.head.kind == HeadKind::DualDpt && config.cam_dim.is_some() {
-        super::head::CameraDecoder::load(&mut l)?;
-        super::backbone::CameraEncoder::load(&mut l, &config.vit)?;
-    }
-    super::head::RayHead::load(&mut l, &config.head)?;
-    let conv_kernels = l.declared_conv_kernels().iter().cloned().collect();
-    let mut tensors = l.into_declared();
-    let e = config.vit.embed_dim;
-    tensors.push((
-        "vit.pos_embed".to_owned(),
-        vec![
-            1,
-            config.vit.pos_embed_grid * config.vit.pos_embed_grid + 1,
-            e,
-        ],
-    ));
-    Ok((tensors, conv_kernels))
+/// The matrix weights among [`expected_tensors`] that converted and quantised files store in
+/// their weight type ([`TensorSpec::quantised`]): the block linears of the backbone and of the
+/// camera encoder, and the camera decoder's.
+pub fn quantised_weight_names(config: &Config) -> Result<HashSet<String>, Error> {
+    names_where(config, |t| t.quantised)
 }
 
-/// Names and PyTorch shapes, and the names of the convolution kernels.
-type DeclaredTensors = (Vec<(String, Vec<usize>)>, HashSet<String>);
+fn names_where(
+    config: &Config,
+    keep: impl Fn(&TensorSpec) -> bool,
+) -> Result<HashSet<String>, Error> {
+    Ok(converted_tensors(config)?
+        .into_iter()
+        .filter(keep)
+        .map(|t| t.name)
+        .collect())
+}
 
 /// Metadata in depth-anything.cpp's key layout.
 pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
@@ -296,7 +119,7 @@ pub fn write_aux_metadata(w: &mut GgufWriter<'_>) {
 }
 
 /// Tensor storage types a converted, synthetic or quantised file may use. Except for `F32`,
-/// the type applies to the matrix-product weights ([`is_matmul_weight`]) only, as in
+/// the type applies to the matrix-product weights ([`quantised_weight_names`]) only, as in
 /// depth-anything.cpp's files, and f16 and bf16 to the convolution kernels too
 /// ([`WeightType::conv_kernel_dtype`]); k-quants fall back to q8_0 where a row is not a multiple of
 /// 256, and a block type leaves a matrix whose rows are not a multiple of 32 as it is.
@@ -424,16 +247,16 @@ pub fn build_gguf(
 ) -> Result<GgufWriter<'static>, Error> {
     let mut w = GgufWriter::new();
     write_metadata(&mut w, config);
-    let (tensors, conv_kernels) = declared_tensors(config)?;
-    if tensors.iter().any(|(name, _)| name.contains("_aux.")) {
+    let tensors = converted_tensors(config)?;
+    if tensors.iter().any(|t| t.name.contains("_aux.")) {
         write_aux_metadata(&mut w);
     }
-    for (name, shape) in tensors {
-        let data = values(&official_name(&name), &shape)?;
-        let ne: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
-        let dtype = if is_matmul_weight(&name) {
+    for t in tensors {
+        let data = values(&official_name(&t.name), &t.shape)?;
+        let ne: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
+        let dtype = if t.quantised {
             weight_type.for_row(ne[0]).unwrap_or(DType::F32)
-        } else if conv_kernels.contains(&name) {
+        } else if t.role == Role::ConvKernel {
             weight_type.conv_kernel_dtype()
         } else {
             DType::F32
@@ -442,43 +265,9 @@ pub fn build_gguf(
             DType::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
             other => crate::ggml::quantize(other, &data, ne[0] as usize)?,
         };
-        w.add_tensor(name, dtype, &ne, bytes)?;
+        w.add_tensor(t.name, dtype, &ne, bytes)?;
     }
     Ok(w)
-}
-
-/// The matrix weights of `ggml_mul_mat` that are stored quantised: those depth-anything.cpp's
-/// quantizer converts, `vit.blk.N.{attn_qkv,attn_proj,mlp_fc1,mlp_fc2,mlp_w12,mlp_w3}.weight`
-/// and `cam.{bb0,bb2,fc_t,fc_q,fc_fov}.weight`, and the same block linears of the camera
-/// encoder (`cam_enc.blk.N.*`; its 9-input first layer stays f32). Everything else
-/// (convolutions, norms, biases, tokens, position embedding) stays f32.
-pub fn is_matmul_weight(name: &str) -> bool {
-    const BLOCK: [&str; 6] = [
-        "attn_qkv",
-        "attn_proj",
-        "mlp_fc1",
-        "mlp_fc2",
-        "mlp_w12",
-        "mlp_w3",
-    ];
-    const CAMERA: [&str; 5] = ["bb0", "bb2", "fc_t", "fc_q", "fc_fov"];
-    let Some(stem) = name.strip_suffix(".weight") else {
-        return false;
-    };
-    let block = |prefix: &str| {
-        stem.strip_prefix(prefix).is_some_and(|rest| {
-            rest.split_once('.').is_some_and(|(index, field)| {
-                !index.is_empty()
-                    && index.bytes().all(|b| b.is_ascii_digit())
-                    && BLOCK.contains(&field)
-            })
-        })
-    };
-    block("vit.blk.")
-        || block("cam_enc.blk.")
-        || stem
-            .strip_prefix("cam.")
-            .is_some_and(|field| CAMERA.contains(&field))
 }
 
 /// A file with the synthetic weights of [`super::synthetic`] (built-in model, tests, benches).

@@ -1,10 +1,12 @@
 //! The DPT and DualDPT heads (depth, confidence, sky) and the camera decoder. Maps are
 //! `[W, H, C, 1]` (ggml order).
 
+use super::architecture::ray_output_widths;
 use super::config::{HeadConfig, HeadKind};
+use super::layers::{Conv, ConvTranspose, Linear, Norm};
 use super::ops::Ops;
 use super::preprocess;
-use super::weights::{Conv, ConvTranspose, Linear, Loader, Norm};
+use super::weights::BoundWeights;
 use super::Error;
 use crate::ggml::{Context, DType, Interpolation, Tensor, TensorView};
 
@@ -81,10 +83,10 @@ struct Rcu {
 }
 
 impl Rcu {
-    fn load(l: &mut Loader<'_>, prefix: &str, f: usize) -> Result<Self, Error> {
+    fn bind(w: &BoundWeights<'_>, prefix: &str) -> Result<Self, Error> {
         Ok(Rcu {
-            c1: Conv::load(l, &format!("{prefix}.c1"), f, f, 3, 1, 1, true)?,
-            c2: Conv::load(l, &format!("{prefix}.c2"), f, f, 3, 1, 1, true)?,
+            c1: Conv::bind(w, &format!("{prefix}.c1"))?,
+            c2: Conv::bind(w, &format!("{prefix}.c2"))?,
         })
     }
     fn forward(&self, g: &Ops, x: &Tensor) -> Result<Tensor, Error> {
@@ -102,18 +104,15 @@ struct Fusion {
 }
 
 impl Fusion {
-    fn load(l: &mut Loader<'_>, k: usize, f: usize) -> Result<Self, Error> {
-        Self::load_at(l, &format!("head.scratch.rn{k}"), k, f)
-    }
-    fn load_at(l: &mut Loader<'_>, p: &str, k: usize, f: usize) -> Result<Self, Error> {
+    /// Fusion block `k` under `p` (the coarsest, 4, has no lateral unit).
+    fn bind(w: &BoundWeights<'_>, p: &str, k: usize) -> Result<Self, Error> {
         Ok(Fusion {
-            rc1: if k == 4 {
-                None
-            } else {
-                Some(Rcu::load(l, &format!("{p}.rc1"), f)?)
+            rc1: match k {
+                4 => None,
+                _ => Some(Rcu::bind(w, &format!("{p}.rc1"))?),
             },
-            rc2: Rcu::load(l, &format!("{p}.rc2"), f)?,
-            out: Conv::load(l, &format!("{p}.out"), f, f, 1, 1, 0, true)?,
+            rc2: Rcu::bind(w, &format!("{p}.rc2"))?,
+            out: Conv::bind(w, &format!("{p}.out"))?,
         })
     }
     /// `size`: the (W, H) to resize to; None doubles.
@@ -172,58 +171,40 @@ pub struct HeadOutput {
 }
 
 impl Head {
-    pub fn load(l: &mut Loader<'_>, cfg: &HeadConfig, dim_in: usize) -> Result<Self, Error> {
-        let (f, oc) = (cfg.features, cfg.out_channels);
-        let norm = if cfg.norm {
-            Some(Norm::load(l, "head.norm", dim_in, cfg.ln_eps)?)
-        } else {
-            None
-        };
-        let proj = (0..4)
-            .map(|s| Conv::load(l, &format!("head.proj.{s}"), dim_in, oc[s], 1, 1, 0, true))
-            .collect::<Result<Vec<_>, _>>()?;
-        let resize = vec![
-            Resize::Up(ConvTranspose::load(l, "head.resize.0", oc[0], oc[0], 4)?),
-            Resize::Up(ConvTranspose::load(l, "head.resize.1", oc[1], oc[1], 2)?),
-            Resize::Identity,
-            Resize::Down(Conv::load(l, "head.resize.3", oc[3], oc[3], 3, 2, 1, true)?),
-        ];
-        let layer_rn = (0..4)
-            .map(|s| {
-                Conv::load(
-                    l,
-                    &format!("head.scratch.layer{}_rn", s + 1),
-                    oc[s],
-                    f,
-                    3,
-                    1,
-                    1,
-                    false,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let fusion = (1..=4)
-            .map(|k| Fusion::load(l, k, f))
-            .collect::<Result<Vec<_>, _>>()?;
-        let sky = if cfg.sky {
-            Some((
-                Conv::load(l, "head.scratch.sky_out2a", f / 2, 32, 3, 1, 1, true)?,
-                Conv::load(l, "head.scratch.sky_out2b", 32, 1, 1, 1, 0, true)?,
-            ))
-        } else {
-            None
+    /// The head of `cfg` (`head.*`).
+    pub fn bind(w: &BoundWeights<'_>, cfg: &HeadConfig) -> Result<Self, Error> {
+        let stages = |name: &dyn Fn(usize) -> String| {
+            (0..4)
+                .map(|s| Conv::bind(w, &name(s)))
+                .collect::<Result<Vec<_>, _>>()
         };
         Ok(Head {
             cfg: cfg.clone(),
-            norm,
-            proj,
-            resize,
-            layer_rn,
-            fusion,
-            out1: Conv::load(l, "head.scratch.out1", f, f / 2, 3, 1, 1, true)?,
-            out2a: Conv::load(l, "head.scratch.out2a", f / 2, 32, 3, 1, 1, true)?,
-            out2b: Conv::load(l, "head.scratch.out2b", 32, cfg.output_dim, 1, 1, 0, true)?,
-            sky,
+            norm: match cfg.norm {
+                true => Some(Norm::bind(w, "head.norm", cfg.ln_eps)?),
+                false => None,
+            },
+            proj: stages(&|s| format!("head.proj.{s}"))?,
+            resize: vec![
+                Resize::Up(ConvTranspose::bind(w, "head.resize.0")?),
+                Resize::Up(ConvTranspose::bind(w, "head.resize.1")?),
+                Resize::Identity,
+                Resize::Down(Conv::bind_strided(w, "head.resize.3", 2)?),
+            ],
+            layer_rn: stages(&|s| format!("head.scratch.layer{}_rn", s + 1))?,
+            fusion: (1..=4)
+                .map(|k| Fusion::bind(w, &format!("head.scratch.rn{k}"), k))
+                .collect::<Result<Vec<_>, _>>()?,
+            out1: Conv::bind(w, "head.scratch.out1")?,
+            out2a: Conv::bind(w, "head.scratch.out2a")?,
+            out2b: Conv::bind(w, "head.scratch.out2b")?,
+            sky: match cfg.sky {
+                true => Some((
+                    Conv::bind(w, "head.scratch.sky_out2a")?,
+                    Conv::bind(w, "head.scratch.sky_out2b")?,
+                )),
+                false => None,
+            },
         })
     }
 
@@ -334,18 +315,17 @@ pub struct CameraDecoder {
 }
 
 impl CameraDecoder {
-    /// The width comes from the weights: files write `cam.dim_in` as 1536 for every variant.
-    pub fn load(l: &mut Loader<'_>) -> Result<Option<Self>, Error> {
-        let Ok(shape) = l.shape_of("cam.bb0.weight") else {
+    /// The decoder, where the model has one (`cam.*`).
+    pub fn bind(w: &BoundWeights<'_>) -> Result<Option<Self>, Error> {
+        if !w.has("cam.bb0.weight") {
             return Ok(None);
-        };
-        let d = shape[shape.len() - 1];
+        }
         Ok(Some(CameraDecoder {
-            bb0: Linear::load(l, "cam.bb0", d, d)?,
-            bb2: Linear::load(l, "cam.bb2", d, d)?,
-            fc_t: Linear::load(l, "cam.fc_t", d, 3)?,
-            fc_q: Linear::load(l, "cam.fc_q", d, 4)?,
-            fc_fov: Linear::load(l, "cam.fc_fov", d, 2)?,
+            bb0: Linear::bind(w, "cam.bb0")?,
+            bb2: Linear::bind(w, "cam.bb2")?,
+            fc_t: Linear::bind(w, "cam.fc_t")?,
+            fc_q: Linear::bind(w, "cam.fc_q")?,
+            fc_fov: Linear::bind(w, "cam.fc_fov")?,
         }))
     }
     /// `token`: [D, views] -> pose encodings [9, views].
@@ -357,9 +337,6 @@ impl CameraDecoder {
         let fov = g.relu(&self.fc_fov.forward(g, &h)?)?;
         Ok(g.concat(&g.concat(&t, &q, 0)?, &fov, 0)?
             .named("pose_encoding"))
-    }
-    pub fn dim(&self) -> usize {
-        self.bb0.n_in
     }
 }
 
@@ -382,52 +359,23 @@ pub struct RayHead {
 pub const RAY_CHANNELS: usize = 6;
 
 impl RayHead {
-    /// The branch when the file holds it (`head.scratch.rn1_aux.rc2.c1.weight` present).
-    pub fn load(l: &mut Loader<'_>, cfg: &HeadConfig) -> Result<Option<Self>, Error> {
-        if cfg.kind != HeadKind::DualDpt
-            || l.shape_of("head.scratch.rn1_aux.rc2.c1.weight").is_err()
-        {
+    /// The branch, where the model has it (`head.scratch.*_aux`).
+    pub fn bind(w: &BoundWeights<'_>, cfg: &HeadConfig) -> Result<Option<Self>, Error> {
+        if cfg.kind != HeadKind::DualDpt || !w.has("head.scratch.rn1_aux.rc2.c1.weight") {
             return Ok(None);
         }
-        let f = cfg.features;
-        let fusion = (1..=4)
-            .map(|k| Fusion::load_at(l, &format!("head.scratch.rn{k}_aux"), k, f))
-            .collect::<Result<Vec<_>, _>>()?;
-        // The last level only, named as depth-anything.cpp's `--with-aux` files name it.
-        let widths = [(f, f / 2), (f / 2, f), (f, f / 2), (f / 2, f), (f, f / 2)];
-        let out1 = widths
-            .iter()
-            .enumerate()
-            .map(|(j, &(i, o))| {
-                Conv::load(
-                    l,
-                    &format!("head.scratch.out1_aux.{j}"),
-                    i,
-                    o,
-                    3,
-                    1,
-                    1,
-                    true,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let p = "head.scratch";
         Ok(Some(RayHead {
             pos_embed: cfg.pos_embed,
-            fusion,
-            out1,
-            out2a: Conv::load(l, &format!("{p}.out2a_aux"), f / 2, 32, 3, 1, 1, true)?,
-            out2_norm: Norm::load(l, &format!("{p}.out2_aux_ln"), 32, 1e-5)?,
-            out2b: Conv::load(
-                l,
-                &format!("{p}.out2b_aux"),
-                32,
-                RAY_CHANNELS + 1,
-                1,
-                1,
-                0,
-                true,
-            )?,
+            fusion: (1..=4)
+                .map(|k| Fusion::bind(w, &format!("{p}.rn{k}_aux"), k))
+                .collect::<Result<Vec<_>, _>>()?,
+            out1: (0..ray_output_widths(cfg.features).len())
+                .map(|j| Conv::bind(w, &format!("{p}.out1_aux.{j}")))
+                .collect::<Result<Vec<_>, _>>()?,
+            out2a: Conv::bind(w, &format!("{p}.out2a_aux"))?,
+            out2_norm: Norm::bind(w, &format!("{p}.out2_aux_ln"), 1e-5)?,
+            out2b: Conv::bind(w, &format!("{p}.out2b_aux"))?,
         }))
     }
 

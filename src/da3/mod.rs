@@ -5,12 +5,14 @@
 //! weights load once ([`Model::load`]), a graph is built once per processed resolution, and
 //! each image is computed through the residency planner ([`crate::residency::Executor`]).
 
+pub mod architecture;
 mod backbone;
 mod colormaps;
 pub mod config;
 pub mod convert;
 pub mod export;
 mod head;
+mod layers;
 mod model;
 pub mod multiview;
 pub mod nested;
@@ -22,9 +24,11 @@ pub mod preprocess;
 pub mod ray_pose;
 mod request;
 pub mod synthetic;
+mod transforms;
 mod weight_error;
 mod weights;
 
+pub use architecture::{Role, TensorSpec};
 pub use config::{Config, Ffn, HeadKind, PRESETS};
 pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::RefViewStrategy;
@@ -37,17 +41,9 @@ pub use preprocess::{decode_image, load_image, ResizeMethod, RgbImage8 as Image,
 pub use request::MultiPrediction;
 pub use request::{Output, Predictor, Request};
 pub use weight_error::WeightError;
-pub use weights::{ConvKernels, LinearPacking, Loader, Role};
+pub use weights::{ConvKernels, LinearPacking, Loader};
 
 use std::path::PathBuf;
-
-pub(crate) use backbone::Backbone;
-pub(crate) use head::Head;
-
-/// Declares the backbone's tensors (shared by loading and [`convert::expected_tensors`]).
-pub(crate) fn backbone_load(l: &mut Loader<'_>, config: &Config) -> Result<Backbone, Error> {
-    Backbone::load(l, &config.vit)
-}
 
 /// Errors of the DA3 layer. `Display` (and `Debug`, so that a `main` returning this error
 /// prints it readably) names the file, flag, tensor or device and the cause.

@@ -5,15 +5,15 @@
 //! one computation at a time needs (a backend stream, graphs per processed resolution, their
 //! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
+use super::architecture::{self, Parts, CAMERA_ENCODER_PROBE};
 use super::backbone::{Backbone, CameraEncoder};
-use super::config::{Config, HeadKind};
+use super::config::Config;
 use super::head::{CameraDecoder, Head, RayHead};
 use super::outputs::Prediction;
 use super::plan::{ExecutionPlan, LoadedFacts, PlanBuilder, PlanOverrides};
 use super::preprocess::ToRgbImage;
 use super::request::{Predictor, Request};
-use super::weight_error::WeightError;
-use super::weights::{ConvKernels, LinearPacking, LoadedWeights, Loader};
+use super::weights::{BoundWeights, ConvKernels, LinearPacking, LoadedWeights, Loader};
 use super::Error;
 use crate::ggml::{Backend, Context, DType, Device, DeviceKind, DeviceSpec, Graph};
 use crate::gguf::GgufFile;
@@ -188,7 +188,7 @@ impl Model {
             ConvPrecision::Auto if runs_half_convolutions(&device) => ConvKernels::AsFileHalf,
             ConvPrecision::Auto => ConvKernels::F32,
         };
-        let mut loader = Loader::new(file, &host_only)?
+        let mut loader = Loader::new(file, &host_only)
             .pack_linears(planned.kernels.map(|config| LinearPacking {
                 config,
                 int8: planned.int8_linears,
@@ -206,10 +206,13 @@ impl Model {
             (true, true) => EncoderLoad::Loaded,
             (false, true) => EncoderLoad::LeftOut,
         };
-        // Declaring the layers checks every tensor; the handles are bound again per session.
-        declare_layers(&mut loader, &config, camera_encoder)?;
-        let pos_embed = loader.host_f32("vit.pos_embed")?;
-        let weights = loader.finish(&device)?;
+        let parts = Parts::of_file(file, &config, camera_encoder == EncoderLoad::Loaded)?;
+        if camera_encoder == EncoderLoad::LeftOut {
+            loader = loader.leave_out("cam_enc.");
+        }
+        // Every tensor is checked here; sessions bind the loaded ones by name.
+        let mut weights = loader.load(architecture::tensors(&config, &parts)?, &device)?;
+        let pos_embed = weights.take_host_values("vit.pos_embed")?;
         let plan = planned.finish(
             &device,
             LoadedFacts {
@@ -325,17 +328,14 @@ impl Model {
     }
 }
 
-/// Declares every tensor of the architecture of `config` (the layers, in loading order).
-struct DeclaredLayers {
+/// The layers of a model, bound to its loaded weights.
+struct BoundLayers {
     backbone: Backbone,
     head: Head,
     camera: Option<CameraDecoder>,
     camera_encoder: Option<CameraEncoder>,
     rays: Option<RayHead>,
 }
-
-/// A tensor every camera encoder has.
-const CAMERA_ENCODER_PROBE: &str = "cam_enc.token_norm.weight";
 
 /// What a model holds of the camera encoder ([`LoadOptions::camera_encoder`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -345,43 +345,15 @@ enum EncoderLoad {
     Loaded,
 }
 
-fn declare_layers(
-    l: &mut Loader<'_>,
-    config: &Config,
-    camera_encoder: EncoderLoad,
-) -> Result<DeclaredLayers, Error> {
-    let backbone = Backbone::load(l, &config.vit)?;
-    let head = Head::load(l, &config.head, config.vit.feature_dim())?;
-    let rays = RayHead::load(l, &config.head)?;
-    let camera = if config.head.kind == HeadKind::DualDpt {
-        CameraDecoder::load(l)?
-    } else {
-        None
-    };
-    if let Some(cam) = &camera {
-        if cam.dim() != config.vit.feature_dim() {
-            return Err(WeightError::Other(format!(
-                "camera decoder width {} does not match the feature width {}",
-                cam.dim(),
-                config.vit.feature_dim()
-            ))
-            .into());
-        }
-    }
-    // The encoder feeds the camera token slot: only models with one (and a decoder) use it.
-    if camera_encoder == EncoderLoad::LeftOut {
-        l.leave_out("cam_enc.");
-    }
-    let encoder = match (&camera, config.vit.alt_start, camera_encoder) {
-        (Some(_), Some(_), EncoderLoad::Loaded) => CameraEncoder::load(l, &config.vit)?,
-        _ => None,
-    };
-    Ok(DeclaredLayers {
-        backbone,
-        head,
-        camera,
-        camera_encoder: encoder,
-        rays,
+/// Builds the layers of the architecture of `config` from the weights `w` loaded for it (the
+/// optional parts where they were loaded).
+fn bind_layers(w: &BoundWeights<'_>, config: &Config) -> Result<BoundLayers, Error> {
+    Ok(BoundLayers {
+        backbone: Backbone::bind(w, &config.vit)?,
+        head: Head::bind(w, &config.head)?,
+        camera: CameraDecoder::bind(w)?,
+        camera_encoder: CameraEncoder::bind(w, &config.vit)?,
+        rays: RayHead::bind(w, &config.head)?,
     })
 }
 
@@ -451,15 +423,15 @@ impl Session {
             Backend::new(shared.device)?
         };
         let weights_ctx = Context::metadata(1)?;
-        let mut binder = Loader::bind(&shared.weights, &weights_ctx)?;
-        let DeclaredLayers {
+        let bound = shared.weights.bind(&weights_ctx)?;
+        let BoundLayers {
             backbone,
             head,
             camera,
             camera_encoder,
             rays,
-        } = declare_layers(&mut binder, &shared.config, shared.camera_encoder)?;
-        let host = binder.into_host_context();
+        } = bind_layers(&bound, &shared.config)?;
+        let host = bound.into_host_context();
         let mut executor = Executor::new(device, cpu, shared.policy)?;
         if !shared.log_decisions {
             executor = executor.quiet();

@@ -2,6 +2,7 @@
 
 use super::common::{DeviceArgs, ModelArgs};
 use anyhow::Context as _;
+use da3::da3::architecture::{self, Parts, Role};
 use da3::gguf::GgufFile;
 use da3::{convert, Model};
 use std::collections::BTreeMap;
@@ -78,7 +79,27 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             types.join(", ")
         );
     }
-    outln!("  (vit.pos_embed is also read on the host for the per-resolution resample)");
+    // The architecture's table of the file, the one the loader checked it against.
+    let table = architecture::tensors(&c, &Parts::of_file(&file, &c, true)?)?;
+    let count = |role| table.iter().filter(|t| t.role == role).count();
+    outln!(
+        "tensors      {} in the architecture: {} matrix weights ({} stored quantised by da3 quantize), {} \
+         convolution kernels, {} others",
+        table.len(),
+        count(Role::Matmul),
+        table.iter().filter(|t| t.quantised).count(),
+        count(Role::ConvKernel),
+        count(Role::F32) + count(Role::Host)
+    );
+    let host: Vec<&str> = table
+        .iter()
+        .filter(|t| t.role == Role::Host)
+        .map(|t| t.name.as_str())
+        .collect();
+    outln!(
+        "  ({} read on the host only, resampled per resolution)",
+        host.join(", ")
+    );
     outln!(
         "weights on device: {:.1} MiB",
         model.device_weight_bytes() as f64 / (1u64 << 20) as f64

@@ -2,10 +2,10 @@
 //! quantizer converts go to the chosen type through ggml's quantisers (and, for f16 and bf16,
 //! the convolution kernels too); every other tensor and every metadata key is copied as it is.
 
-use super::{conv_kernel_names, is_matmul_weight, WeightType};
+use super::{conv_kernel_names, quantised_weight_names, WeightType};
 use crate::atomic_file;
 use crate::da3::config::FileLayout;
-use crate::da3::weights::{check_finite, to_f32};
+use crate::da3::transforms::{check_finite, to_f32};
 use crate::da3::{outputs, Config, Error};
 use crate::ggml::DType;
 use crate::gguf::{GgufFile, GgufWriter};
@@ -71,7 +71,7 @@ fn count(counts: &mut Vec<TypeCount>, dtype: DType, bytes: u64) {
     }
 }
 
-/// Writes `output`: the DA3 model `input` with its matrix weights ([`is_matmul_weight`], two
+/// Writes `output`: the DA3 model `input` with its matrix weights ([`quantised_weight_names`], two
 /// dimensions) stored as `weight_type`, computed by ggml's `ggml_quantize_chunk` from their
 /// f32, f16 or bf16 values, and for `f16` and `bf16` the convolution kernels as well
 /// ([`WeightType::conv_kernel_dtype`]). k-quants (q6_k, q5_k, q4_k) fall back to q8_0 for
@@ -111,6 +111,10 @@ pub fn quantize(
     let config = Config::from_gguf(&file).map_err(|e| refuse(e.to_string()))?;
     // The half types apply to the convolution kernels too, as the converter writes them.
     let layout = FileLayout::of(&file);
+    // The matrix weights by the architecture's own names: those of a nested model's metric
+    // branch (`m_vit.`) are left as they are stored, as they were before the architecture
+    // table.
+    let matrices = quantised_weight_names(&config)?;
     let conv_kernels: HashSet<String> = match weight_type.conv_kernel_dtype() {
         DType::F32 => HashSet::new(),
         _ => conv_kernel_names(&config)?
@@ -140,7 +144,7 @@ pub fn quantize(
         let data = file.read_tensor_data(info)?;
         count(&mut summary.before, info.dtype, data.len() as u64);
         let shape = info.shape();
-        let target = if is_matmul_weight(&info.name) && shape.len() == 2 {
+        let target = if matrices.contains(&info.name) && shape.len() == 2 {
             match info.dtype {
                 DType::F32 | DType::F16 | DType::BF16 => {}
                 other if other.is_quantized() => {
