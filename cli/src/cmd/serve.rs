@@ -334,9 +334,11 @@ fn worker(
         metrics.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
         let mut result = Ok(Vec::with_capacity(job.images.len()));
         for (i, image) in job.images.iter().enumerate() {
+            // The name the glb gives the camera (as before the request API: not the upload's).
+            let request = da3::Request::image(image).names(["image.png"]);
             let request = match job.process_res {
-                Some(res) => da3::Request::image(image).process_res(res),
-                None => da3::Request::image(image),
+                Some(res) => request.process_res(res),
+                None => request,
             };
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 session.run(&request).and_then(da3::Output::into_single)
