@@ -319,11 +319,21 @@ pub fn convert_checkpoint(
         .map_err(|e| err(&st_path, e.to_string()))?;
     let tensors = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| err(&st_path, format!("not a safetensors file: {e}")))?;
+    // A tensor the architecture declares under its official name needs no rename entry:
+    // adding a tensor to the architecture table is enough for the converter to carry it.
+    let declared: std::collections::HashSet<String> = expected_tensors(&config)
+        .map_err(|e| err(&config_path, e.to_string()))?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let to_gguf = |official: &str| {
+        gguf_name(official).or_else(|| declared.contains(official).then(|| official.to_owned()))
+    };
     let mut by_gguf = std::collections::HashMap::new();
     let mut skipped = Vec::new();
     for (key, view) in tensors.tensors() {
         let bare = key.strip_prefix("model.").unwrap_or(&key);
-        match gguf_name(bare) {
+        match to_gguf(bare) {
             Some(name) => {
                 by_gguf.insert(name, (key.clone(), view));
             }
@@ -332,7 +342,9 @@ pub fn convert_checkpoint(
     }
     let mut written = std::collections::HashSet::new();
     write_gguf(out, &config, weight_type, |official, shape| {
-        let name = gguf_name(official).expect("official names of kept tensors map back");
+        let name = to_gguf(official).ok_or_else(|| {
+            err(&st_path, format!("`{official}` has no GGUF name (a converter bug)"))
+        })?;
         written.insert(name.clone());
         let (_, view) = by_gguf
             .get(&name)
