@@ -456,3 +456,43 @@ fn depth_on_a_stalled_server_exits_1_after_the_timeout() {
     );
     assert_eq!(entries(&dir.path().join("out")), Vec::<String>::new());
 }
+
+/// Ctrl-C (SIGINT to the batch alone, as a terminal sends it to its foreground process group,
+/// which the workers are not in) ends the run: no temporary file, and no worker left behind.
+#[test]
+fn an_interrupted_remote_batch_leaves_no_temporary_file_and_no_worker() {
+    let dir = inputs();
+    let server = Server::start();
+    let devices = format!("{},cpu", server.device());
+    let mut run = Running::start(dir.path(), &batch_args(&devices, "out", &[]));
+    let out = dir.path().join("out");
+    run.wait_until("a first output", |_| some_output_in(&out));
+    let batch = run.child.id();
+    // The workers are started by the batch's main thread.
+    let children =
+        std::fs::read_to_string(format!("/proc/{batch}/task/{batch}/children")).unwrap_or_default();
+    let workers: Vec<String> = children.split_whitespace().map(str::to_owned).collect();
+    assert_eq!(workers.len(), 1, "one worker for the one rpc: device");
+    kill(Pid::from_raw(batch as i32), Signal::SIGINT).unwrap();
+    let (status, log) = run.finish();
+    assert!(!status.success(), "{log}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while workers
+        .iter()
+        .any(|w| Path::new(&format!("/proc/{w}")).exists())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "worker {workers:?} outlived the batch"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let names = entries(&out);
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with('.') && !n.ends_with(".tmp")),
+        "{names:?}"
+    );
+    assert!(!names.contains(&"summary.json".to_owned()), "{names:?}");
+}

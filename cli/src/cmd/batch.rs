@@ -414,7 +414,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 bar.suspend(|| {
                     log::warn!(
                         "--device {device}: {failure} while computing {what}; the device is \
-                         taken out and the image goes to another device"
+                         taken out (its image goes to the devices left)"
                     )
                 });
                 let mut entry = serde_json::json!({

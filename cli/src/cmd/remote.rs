@@ -278,6 +278,10 @@ impl RemoteDevice {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         process::kill_with_parent(&mut command);
+        // Its own process group: a Ctrl-C at the terminal reaches the parent only, which ends
+        // the run (and with it the worker) instead of seeing its device fail first.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let mut child = command
             .spawn()
             .with_context(|| format!("--device {}: starting its worker process", args.device()))?;
