@@ -25,8 +25,8 @@
 //! f64s (world-to-camera 4x4) and 9 f64s (intrinsics). `OUTPUT`: views u64, per view width u64,
 //! height u64, depth f32s, confidence opt f32s, sky opt f32s, pose opt 9 f32s (intrinsics) and 12
 //! f32s (extrinsics), processed image width u64, height u64, RGB bytes, input width u64, input
-//! height u64, name str; then reference u64, strategy str, pose_scale opt f64s(1),
-//! metric_scale opt f64s(1). `READY`: device name str. `FAILED`: u64 count, then the error's
+//! height u64, name str; then reference u64, strategy str, pose_scale and metric_scale each
+//! opt f64s (of one value). `READY`: device name str. `FAILED`: u64 count, then the error's
 //! messages str, outermost first. The CLI asks for no probes and no ray maps: not carried.
 
 use super::common::{ConvPrecisionArg, DeviceArgs, Loaded, ModelArgs};
