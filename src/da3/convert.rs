@@ -343,7 +343,10 @@ pub fn convert_checkpoint(
     let mut written = std::collections::HashSet::new();
     write_gguf(out, &config, weight_type, |official, shape| {
         let name = to_gguf(official).ok_or_else(|| {
-            err(&st_path, format!("`{official}` has no GGUF name (a converter bug)"))
+            err(
+                &st_path,
+                format!("`{official}` has no GGUF name (a converter bug)"),
+            )
         })?;
         written.insert(name.clone());
         let (_, view) = by_gguf

@@ -1,21 +1,21 @@
 //! `da3 batch`: many images (files, folders, globs, video frames) with one model load per
 //! device and one session per device reused for every image; outputs named after the inputs.
 
-use super::common::{ModelArgs, MAX_THREADS};
+use super::common::{ConvPrecisionArg, DeviceArgs, ModelArgs, MAX_THREADS};
 use super::outputs::{check_model, named_outputs, write_exports, write_maps, OutputKind, Settings};
+use super::remote::{self, DeviceFailure, RemoteDevice, WorkerArgs};
 use super::video;
 use anyhow::{bail, Context as _};
 use da3::atomic_file;
-use da3::{load_image, Request};
+use da3::{load_image, RefViewStrategy};
 use da3::{Device, LoadOptions, Policy};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,9 +48,16 @@ pub struct Args {
     policy: Policy,
     /// Where to compute, comma-separated for several devices at once (`cpu,rpc:HOST:PORT,...`):
     /// each device loads the model and takes the next image when it is free; results are
-    /// in input order either way.
+    /// in input order either way. An `rpc:` device that fails during the run (its server
+    /// dies, resets or stalls) is taken out and its image computed by another device.
     #[arg(long, value_delimiter = ',', default_value = "auto")]
     device: Vec<Device>,
+    /// For `rpc:` devices: seconds to wait for the model to load, and then for each image,
+    /// before the device counts as stalled (its worker process is killed and the device
+    /// taken out).
+    #[arg(long, value_name = "SECS", default_value_t = remote::DEFAULT_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    device_timeout: u64,
     /// CPU threads of the local CPU device (0: one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -109,12 +116,15 @@ struct Job {
     stem: String,
 }
 
+/// The files written for one image, and its processed size.
+type Written = (Vec<PathBuf>, (usize, usize));
+
 /// What became of one input (or a video that could not be decoded).
 struct Outcome {
     input: PathBuf,
     frame: Option<(usize, f64)>,
     device: Option<String>,
-    result: anyhow::Result<(Vec<PathBuf>, (usize, usize))>,
+    result: anyhow::Result<Written>,
     seconds: f64,
 }
 
@@ -200,10 +210,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     super::common::check_outputs(&[("the summary", summary_path.as_path())], &[])?;
 
     // Models first (one per device, each on its own), so that a device that does not work
-    // fails the run before anything is computed.
-    let mut models = Vec::new();
-    for device in &args.device {
-        let options = LoadOptions {
+    // fails the run before anything is computed. `rpc:` devices load in worker processes
+    // (see `remote`), started first so that they load while this process loads the others.
+    args.model.warn_if_builtin();
+    let timeout = Duration::from_secs(args.device_timeout);
+    let mut remotes: Vec<Option<RemoteDevice>> = Vec::new();
+    let options_for = |device: &Device| -> anyhow::Result<LoadOptions> {
+        Ok(LoadOptions {
             device: device.clone(),
             threads: args.threads,
             policy: args.policy,
@@ -211,16 +224,43 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             log_decisions: args.device.len() == 1,
             plan: super::plan::overrides(&[])?,
             ..LoadOptions::default()
+        })
+    };
+    for device in &args.device {
+        if !matches!(device, Device::Rpc(_)) {
+            remotes.push(None);
+            continue;
+        }
+        let device_args = DeviceArgs {
+            device: device.clone(),
+            threads: args.threads,
+            conv_precision: ConvPrecisionArg::Auto,
+            plan: Vec::new(),
         };
-        let model = if models.is_empty() {
-            args.model.load_for_results(&options)?
-        } else {
-            args.model.load(&options)?
-        };
-        models.push((device.to_string(), model));
+        let worker = WorkerArgs::new(&args.model, None, device_args, &options_for(device)?);
+        remotes.push(Some(RemoteDevice::start(&worker, timeout)?));
     }
+    let mut engines = Vec::new();
+    for (device, remote) in args.device.iter().zip(&mut remotes) {
+        let engine = match remote.take() {
+            None => Engine::Local(args.model.load(&options_for(device)?)?),
+            Some(mut remote) => match remote.wait_ready() {
+                Ok(Ok(())) => Engine::Remote(remote),
+                Ok(Err(load_error)) => return Err(load_error),
+                Err(failure) => bail!("--device {device}: {failure}"),
+            },
+        };
+        engines.push((device.to_string(), engine));
+    }
+    let config = match engines.iter().find_map(|(_, e)| match e {
+        Engine::Local(model) => Some(model.config().clone()),
+        Engine::Remote(_) => None,
+    }) {
+        Some(config) => config,
+        None => args.model.config()?,
+    };
     let (maps, exports) = named_outputs(Path::new(""), "", &args.outputs);
-    check_model(models[0].1.config(), &maps, &exports, &args.settings)?;
+    check_model(&config, &maps, &exports, &args.settings)?;
 
     // Inputs to jobs: videos become their frames, extracted into a temporary folder.
     let frames_dir = tempfile::Builder::new()
@@ -290,62 +330,48 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let started = Instant::now();
+    let queue = Arc::new(Queue::new(jobs.len()));
     let jobs = Arc::new(jobs);
-    let next = Arc::new(AtomicUsize::new(0));
-    let (tx, rx) = mpsc::channel::<(usize, Outcome)>();
-    let settings = Arc::new(args.settings.clone());
-    let outputs = Arc::new(args.outputs.clone());
-    let input_ids = Arc::new(input_ids);
+    let (tx, rx) = mpsc::channel::<Event>();
+    let writing = Arc::new(Writing {
+        out_dir: args.out_dir.clone(),
+        outputs: args.outputs.clone(),
+        settings: args.settings.clone(),
+        input_ids,
+        process_res: args.process_res,
+    });
     let mut workers = Vec::new();
-    for (name, model) in models {
-        let (jobs, next, tx) = (jobs.clone(), next.clone(), tx.clone());
-        let (settings, outputs, input_ids) = (settings.clone(), outputs.clone(), input_ids.clone());
-        let (out_dir, process_res) = (args.out_dir.clone(), args.process_res);
+    for (name, engine) in engines {
+        let (jobs, queue, tx, writing) = (jobs.clone(), queue.clone(), tx.clone(), writing.clone());
         let worker = std::thread::Builder::new()
             .name(format!("da3 {name}"))
             .spawn(move || {
-                let mut session = match model.session() {
-                    Ok(s) => s,
-                    Err(e) => return Err(anyhow::Error::new(e).context(format!("--device {name}"))),
-                };
-                loop {
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(job) = jobs.get(i) else {
-                        return Ok(());
-                    };
-                    let t0 = Instant::now();
-                    let result = (|| {
-                        let (maps, exports) = named_outputs(&out_dir, &job.stem, &outputs);
-                        let mut planned: Vec<PathBuf> =
-                            maps.files().iter().map(|(_, p)| p.to_path_buf()).collect();
-                        planned.extend(exports.files().into_iter().map(|(_, p)| p));
-                        if let Some(p) = planned
-                            .iter()
-                            .find(|p| file_id(p).is_some_and(|id| input_ids.contains(&id)))
-                        {
-                            bail!(
-                                "output {} is one of the inputs; refusing to overwrite it",
-                                p.display()
-                            );
+                let mut compute = match engine {
+                    Engine::Local(model) => match model.session() {
+                        Ok(session) => Compute::Local(Box::new(session)),
+                        Err(e) => {
+                            return Err(anyhow::Error::new(e).context(format!("--device {name}")))
                         }
-                        let image = load_image(&job.source)?;
-                        let name = match job.frame {
-                            Some(_) => format!("{}.png", job.stem),
-                            None => job
-                                .input
-                                .file_name()
-                                .map(|n| n.to_string_lossy().into_owned())
-                                .unwrap_or_else(|| job.stem.clone()),
-                        };
-                        let request = Request::image(&image)
-                            .process_res(process_res)
-                            .names([name]);
-                        let output = session.run(&request)?;
-                        let prediction = &output.views[0];
-                        let mut written = write_maps(prediction, &maps, &settings)?;
-                        written.extend(write_exports(&output, &exports, &settings)?);
-                        Ok((written, (prediction.width, prediction.height)))
-                    })();
+                    },
+                    Engine::Remote(remote) => Compute::Remote(remote),
+                };
+                while let Some(taken) = queue.take() {
+                    let job = &jobs[taken.index];
+                    let t0 = Instant::now();
+                    let result = match writing.compute_and_write(job, &mut compute) {
+                        Ok(result) => result,
+                        Err(failure) => {
+                            // The image goes back to the queue for another device; this one
+                            // is out (its worker is gone).
+                            let index = taken.give_back();
+                            let _ = tx.send(Event::DeviceFailed {
+                                device: name,
+                                index,
+                                failure,
+                            });
+                            return Ok(());
+                        }
+                    };
                     let outcome = Outcome {
                         input: job.input.clone(),
                         frame: job.frame,
@@ -353,23 +379,56 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                         result,
                         seconds: t0.elapsed().as_secs_f64(),
                     };
-                    if tx.send((i, outcome)).is_err() {
+                    if tx.send(Event::Done(taken.done(), outcome)).is_err() {
                         return Ok(());
                     }
                 }
+                Ok(())
             })
             .context("starting a worker thread")?;
         workers.push(worker);
     }
     drop(tx);
     let mut results: Vec<Option<Outcome>> = (0..jobs.len()).map(|_| None).collect();
-    for (i, outcome) in rx {
-        if outcome.result.is_err() {
-            report_failure(&bar, &outcome);
+    let mut device_failures = Vec::new();
+    for event in rx {
+        match event {
+            Event::Done(i, outcome) => {
+                if outcome.result.is_err() {
+                    report_failure(&bar, &outcome);
+                }
+                bar.set_message(outcome.input.display().to_string());
+                results[i] = Some(outcome);
+                bar.inc(1);
+            }
+            Event::DeviceFailed {
+                device,
+                index,
+                failure,
+            } => {
+                let job = &jobs[index];
+                let what = match job.frame {
+                    Some((n, _)) => format!("{} frame {n}", job.input.display()),
+                    None => job.input.display().to_string(),
+                };
+                bar.suspend(|| {
+                    log::warn!(
+                        "--device {device}: {failure} while computing {what}; the device is \
+                         taken out (its image goes to the devices left)"
+                    )
+                });
+                let mut entry = serde_json::json!({
+                    "device": device,
+                    "input": job.input,
+                    "reason": failure.reason,
+                });
+                if let Some((n, t)) = job.frame {
+                    entry["frame"] = n.into();
+                    entry["time"] = t.into();
+                }
+                device_failures.push(entry);
+            }
         }
-        bar.set_message(outcome.input.display().to_string());
-        results[i] = Some(outcome);
-        bar.inc(1);
     }
     bar.finish_and_clear();
     let mut worker_errors = Vec::new();
@@ -405,6 +464,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "ok": ordered.len() - failed,
         "failed": failed,
         "seconds": started.elapsed().as_secs_f64(),
+        "device_failures": device_failures,
         "results": ordered.iter().map(Outcome::json).collect::<Vec<_>>(),
     });
     atomic_file::write(&summary_path, |out| {
@@ -425,6 +485,195 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// A device of the batch, loaded: a model in this process, or a worker process that has
+/// loaded it on an `rpc:` device.
+enum Engine {
+    Local(da3::Model),
+    Remote(RemoteDevice),
+}
+
+/// A device computing: a session in this process, or a remote device's worker.
+enum Compute {
+    Local(Box<da3::Session>),
+    Remote(RemoteDevice),
+}
+
+/// What the device threads tell the main thread.
+enum Event {
+    /// Job `.0` came out so (computed, or failed as an input).
+    Done(usize, Outcome),
+    /// A device failed computing job `index` (given back to the queue) and is out.
+    DeviceFailed {
+        device: String,
+        index: usize,
+        failure: DeviceFailure,
+    },
+}
+
+/// How every image's outputs are named and written.
+struct Writing {
+    out_dir: PathBuf,
+    outputs: Vec<OutputKind>,
+    settings: Settings,
+    /// No output may be one of the inputs (an input inside --out-dir named like an output).
+    input_ids: HashSet<(u64, u64)>,
+    process_res: usize,
+}
+
+impl Writing {
+    /// Computes one image and writes its outputs: the files written and the processed size,
+    /// or the error the image met; or the failure of the (remote) device, with nothing
+    /// written.
+    fn compute_and_write(
+        &self,
+        job: &Job,
+        compute: &mut Compute,
+    ) -> Result<anyhow::Result<Written>, DeviceFailure> {
+        let (maps, exports) = named_outputs(&self.out_dir, &job.stem, &self.outputs);
+        let mut planned: Vec<PathBuf> = maps.files().iter().map(|(_, p)| p.to_path_buf()).collect();
+        planned.extend(exports.files().into_iter().map(|(_, p)| p));
+        if let Some(p) = planned
+            .iter()
+            .find(|p| file_id(p).is_some_and(|id| self.input_ids.contains(&id)))
+        {
+            return Ok(Err(anyhow::anyhow!(
+                "output {} is one of the inputs; refusing to overwrite it",
+                p.display()
+            )));
+        }
+        let image = match load_image(&job.source) {
+            Ok(image) => image,
+            Err(e) => return Ok(Err(e.into())),
+        };
+        let name = match job.frame {
+            Some(_) => format!("{}.png", job.stem),
+            None => job
+                .input
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| job.stem.clone()),
+        };
+        let work = remote::Job {
+            images: std::slice::from_ref(&image),
+            names: vec![name],
+            process_res: self.process_res,
+            reference: RefViewStrategy::default(),
+            ray_pose: false,
+            poses: None,
+        };
+        let output = match compute {
+            Compute::Local(session) => session.run(&work.request()).map_err(anyhow::Error::from),
+            Compute::Remote(remote) => remote.run(&work)?,
+        };
+        Ok((|| {
+            let output = output?;
+            let prediction = &output.views[0];
+            let mut written = write_maps(prediction, &maps, &self.settings)?;
+            written.extend(write_exports(&output, &exports, &self.settings)?);
+            Ok((written, (prediction.width, prediction.height)))
+        })())
+    }
+}
+
+/// Which image a device takes next: one a failed device gave back, else the next in input
+/// order. A device that finds none waits while others compute, since any of them may fail
+/// and give its image back; once none is left and none is in flight, every device is done.
+struct Queue {
+    state: Mutex<QueueState>,
+    changed: Condvar,
+}
+
+struct QueueState {
+    next: usize,
+    total: usize,
+    given_back: VecDeque<usize>,
+    in_flight: usize,
+}
+
+/// An image a device took: it is [`Taken::done`], or given back ([`Taken::give_back`], also
+/// when the thread that took it panics).
+struct Taken<'a> {
+    queue: &'a Queue,
+    index: usize,
+    settled: bool,
+}
+
+impl Queue {
+    fn new(total: usize) -> Queue {
+        Queue {
+            state: Mutex::new(QueueState {
+                next: 0,
+                total,
+                given_back: VecDeque::new(),
+                in_flight: 0,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn take(&self) -> Option<Taken<'_>> {
+        let mut state = self.lock();
+        loop {
+            let index = match state.given_back.pop_front() {
+                Some(index) => Some(index),
+                None if state.next < state.total => {
+                    state.next += 1;
+                    Some(state.next - 1)
+                }
+                None => None,
+            };
+            if let Some(index) = index {
+                state.in_flight += 1;
+                return Some(Taken {
+                    queue: self,
+                    index,
+                    settled: false,
+                });
+            }
+            if state.in_flight == 0 {
+                return None;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn settle(&self, index: usize, given_back: bool) {
+        let mut state = self.lock();
+        state.in_flight -= 1;
+        if given_back {
+            state.given_back.push_back(index);
+        }
+        self.changed.notify_all();
+    }
+}
+
+impl Taken<'_> {
+    /// The image was computed (or failed as an input); its index.
+    fn done(mut self) -> usize {
+        self.settled = true;
+        self.queue.settle(self.index, false);
+        self.index
+    }
+    /// The image goes back for another device; its index.
+    fn give_back(mut self) -> usize {
+        self.settled = true;
+        self.queue.settle(self.index, true);
+        self.index
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.queue.settle(self.index, true);
+        }
+    }
 }
 
 fn report_failure(bar: &ProgressBar, outcome: &Outcome) {

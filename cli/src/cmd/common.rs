@@ -96,6 +96,11 @@ impl ModelArgs {
     /// Like [`ModelArgs::load`], warning loudly when the built-in model stands in for a real
     /// one (its depth means nothing).
     pub fn load_for_results(&self, options: &LoadOptions) -> anyhow::Result<Model> {
+        self.warn_if_builtin();
+        self.load(options)
+    }
+    /// The loud warning that the built-in model stands in for a real one.
+    pub fn warn_if_builtin(&self) {
         if self.model.is_none() {
             log::warn!(
                 "no --model given: using the BUILT-IN da3-tiny with synthetic, UNTRAINED \
@@ -103,7 +108,21 @@ impl ModelArgs {
                  depth-anything.cpp GGUF file, or `da3 convert` of an official checkpoint)."
             );
         }
-        self.load(options)
+    }
+    /// The model's hyperparameters from its file's metadata, without loading it on a device
+    /// (what the process that drives a remote device checks outputs against).
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let file = match &self.model {
+            Some(path) => da3::gguf::GgufFile::open(path)
+                .map_err(da3::Error::from)
+                .with_context(|| format!("loading model {}", path.display()))?,
+            None => da3::convert::builtin_model_file()?,
+        };
+        let config = Config::from_gguf(&file);
+        match &self.model {
+            Some(path) => config.with_context(|| format!("loading model {}", path.display())),
+            None => Ok(config?),
+        }
     }
     pub fn describe(&self) -> String {
         match &self.model {
@@ -120,12 +139,14 @@ pub enum Loaded {
 }
 
 impl Loaded {
+    /// Loads the model (or the pair) on `options.device`; the caller warns about the built-in
+    /// model ([`ModelArgs::warn_if_builtin`]).
     pub fn load(
         model: &ModelArgs,
         metric_model: Option<&Path>,
         options: &LoadOptions,
     ) -> anyhow::Result<Loaded> {
-        let anyview = model.load_for_results(options)?;
+        let anyview = model.load(options)?;
         let Some(path) = metric_model else {
             return Ok(Loaded::Single(anyview));
         };
@@ -141,12 +162,25 @@ impl Loaded {
     pub fn config(&self) -> Config {
         match self {
             Loaded::Single(m) => m.config().clone(),
-            Loaded::Nested(n) => {
-                let mut config = n.anyview().config().clone();
-                config.head.sky = true;
-                config
-            }
+            Loaded::Nested(n) => Self::nested_config(n.anyview().config().clone()),
         }
+    }
+
+    /// [`Loaded::config`] from the files' metadata, without loading anything on a device.
+    pub fn config_of_files(
+        model: &ModelArgs,
+        metric_model: Option<&Path>,
+    ) -> anyhow::Result<Config> {
+        let anyview = model.config()?;
+        Ok(match metric_model {
+            Some(_) => Self::nested_config(anyview),
+            None => anyview,
+        })
+    }
+
+    fn nested_config(mut anyview: Config) -> Config {
+        anyview.head.sky = true;
+        anyview
     }
 
     /// A session of the model or of the pair.

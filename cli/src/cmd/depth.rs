@@ -6,10 +6,12 @@ use super::outputs::{
     check_colmap_folder, check_file_names, check_model, create_out_dir, named_outputs,
     write_exports, write_maps, Exports, Maps, OutputKind, Settings,
 };
+use super::remote::{self, Job, RemoteDevice, WorkerArgs};
 use anyhow::{bail, Context as _};
-use da3::{LoadOptions, Policy, RefViewStrategy, Request};
+use da3::{Config, Device, LoadOptions, Output, Policy, Predictor, RefViewStrategy};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -101,6 +103,11 @@ pub struct Args {
     policy: Policy,
     #[command(flatten)]
     device: DeviceArgs,
+    /// For an `rpc:` device: seconds to wait for the model to load, and then for the result,
+    /// before the device counts as stalled (its worker process is killed; exit 1).
+    #[arg(long, value_name = "SECS", default_value_t = remote::DEFAULT_TIMEOUT_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    device_timeout: u64,
 }
 
 /// What `--view-maps` may name: the per-view maps of a scene (its cameras go to poses.json,
@@ -187,12 +194,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
              --pose, --ply, --glb, --npz, --colmap (or --out-dir for a folder of maps)"
         );
     }
-    let request = Request::image(&image)
-        .process_res(args.process_res)
-        .names([input_name(args.input.first())])
-        .ray_pose(args.ray_pose);
+    let job = Job {
+        images: std::slice::from_ref(&image),
+        names: vec![input_name(args.input.first())],
+        process_res: args.process_res,
+        reference: RefViewStrategy::default(),
+        ray_pose: args.ray_pose,
+        poses: None,
+    };
     // Sizes are checked before the model is loaded or anything is allocated for them.
-    request
+    job.request()
         .processed_plans(args.process_res)
         .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let options = LoadOptions {
@@ -200,10 +211,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         process_res: args.process_res,
         ..args.device.options()?
     };
-    let model = Loaded::load(&args.model, args.metric_model.as_deref(), &options)?;
-    check_model(&model.config(), &maps, &exports, &args.settings)?;
-    let mut predictor = model.predictor()?;
-    let output = predictor.run(&request).with_context(|| {
+    let (mut predictor, config) = Compute::start(&args, &options)?;
+    check_model(&config, &maps, &exports, &args.settings)?;
+    let output = predictor.run(&job, || {
         format!(
             "computing depth with {}; nothing written",
             args.model.describe()
@@ -270,12 +280,16 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         true => vec![input_name(None)],
         false => args.input.iter().map(|p| p.display().to_string()).collect(),
     };
-    let scene = Request::new(&images)
-        .process_res(args.process_res)
-        .names(names.clone())
-        .reference(args.ref_view)
-        .ray_pose(args.ray_pose);
+    let mut scene = Job {
+        images: &images,
+        names: names.clone(),
+        process_res: args.process_res,
+        reference: args.ref_view,
+        ray_pose: args.ray_pose,
+        poses: None,
+    };
     scene
+        .request()
         .processed_plans(args.process_res)
         .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
     let options = LoadOptions {
@@ -284,8 +298,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         camera_encoder: args.poses.is_some() || args.poses_colmap.is_some(),
         ..args.device.options()?
     };
-    let model = Loaded::load(&args.model, args.metric_model.as_deref(), &options)?;
-    let config = model.config();
+    let (mut predictor, config) = Compute::start(&args, &options)?;
     let (has_sky, has_pose) = (config.head.sky, config.cam_dim.is_some());
     let view_maps = match &args.view_maps {
         Some(list) => list.iter().map(|&m| OutputKind::from(m)).collect(),
@@ -349,12 +362,8 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         None => None,
     };
 
-    let mut predictor = model.predictor()?;
-    let request = match &known {
-        Some(poses) => scene.poses(poses),
-        None => scene,
-    };
-    let scene = predictor.run(&request).context("computing the scene")?;
+    scene.poses = known.as_deref();
+    let scene = predictor.run(&scene, || "computing the scene".to_owned())?;
     outln!(
         "{} views -> {}x{} on {}: reference view {} ({})",
         images.len(),
@@ -383,4 +392,56 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Where `da3 depth` computes: a predictor in this process, or for an `rpc:` device a worker
+/// process ([`remote`]), so that a remote device that dies or stalls is an error, not the end
+/// of this process.
+enum Compute {
+    Local(Box<dyn Predictor>),
+    Remote(RemoteDevice),
+}
+
+impl Compute {
+    /// Loads the model on the device; with the configuration the outputs are checked against.
+    fn start(args: &Args, options: &LoadOptions) -> anyhow::Result<(Compute, Config)> {
+        args.model.warn_if_builtin();
+        let metric_model = args.metric_model.as_deref();
+        if !matches!(options.device, Device::Rpc(_)) {
+            let model = Loaded::load(&args.model, metric_model, options)?;
+            return Ok((Compute::Local(model.predictor()?), model.config()));
+        }
+        let config = Loaded::config_of_files(&args.model, metric_model)?;
+        let worker = WorkerArgs::new(
+            &args.model,
+            args.metric_model.clone(),
+            args.device.clone(),
+            options,
+        );
+        let mut remote = RemoteDevice::start(&worker, Duration::from_secs(args.device_timeout))?;
+        match remote.wait_ready() {
+            Ok(Ok(())) => Ok((Compute::Remote(remote), config)),
+            Ok(Err(load_error)) => Err(load_error),
+            Err(failure) => bail!("--device {}: {failure}; nothing written", remote.device),
+        }
+    }
+
+    /// Computes `job`; its errors in the context `what` gives, a remote device's failure
+    /// named after the device.
+    fn run(&mut self, job: &Job, what: impl Fn() -> String) -> anyhow::Result<Output> {
+        match self {
+            Compute::Local(predictor) => predictor.run(&job.request()).with_context(what),
+            Compute::Remote(remote) => match remote.run(job) {
+                Ok(result) => result.with_context(what),
+                Err(failure) => bail!("--device {}: {failure}; nothing written", remote.device),
+            },
+        }
+    }
+
+    fn device_name(&self) -> String {
+        match self {
+            Compute::Local(predictor) => predictor.device_name(),
+            Compute::Remote(remote) => remote.device_name().to_owned(),
+        }
+    }
 }

@@ -33,6 +33,7 @@ mod info;
 mod outputs;
 mod plan;
 mod quantize;
+mod remote;
 mod repro;
 mod rpc_server;
 mod serve;
@@ -87,6 +88,10 @@ enum Command {
     Serve(serve::Args),
     /// Write a self-contained HTML page (WebGL) that shows a PLY or glb point cloud.
     View(view::Args),
+    /// Internal: computes on one `rpc:` device for `da3 depth` and `da3 batch`, which start
+    /// it (jobs on stdin, results on stdout).
+    #[command(hide = true)]
+    RemoteWorker(Box<remote::WorkerArgs>),
 }
 
 pub fn main() -> ExitCode {
@@ -115,6 +120,7 @@ pub fn main() -> ExitCode {
         Command::RpcServer(args) => rpc_server::run(args),
         Command::Serve(args) => serve::run(args),
         Command::View(args) => view::run(args),
+        Command::RemoteWorker(args) => remote::run_worker(*args),
     };
     match result {
         Ok(code) => code,
