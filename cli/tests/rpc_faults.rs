@@ -410,7 +410,10 @@ fn depth_on_a_server_killed_while_it_computes_exits_1_naming_it_and_writes_nothi
     std::fs::create_dir(dir.path().join("out")).unwrap();
     let server = Server::start();
     let args = depth_args(&server.device(), "600");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // -v: the planner's line is a debug line.
+    let args: Vec<&str> = std::iter::once("-v")
+        .chain(args.iter().map(String::as_str))
+        .collect();
     let mut run = Running::start(dir.path(), &args);
     // The planner's line comes when the graph is planned, just before it computes (a
     // 1008-pixel image takes seconds on one server thread).

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
-    /// Images, folders (their .png/.jpg/.jpeg files, sorted, not recursive), glob patterns
+    /// Images, folders (their PNG, JPEG, WebP, TIFF, BMP and GIF files, sorted, not recursive;
+    /// other files are named in the summary as skipped), glob patterns
     /// (quote them: 'shots/*.jpg') and videos (.mp4 .mov .mkv .webm .avi .m4v, decoded at
     /// --fps by the ffmpeg program).
     #[arg(value_name = "INPUT")]
@@ -63,26 +64,31 @@ pub struct Args {
     threads: usize,
 }
 
-const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg"];
+/// What a folder is searched for: every format `da3::load_image` reads.
+const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "webp", "tif", "tiff", "bmp", "gif"];
 
 fn extension_in(path: &Path, list: &[&str]) -> bool {
     path.extension()
         .is_some_and(|e| list.contains(&e.to_string_lossy().to_lowercase().as_str()))
 }
 
-/// Files, folders and globs to a list of paths (folders and globs sorted, duplicates dropped).
-fn expand_inputs(inputs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
+/// Files, folders and globs to a list of paths (folders and globs sorted, duplicates dropped),
+/// and the files of the folders that are no image `da3` reads (named in the summary).
+fn expand_inputs(inputs: &[String]) -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     for input in inputs {
         let path = Path::new(input);
         if path.is_dir() {
-            let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            let (mut files, mut others): (Vec<PathBuf>, Vec<PathBuf>) = std::fs::read_dir(path)
                 .with_context(|| format!("reading folder {input}"))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && extension_in(p, IMAGE_EXTENSIONS))
-                .collect();
+                .filter(|p| p.is_file())
+                .partition(|p| extension_in(p, IMAGE_EXTENSIONS));
             files.sort();
+            others.sort();
             out.extend(files);
+            skipped.extend(others);
         } else if !path.exists() && input.contains(['*', '?', '[']) {
             let mut files: Vec<PathBuf> = glob::glob(input)
                 .with_context(|| format!("glob pattern {input}"))?
@@ -101,7 +107,7 @@ fn expand_inputs(inputs: &[String]) -> anyhow::Result<Vec<PathBuf>> {
     }
     let mut seen = HashSet::new();
     out.retain(|p| seen.insert(p.clone()));
-    Ok(out)
+    Ok((out, skipped))
 }
 
 /// One image to compute.
@@ -197,9 +203,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if all.is_empty() {
         bail!("no inputs: name images, folders, glob patterns or videos");
     }
-    let inputs = expand_inputs(&all)?;
+    let (inputs, skipped) = expand_inputs(&all)?;
+    for path in &skipped {
+        log::warn!("{}: not an image format da3 reads; skipped", path.display());
+    }
     if inputs.is_empty() {
-        bail!("no input images (folders are searched for .png, .jpg and .jpeg files)");
+        bail!(
+            "no input images (folders are searched for {} files)",
+            IMAGE_EXTENSIONS.join(", ")
+        );
     }
     // Sizes are checked before the model is loaded.
     da3::Request::check_process_res(args.process_res)
@@ -250,7 +262,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 Err(failure) => bail!("--device {device}: {failure}"),
             },
         };
-        engines.push((device.to_string(), engine));
+        // The device as it was resolved (`auto` names the one it picked).
+        let label = match &engine {
+            Engine::Local(model) => model.device().name(),
+            Engine::Remote(_) => device.to_string(),
+        };
+        engines.push((label, engine));
     }
     let config = match engines.iter().find_map(|(_, e)| match e {
         Engine::Local(model) => Some(model.config().clone()),
@@ -259,6 +276,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Some(config) => config,
         None => args.model.config()?,
     };
+    let device_names: Vec<String> = engines.iter().map(|(name, _)| name.clone()).collect();
     let (maps, exports) = named_outputs(Path::new(""), "", &args.outputs);
     check_model(&config, &maps, &exports, &args.settings)?;
 
@@ -458,13 +476,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let failed = ordered.iter().filter(|o| o.result.is_err()).count();
     let summary = serde_json::json!({
         "model": args.model.describe(),
-        "devices": args.device.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        "devices": device_names,
         "inputs": inputs.len(),
         "images": jobs.len(),
         "ok": ordered.len() - failed,
         "failed": failed,
         "seconds": started.elapsed().as_secs_f64(),
         "device_failures": device_failures,
+        "skipped": skipped,
         "results": ordered.iter().map(Outcome::json).collect::<Vec<_>>(),
     });
     atomic_file::write(&summary_path, |out| {
