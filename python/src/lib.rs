@@ -7,7 +7,9 @@
 use da3::export::ExportOptions;
 use da3::preprocess::ResizeMethod;
 use da3::{Image, KnownPose, LoadOptions, Output, Predictor, RefViewStrategy, Request};
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray3, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::{
+    PyArray1, PyArrayMethods, PyReadonlyArray3, PyReadonlyArrayDyn, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use std::path::PathBuf;
@@ -21,7 +23,11 @@ fn to_py(error: da3::Error) -> PyErr {
     let message = error.to_string();
     match error {
         da3::Error::Input(_) | da3::Error::Config(_) => PyValueError::new_err(message),
+        da3::Error::Ggml(ref e) if matches!(**e, da3::ggml::Error::DeviceNotFound { .. }) => {
+            PyValueError::new_err(message)
+        }
         da3::Error::Preprocess(da3::preprocess::PreprocessError::Open { .. })
+        | da3::Error::Gguf(da3::gguf::GgufError::Io { .. })
         | da3::Error::Output { .. } => PyOSError::new_err(message),
         da3::Error::Preprocess(_) => PyValueError::new_err(message),
         _ => PyRuntimeError::new_err(message),
@@ -128,7 +134,7 @@ impl Model {
             })
             .map_err(|e| PyRuntimeError::new_err(format!("starting the inference thread: {e}")))?;
         let (name, device) = py
-            .detach(|| ready_rx.recv())
+            .detach(move || ready_rx.recv())
             .map_err(|_| PyRuntimeError::new_err("the inference thread died while loading"))?
             .map_err(to_py)?;
         Ok(Model {
@@ -210,7 +216,7 @@ impl Model {
             .send(job)
             .map_err(|_| PyRuntimeError::new_err("the inference thread has stopped"))?;
         let output = py
-            .detach(|| answer.recv())
+            .detach(move || answer.recv())
             .map_err(|_| PyRuntimeError::new_err("the inference thread stopped while computing"))?
             .map_err(to_py)?;
         Ok(Prediction { output })
@@ -223,20 +229,25 @@ impl Model {
 
 /// Paths and arrays to images, with names (file names, or `image{i}.png` for arrays).
 fn read_images(py: Python<'_>, images: &Bound<'_, PyAny>) -> PyResult<(Vec<Image>, Vec<String>)> {
-    let single = images.extract::<PathBuf>().is_ok() || images.extract::<PyReadonlyArray3<'_, u8>>().is_ok();
+    let single =
+        images.extract::<PathBuf>().is_ok() || images.extract::<PyReadonlyArray3<'_, u8>>().is_ok();
     let items: Vec<Bound<'_, PyAny>> = if single {
         vec![images.clone()]
     } else {
         images
             .try_iter()
-            .map_err(|_| PyValueError::new_err("images: a path, a uint8 array [H, W, 3], or a list of them"))?
+            .map_err(|_| {
+                PyValueError::new_err("images: a path, a uint8 array [H, W, 3], or a list of them")
+            })?
             .collect::<PyResult<_>>()?
     };
     let mut out = Vec::with_capacity(items.len());
     let mut names = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         if let Ok(path) = item.extract::<PathBuf>() {
-            let image = py.detach(|| da3::load_image(&path)).map_err(|e| to_py(e.into()))?;
+            let image = py
+                .detach(|| da3::load_image(&path))
+                .map_err(|e| to_py(e.into()))?;
             names.push(path.display().to_string());
             out.push(image);
         } else if let Ok(array) = item.extract::<PyReadonlyArray3<'_, u8>>() {
@@ -307,8 +318,15 @@ impl Prediction {
             return Ok(None);
         }
         let (w, h) = (views[0].width, views[0].height);
-        let flat: Vec<f32> = views.iter().flat_map(|v| plane(v).unwrap_or_default().iter().copied()).collect();
-        Ok(Some(PyArray1::from_vec(py, flat).reshape([views.len(), h, w])?.into_any()))
+        let flat: Vec<f32> = views
+            .iter()
+            .flat_map(|v| plane(v).unwrap_or_default().iter().copied())
+            .collect();
+        Ok(Some(
+            PyArray1::from_vec(py, flat)
+                .reshape([views.len(), h, w])?
+                .into_any(),
+        ))
     }
 
     /// `[N, rows, cols]` from a matrix per view, `None` when a view has no camera.
@@ -324,7 +342,11 @@ impl Prediction {
             return Ok(None);
         };
         let flat: Vec<f32> = poses.iter().flat_map(&matrix).collect();
-        Ok(Some(PyArray1::from_vec(py, flat).reshape([views.len(), rows, cols])?.into_any()))
+        Ok(Some(
+            PyArray1::from_vec(py, flat)
+                .reshape([views.len(), rows, cols])?
+                .into_any(),
+        ))
     }
 
     fn options(max_points: Option<usize>, conf_percentile: f64, fov: Option<f32>) -> ExportOptions {
@@ -351,7 +373,9 @@ impl Prediction {
     /// Depth `[N, H, W]` float32 at the processed resolution.
     #[getter]
     fn depth<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        Ok(self.planes(py, |v| Some(&v.depth))?.expect("every view has depth"))
+        Ok(self
+            .planes(py, |v| Some(&v.depth))?
+            .expect("every view has depth"))
     }
 
     /// Confidence `[N, H, W]`, or None for models without one.
@@ -369,13 +393,17 @@ impl Prediction {
     /// World-to-camera `[N, 3, 4]`, or None for models without a camera decoder.
     #[getter]
     fn extrinsics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.matrices(py, 3, 4, |p| p.extrinsics.iter().flatten().copied().collect())
+        self.matrices(py, 3, 4, |p| {
+            p.extrinsics.iter().flatten().copied().collect()
+        })
     }
 
     /// Intrinsics `[N, 3, 3]` in pixels of the processed images, or None.
     #[getter]
     fn intrinsics<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.matrices(py, 3, 3, |p| p.intrinsics.iter().flatten().copied().collect())
+        self.matrices(py, 3, 3, |p| {
+            p.intrinsics.iter().flatten().copied().collect()
+        })
     }
 
     /// The processed images `[N, H, W, 3]` uint8 (what the network saw, before normalising).
@@ -383,8 +411,13 @@ impl Prediction {
     fn processed_images<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let views = &self.output.views;
         let (w, h) = (views[0].width, views[0].height);
-        let flat: Vec<u8> = views.iter().flat_map(|v| v.image.data.iter().copied()).collect();
-        Ok(PyArray1::from_vec(py, flat).reshape([views.len(), h, w, 3])?.into_any())
+        let flat: Vec<u8> = views
+            .iter()
+            .flat_map(|v| v.image.data.iter().copied())
+            .collect();
+        Ok(PyArray1::from_vec(py, flat)
+            .reshape([views.len(), h, w, 3])?
+            .into_any())
     }
 
     /// The reference view (whose camera is the world frame).
@@ -433,7 +466,8 @@ impl Prediction {
         fov: Option<f32>,
     ) -> PyResult<()> {
         let options = Self::options(max_points, conf_percentile, fov);
-        py.detach(|| self.output.save_ply(&path, &options)).map_err(to_py)
+        py.detach(|| self.output.save_ply(&path, &options))
+            .map_err(to_py)
     }
 
     /// The scene as glb (glTF 2.0): points and a frustum per camera.
@@ -447,7 +481,8 @@ impl Prediction {
         fov: Option<f32>,
     ) -> PyResult<()> {
         let options = Self::options(max_points, conf_percentile, fov);
-        py.detach(|| self.output.save_glb(&path, &options)).map_err(to_py)
+        py.detach(|| self.output.save_glb(&path, &options))
+            .map_err(to_py)
     }
 
     /// The scene as a COLMAP sparse model (text and binary) in the folder `path`.
@@ -460,7 +495,8 @@ impl Prediction {
         fov: Option<f32>,
     ) -> PyResult<()> {
         let options = Self::options(None, conf_percentile, fov);
-        py.detach(|| self.output.save_colmap(&path, &options)).map_err(to_py)
+        py.detach(|| self.output.save_colmap(&path, &options))
+            .map_err(to_py)
     }
 
     /// Depth, confidence, extrinsics and intrinsics as the official `mini_npz` archive.
@@ -470,17 +506,25 @@ impl Prediction {
 
     /// Every view's camera as JSON (reads back as known poses in `da3 depth --poses`).
     fn save_poses_json(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        py.detach(|| self.output.save_poses_json(&path)).map_err(to_py)
+        py.detach(|| self.output.save_poses_json(&path))
+            .map_err(to_py)
     }
 
     /// View `view`'s depth as an 8-bit PNG, near = bright.
     #[pyo3(signature = (path, view = 0, colormap = "turbo"))]
-    fn save_depth_png(&self, py: Python<'_>, path: PathBuf, view: usize, colormap: &str) -> PyResult<()> {
+    fn save_depth_png(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        view: usize,
+        colormap: &str,
+    ) -> PyResult<()> {
         let colormap: da3::Colormap = colormap
             .parse()
             .map_err(|e: da3::Error| PyValueError::new_err(format!("colormap: {e}")))?;
         let prediction = self.view(view)?;
-        py.detach(|| prediction.save_png(&path, colormap)).map_err(to_py)
+        py.detach(|| prediction.save_png(&path, colormap))
+            .map_err(to_py)
     }
 
     /// View `view`'s depth as PFM (float32).
