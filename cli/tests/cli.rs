@@ -818,3 +818,114 @@ fn closed_stdout_ends_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(141), "{stderr}");
 }
+
+/// Machine-readable summaries (`--json` on info, devices and depth), the full `--version` and
+/// the shell completions.
+#[test]
+fn json_summaries_version_and_completions() {
+    let parse = |run: &Run| -> serde_json::Value {
+        assert_success(run);
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}\n{}", run.context()))
+    };
+    let info = parse(&da3(&["info", "--json", "--device", "cpu"]));
+    assert_eq!(info["name"], "da3-tiny", "{info}");
+    assert_eq!(info["plan"]["device"], "CPU", "{info}");
+    assert!(
+        info["architecture"]["tensors"].as_u64().unwrap() > 100,
+        "{info}"
+    );
+
+    let devices = parse(&da3(&["devices", "--json"]));
+    assert!(devices["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["name"] == "CPU" && d["kind"] == "Cpu"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let pfm = dir.path().join("d.pfm");
+    let depth = parse(&da3(&[
+        "depth",
+        "--device",
+        "cpu",
+        "--process-res",
+        "112",
+        "--pfm",
+        pfm.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(depth["device"], "CPU");
+    assert_eq!(
+        depth["views"][0]["processed_size"],
+        serde_json::json!([112, 70])
+    );
+    assert_eq!(depth["written"], serde_json::json!([pfm]));
+    assert!(pfm.is_file());
+
+    let version = da3(&["--version"]);
+    assert_success(&version);
+    assert!(
+        version.stdout.contains("ggml 0.") && version.stdout.contains("backends: CPU"),
+        "{}",
+        version.context()
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let script = da3(&["completions", shell]);
+        assert_success(&script);
+        assert!(
+            script.stdout.contains("depth"),
+            "{shell}: {}",
+            script.context()
+        );
+    }
+}
+
+/// A portrait photo stored sideways (EXIF orientation 6) is computed upright; with
+/// `--ignore-exif-orientation` as stored (as the official loader reads it).
+#[test]
+fn exif_orientation_is_applied_unless_ignored() {
+    use image::{ImageFormat, Rgb, RgbImage};
+    let dir = tempfile::tempdir().unwrap();
+    let stored = RgbImage::from_fn(64, 48, |x, y| Rgb([(x * 4) as u8, (y * 5) as u8, 90]));
+    let mut jpeg = Vec::new();
+    stored
+        .write_to(&mut std::io::Cursor::new(&mut jpeg), ImageFormat::Jpeg)
+        .unwrap();
+    let tiff: &[u8] = &[
+        b'I', b'I', 42, 0, 8, 0, 0, 0, 1, 0, 0x12, 0x01, 3, 0, 1, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let mut app1 = b"Exif\0\0".to_vec();
+    app1.extend_from_slice(tiff);
+    let mut photo = jpeg[..2].to_vec();
+    photo.extend_from_slice(&[0xFF, 0xE1]);
+    photo.extend_from_slice(&((app1.len() + 2) as u16).to_be_bytes());
+    photo.extend_from_slice(&app1);
+    photo.extend_from_slice(&jpeg[2..]);
+    let path = dir.path().join("portrait.jpg");
+    std::fs::write(&path, &photo).unwrap();
+    let size = |extra: &[&str]| {
+        let pfm = dir.path().join("d.pfm");
+        let mut args = vec![
+            "depth",
+            "--device",
+            "cpu",
+            "--process-res",
+            "112",
+            "--input",
+            path.to_str().unwrap(),
+            "--pfm",
+            pfm.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let run = da3(&args);
+        assert_success(&run);
+        let summary: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        summary["views"][0]["input_size"].clone()
+    };
+    assert_eq!(size(&[]), serde_json::json!([48, 64]));
+    assert_eq!(
+        size(&["--ignore-exif-orientation"]),
+        serde_json::json!([64, 48])
+    );
+}

@@ -291,6 +291,33 @@ pub const MAX_IMAGE_FILE_BYTES: u64 = 1 << 30;
 /// [`PreprocessError::Open`], [`PreprocessError::Decode`] or
 /// [`PreprocessError::ImageTooLarge`], naming the path and the cause.
 pub fn load_image(path: impl AsRef<Path>) -> Result<RgbImage8, PreprocessError> {
+    load_image_with(path, &ReadOptions::default())
+}
+
+/// How [`load_image_with`] and [`decode_image_with`] read an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Turn the image upright as its EXIF orientation says (default `true`; `false` reads the
+    /// stored pixels as the official PIL loader does).
+    pub apply_orientation: bool,
+}
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions {
+            apply_orientation: true,
+        }
+    }
+}
+
+/// [`load_image`] with [`ReadOptions`].
+///
+/// # Errors
+/// As [`load_image`].
+pub fn load_image_with(
+    path: impl AsRef<Path>,
+    options: &ReadOptions,
+) -> Result<RgbImage8, PreprocessError> {
     use std::io::Read;
     let path = path.as_ref();
     let open_err = |source| PreprocessError::Open {
@@ -319,12 +346,23 @@ pub fn load_image(path: impl AsRef<Path>) -> Result<RgbImage8, PreprocessError> 
     file.take(MAX_IMAGE_FILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(open_err)?;
-    decode_bytes(&bytes, path)
+    decode_bytes(&bytes, path, options)
 }
 
 /// Decodes image bytes (format sniffed from the content) as [`load_image`] decodes a
 /// file, with the same limits; errors name the path `<memory>`.
 pub fn decode_image(bytes: &[u8]) -> Result<RgbImage8, PreprocessError> {
+    decode_image_with(bytes, &ReadOptions::default())
+}
+
+/// [`decode_image`] with [`ReadOptions`].
+///
+/// # Errors
+/// As [`decode_image`].
+pub fn decode_image_with(
+    bytes: &[u8],
+    options: &ReadOptions,
+) -> Result<RgbImage8, PreprocessError> {
     let path = Path::new("<memory>");
     if bytes.len() as u64 > MAX_IMAGE_FILE_BYTES {
         return Err(PreprocessError::Decode {
@@ -335,10 +373,14 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage8, PreprocessError> {
             ),
         });
     }
-    decode_bytes(bytes, path)
+    decode_bytes(bytes, path, options)
 }
 
-fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage8, PreprocessError> {
+fn decode_bytes(
+    bytes: &[u8],
+    path: &Path,
+    options: &ReadOptions,
+) -> Result<RgbImage8, PreprocessError> {
     use image::ImageDecoder;
     let open_err = |source| PreprocessError::Open {
         path: path.to_path_buf(),
@@ -382,9 +424,12 @@ fn decode_bytes(bytes: &[u8], path: &Path) -> Result<RgbImage8, PreprocessError>
     }
     // A phone's portrait photo is stored sideways with an EXIF orientation; upright is what
     // the user sees and means (the official loader, PIL without `exif_transpose`, ignores it).
-    let orientation = decoder
-        .orientation()
-        .unwrap_or(image::metadata::Orientation::NoTransforms);
+    let orientation = match options.apply_orientation {
+        true => decoder
+            .orientation()
+            .unwrap_or(image::metadata::Orientation::NoTransforms),
+        false => image::metadata::Orientation::NoTransforms,
+    };
     let mut decoded = image::DynamicImage::from_decoder(decoder).map_err(described)?;
     decoded.apply_orientation(orientation);
     let rgb = decoded.into_rgb8();

@@ -7,7 +7,7 @@ use super::remote::{self, DeviceFailure, RemoteDevice, WorkerArgs};
 use super::video;
 use anyhow::{bail, Context as _};
 use da3::atomic_file;
-use da3::{load_image, RefViewStrategy};
+use da3::RefViewStrategy;
 use da3::{Device, LoadOptions, Policy};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -62,6 +62,10 @@ pub struct Args {
     /// CPU threads of the local CPU device (0: one per physical core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Read the images' pixels as stored, ignoring their EXIF orientation (as the official
+    /// loader does), instead of upright.
+    #[arg(long)]
+    ignore_exif_orientation: bool,
 }
 
 /// What a folder is searched for: every format `da3::load_image` reads.
@@ -357,6 +361,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         settings: args.settings.clone(),
         input_ids,
         process_res: args.process_res,
+        read_options: da3::preprocess::ReadOptions {
+            apply_orientation: !args.ignore_exif_orientation,
+        },
     });
     let mut workers = Vec::new();
     for (name, engine) in engines {
@@ -539,6 +546,7 @@ struct Writing {
     /// No output may be one of the inputs (an input inside --out-dir named like an output).
     input_ids: HashSet<(u64, u64)>,
     process_res: usize,
+    read_options: da3::preprocess::ReadOptions,
 }
 
 impl Writing {
@@ -562,7 +570,7 @@ impl Writing {
                 p.display()
             )));
         }
-        let image = match load_image(&job.source) {
+        let image = match da3::preprocess::load_image_with(&job.source, &self.read_options) {
             Ok(image) => image,
             Err(e) => return Ok(Err(e.into())),
         };

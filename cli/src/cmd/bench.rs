@@ -65,7 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             &input_files(&args.model, args.input.as_ref()),
         )?;
     }
-    let image = load_input(args.input.as_ref())?;
+    let image = load_input(args.input.as_ref(), &Default::default())?;
     // One image, or the same image as every view of a scene (through the scene graph).
     let images = vec![image.clone(); args.views];
     let request = Request::new(&images)

@@ -1,7 +1,8 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
-use da3::{atomic_file, load_image, outputs, Image};
+use da3::preprocess::ReadOptions;
+use da3::{atomic_file, outputs, Image};
 use da3::{Config, ConvPrecision, Device, LoadOptions, Model, NestedModel, Predictor};
 use std::path::{Path, PathBuf};
 
@@ -192,8 +193,8 @@ impl Loaded {
     }
 }
 
-/// `--input`, or the built-in synthetic 640x427 image.
-pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<Image> {
+/// `--input` (read as `options` say), or the built-in synthetic 640x427 image.
+pub fn load_input(input: Option<&PathBuf>, options: &ReadOptions) -> anyhow::Result<Image> {
     match input {
         Some(path) if super::video::is_video(path) => anyhow::bail!(
             "{} is a video: `da3 depth` takes images; `da3 batch --input {} --fps N --out-dir DIR` \
@@ -201,7 +202,7 @@ pub fn load_input(input: Option<&PathBuf>) -> anyhow::Result<Image> {
             path.display(),
             path.display()
         ),
-        Some(path) => Ok(load_image(path)?),
+        Some(path) => Ok(da3::preprocess::load_image_with(path, options)?),
         None => Ok(da3::synthetic::image(640, 427)),
     }
 }

@@ -93,6 +93,14 @@ pub struct Args {
     view_maps: Option<Vec<ViewMap>>,
     #[command(flatten)]
     settings: Settings,
+    /// Read the inputs' pixels as stored, ignoring their EXIF orientation (as the official
+    /// loader does), instead of upright.
+    #[arg(long)]
+    ignore_exif_orientation: bool,
+    /// Print one JSON object on stdout instead of the text lines: the device, the reference
+    /// view and scales, each view's sizes, depth range and camera, and the files written.
+    #[arg(long)]
+    json: bool,
     /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
     /// resizing).
     #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
@@ -139,6 +147,12 @@ impl From<ViewMap> for OutputKind {
 }
 
 impl Args {
+    fn read_options(&self) -> da3::preprocess::ReadOptions {
+        da3::preprocess::ReadOptions {
+            apply_orientation: !self.ignore_exif_orientation,
+        }
+    }
+
     fn exports(&self) -> Exports {
         Exports {
             ply: self.ply.clone(),
@@ -186,7 +200,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &exports.colmap {
         check_colmap_folder(dir)?;
     }
-    let image = load_input(args.input.first())?;
+    let image = load_input(args.input.first(), &args.read_options())?;
     // After the input: a video named by --input gets its own advice first.
     if maps.files().is_empty() && !exports.any() {
         bail!(
@@ -221,23 +235,62 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })?;
     let prediction = &output.views[0];
     let (lo, hi) = prediction.depth_range();
-    outln!(
-        "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
-        image.width,
-        image.height,
-        prediction.width,
-        prediction.height,
-        predictor.device_name()
-    );
-    if let Some(scale) = output.metric_scale {
-        outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
+    if !args.json {
+        outln!(
+            "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
+            image.width,
+            image.height,
+            prediction.width,
+            prediction.height,
+            predictor.device_name()
+        );
+        if let Some(scale) = output.metric_scale {
+            outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
+        }
     }
     let mut written = write_maps(prediction, &maps, &args.settings)?;
     written.extend(write_exports(&output, &exports, &args.settings)?);
+    if args.json {
+        let summary = run_summary(&output, &predictor.device_name(), &written);
+        outln!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(ExitCode::SUCCESS);
+    }
     for path in written {
         outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--json`: what a run computed and wrote, for scripts: the device, the reference view and
+/// scales, each view's input and processed sizes and depth range, and the files written.
+fn run_summary(output: &da3::Output, device: &str, written: &[PathBuf]) -> serde_json::Value {
+    let views: Vec<serde_json::Value> = output
+        .views
+        .iter()
+        .map(|v| {
+            let (lo, hi) = v.depth_range();
+            serde_json::json!({
+                "name": v.name,
+                "input_size": [v.input_size.0, v.input_size.1],
+                "processed_size": [v.width, v.height],
+                "depth_min": lo,
+                "depth_max": hi,
+                "pose": v.pose.map(|p| serde_json::json!({
+                    "intrinsics": p.intrinsics,
+                    "extrinsics_world_to_camera": p.extrinsics,
+                })),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "device": device,
+        "reference": output.reference,
+        "ref_view_strategy": output.strategy.name(),
+        "pose_scale": output.pose_scale,
+        "metric_scale": output.metric_scale,
+        "views": views,
+        "written": written,
+    })
 }
 
 /// The file name of an input (COLMAP's image name).
@@ -268,11 +321,11 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     }
     create_out_dir(dir)?;
     let images = if args.input.is_empty() {
-        vec![load_input(None)?]
+        vec![load_input(None, &args.read_options())?]
     } else {
         args.input
             .iter()
-            .map(|path| load_input(Some(path)))
+            .map(|path| load_input(Some(path), &args.read_options()))
             .collect::<anyhow::Result<Vec<_>>>()?
     };
     // The names carried to poses.json (and, as file names, to the COLMAP model).
@@ -364,31 +417,46 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
 
     scene.poses = known.as_deref();
     let scene = predictor.run(&scene, || "computing the scene".to_owned())?;
-    outln!(
-        "{} views -> {}x{} on {}: reference view {} ({})",
-        images.len(),
-        scene.views[0].width,
-        scene.views[0].height,
-        predictor.device_name(),
-        scene.reference,
-        scene.strategy
-    );
-    if let Some(scale) = scene.pose_scale {
-        outln!("known cameras: predicted depth divided by {scale:.6} to their units");
+    let text = !args.json;
+    if text {
+        outln!(
+            "{} views -> {}x{} on {}: reference view {} ({})",
+            images.len(),
+            scene.views[0].width,
+            scene.views[0].height,
+            predictor.device_name(),
+            scene.reference,
+            scene.strategy
+        );
+        if let Some(scale) = scene.pose_scale {
+            outln!("known cameras: predicted depth divided by {scale:.6} to their units");
+        }
+        if let Some(scale) = scene.metric_scale {
+            outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
+        }
     }
-    if let Some(scale) = scene.metric_scale {
-        outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
-    }
+    let mut written = Vec::new();
     for (i, (view, maps)) in scene.views.iter().zip(&per_view).enumerate() {
         let (lo, hi) = view.depth_range();
-        outln!("view {i}: depth {lo:.4} .. {hi:.4}");
-        write_maps(view, maps, &args.settings)?;
+        if text {
+            outln!("view {i}: depth {lo:.4} .. {hi:.4}");
+        }
+        written.extend(write_maps(view, maps, &args.settings)?);
     }
     if has_pose {
-        scene.save_poses_json(dir.join("poses.json"))?;
+        let path = dir.join("poses.json");
+        scene.save_poses_json(&path)?;
+        written.push(path);
+    }
+    let exported = write_exports(&scene, &exports, &args.settings)?;
+    if !text {
+        written.extend(exported);
+        let summary = run_summary(&scene, &predictor.device_name(), &written);
+        outln!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(ExitCode::SUCCESS);
     }
     outln!("wrote {} views to {}", scene.views.len(), dir.display());
-    for path in write_exports(&scene, &exports, &args.settings)? {
+    for path in exported {
         outln!("wrote {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

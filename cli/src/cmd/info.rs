@@ -14,6 +14,10 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     device: DeviceArgs,
+    /// Print the facts as one JSON object on stdout (model, ggml, plan, architecture, tensor
+    /// groups, weight bytes, unused tensors, the planner's decision) instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -25,6 +29,85 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let model = Model::from_gguf(&file, &args.device.options()?)?;
     let c = model.config().clone();
+    let mut groups: BTreeMap<String, (usize, u64, BTreeMap<String, usize>)> = BTreeMap::new();
+    for t in file.tensors() {
+        let group = t.name.split('.').next().unwrap_or("?").to_owned();
+        let entry = groups.entry(group).or_default();
+        entry.0 += 1;
+        entry.1 += t.nbytes();
+        *entry.2.entry(t.dtype.to_string()).or_default() += 1;
+    }
+    let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    let device = model.device().name();
+    // The architecture's table of the file, the one the loader checked it against.
+    let table = architecture::tensors(&c, &Parts::of_file(&file, &c, true)?)?;
+    let count = |role| table.iter().filter(|t| t.role == role).count();
+    let quantised = table.iter().filter(|t| t.quantised).count();
+    let host: Vec<&str> = table
+        .iter()
+        .filter(|t| t.role == Role::Host)
+        .map(|t| t.name.as_str())
+        .collect();
+    // The graph of a 640x427 photo at the model's process resolution (504x336 by default).
+    let photo = da3::synthetic::image(640, 427);
+    let size = da3::Request::image(&photo).processed_plans(model.process_res())?[0];
+    let report = model.session()?.residency_report(size.width, size.height)?;
+
+    if args.json {
+        let groups: serde_json::Map<String, serde_json::Value> = groups
+            .iter()
+            .map(|(group, (count, bytes, types))| {
+                let value = serde_json::json!({
+                    "tensors": count, "bytes": bytes, "types": types, "device": device,
+                });
+                (group.clone(), value)
+            })
+            .collect();
+        let facts = serde_json::json!({
+            "model": args.model.describe(),
+            "name": c.name,
+            "ggml": da3::ggml::ggml_version(),
+            "ggml_cpu": da3::ggml::cpu_features(),
+            "gguf_version": file.version(),
+            "plan": model.plan().to_json(),
+            "backbone": {
+                "embed_dim": c.vit.embed_dim,
+                "depth": c.vit.depth,
+                "heads": c.vit.num_heads,
+                "ffn": format!("{:?}", c.vit.ffn),
+                "mlp_hidden": c.vit.mlp_hidden,
+                "out_layers": c.vit.out_layers,
+                "alt_start": c.vit.alt_start,
+                "rope_start": c.vit.rope_start,
+                "qknorm_start": c.vit.qknorm_start,
+                "cat_token": c.vit.cat_token,
+            },
+            "head": {
+                "kind": format!("{:?}", c.head.kind),
+                "features": c.head.features,
+                "out_channels": c.head.out_channels,
+                "sky": c.head.sky,
+            },
+            "parameters": params,
+            "tensors": file.tensors().len(),
+            "groups": groups,
+            "architecture": {
+                "tensors": table.len(),
+                "matrix_weights": count(Role::Matmul),
+                "quantised_by_quantize": quantised,
+                "convolution_kernels": count(Role::ConvKernel),
+                "others": count(Role::F32) + count(Role::Host),
+                "host_only": host,
+            },
+            "device": device,
+            "device_weight_bytes": model.device_weight_bytes(),
+            "unused_tensors": model.unused_tensors(),
+            "residency": report.summary(),
+        });
+        outln!("{}", serde_json::to_string_pretty(&facts)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+
     outln!("model        {}", args.model.describe());
     outln!("ggml cpu     {}", da3::ggml::cpu_features());
     outln!("plan         {}", model.plan());
@@ -56,21 +139,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         c.head.out_channels,
         c.head.sky
     );
-    let mut groups: BTreeMap<String, (usize, u64, BTreeMap<String, usize>)> = BTreeMap::new();
-    for t in file.tensors() {
-        let group = t.name.split('.').next().unwrap_or("?").to_owned();
-        let entry = groups.entry(group).or_default();
-        entry.0 += 1;
-        entry.1 += t.nbytes();
-        *entry.2.entry(t.dtype.to_string()).or_default() += 1;
-    }
-    let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
     outln!(
         "parameters   {:.1} M in {} tensors",
         params as f64 / 1e6,
         file.tensors().len()
     );
-    let device = model.device().name();
     for (group, (count, bytes, types)) in &groups {
         let types: Vec<String> = types.iter().map(|(t, n)| format!("{n} {t}")).collect();
         outln!(
@@ -79,23 +152,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             types.join(", ")
         );
     }
-    // The architecture's table of the file, the one the loader checked it against.
-    let table = architecture::tensors(&c, &Parts::of_file(&file, &c, true)?)?;
-    let count = |role| table.iter().filter(|t| t.role == role).count();
     outln!(
         "tensors      {} in the architecture: {} matrix weights ({} stored quantised by da3 quantize), {} \
          convolution kernels, {} others",
         table.len(),
         count(Role::Matmul),
-        table.iter().filter(|t| t.quantised).count(),
+        quantised,
         count(Role::ConvKernel),
         count(Role::F32) + count(Role::Host)
     );
-    let host: Vec<&str> = table
-        .iter()
-        .filter(|t| t.role == Role::Host)
-        .map(|t| t.name.as_str())
-        .collect();
     outln!(
         "  ({} read on the host only, resampled per resolution)",
         host.join(", ")
@@ -107,10 +172,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !model.unused_tensors().is_empty() {
         outln!("unused tensors: {}", model.unused_tensors().join(", "));
     }
-    // The graph of a 640x427 photo at the model's process resolution (504x336 by default).
-    let photo = da3::synthetic::image(640, 427);
-    let size = da3::Request::image(&photo).processed_plans(model.process_res())?[0];
-    let report = model.session()?.residency_report(size.width, size.height)?;
     outln!("{}", report.summary());
     Ok(ExitCode::SUCCESS)
 }

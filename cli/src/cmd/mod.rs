@@ -2,7 +2,7 @@
 //!
 //! Exit codes: 0 success, 1 failure (the error and its causes on stderr), 2 bad usage.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// `print!` / `println!` that never panic: see [`stdout_failed`].
@@ -88,10 +88,39 @@ enum Command {
     Serve(serve::Args),
     /// Write a self-contained HTML page (WebGL) that shows a PLY or glb point cloud.
     View(view::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
+    /// `da3 completions bash > ~/.local/share/bash-completion/completions/da3`.
+    Completions(CompletionsArgs),
     /// Internal: computes on one `rpc:` device for `da3 depth` and `da3 batch`, which start
     /// it (jobs on stdin, results on stdout).
     #[command(hide = true)]
     RemoteWorker(Box<remote::WorkerArgs>),
+}
+
+#[derive(clap::Args)]
+struct CompletionsArgs {
+    /// The shell the script is for.
+    shell: clap_complete::Shell,
+}
+
+/// `--version` in full: the package, the ggml it runs on and the backends built in (asking
+/// for the backends initialises them, so only `--version` pays for it).
+fn long_version() -> &'static str {
+    let mut backends: Vec<String> = da3::ggml::Device::all()
+        .iter()
+        .map(|d| d.backend_name())
+        .filter(|name| !name.is_empty())
+        .collect();
+    backends.sort();
+    backends.dedup();
+    let text = format!(
+        "{} (ggml {}; backends: {}; CPU: {})",
+        env!("CARGO_PKG_VERSION"),
+        da3::ggml::ggml_version(),
+        backends.join(", "),
+        da3::ggml::cpu_features()
+    );
+    Box::leak(text.into_boxed_str())
 }
 
 pub fn main() -> ExitCode {
@@ -102,7 +131,14 @@ pub fn main() -> ExitCode {
     if std::env::var_os("GGML_NO_BACKTRACE").is_none() {
         std::env::set_var("GGML_NO_BACKTRACE", "1");
     }
-    let cli = Cli::parse();
+    let mut command = Cli::command();
+    if std::env::args_os().any(|a| a == "--version") {
+        command = command.long_version(long_version());
+    }
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     init_logger(cli.verbose, cli.quiet);
     // `serve` handles SIGINT/SIGTERM itself (finishing the requests in flight).
     if !matches!(cli.command, Command::Serve(_)) {
@@ -121,6 +157,13 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::View(args) => view::run(args),
         Command::RemoteWorker(args) => remote::run_worker(*args),
+        Command::Completions(args) => {
+            // Into memory first: the generator panics on a write error (`| head`).
+            let mut script = Vec::new();
+            clap_complete::generate(args.shell, &mut Cli::command(), "da3", &mut script);
+            out!("{}", String::from_utf8_lossy(&script));
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,

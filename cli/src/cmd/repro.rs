@@ -84,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         conv_precision: ConvPrecisionArg::Auto,
         plan: Vec::new(),
     };
-    let image = load_input(args.input.as_ref())?;
+    let image = load_input(args.input.as_ref(), &Default::default())?;
     outln!(
         "da3 repro: model {}, device {device_spec}",
         args.model.describe()
@@ -336,7 +336,7 @@ fn run_unchecked_child(args: &Args) -> anyhow::Result<ExitCode> {
         ..device_args.options()?
     };
     let model = args.model.load(&options)?;
-    let image = load_input(args.input.as_ref())?;
+    let image = load_input(args.input.as_ref(), &Default::default())?;
     let request = da3::Request::image(&image).process_res(args.process_res);
     let prediction = model.session()?.run(&request)?.into_single()?;
     let finite = prediction.depth.iter().all(|v| v.is_finite());
