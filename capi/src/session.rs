@@ -240,7 +240,7 @@ fn reference(options: &Da3RunOptions) -> Result<da3::RefViewStrategy, Failure> {
 /// # Safety
 /// Non-null `options.extrinsics` and `options.intrinsics` must be valid for reading
 /// `views * 12` and `views * 9` floats.
-unsafe fn known_poses(
+pub(crate) unsafe fn known_poses(
     options: &Da3RunOptions,
     views: usize,
 ) -> Result<Option<Vec<da3::KnownPose>>, Failure> {
