@@ -1,4 +1,4 @@
-//! `da3._da3`: the Python extension module behind the `da3` package. A [`Model`] loads once;
+//! `da3._da3`: the Python extension module behind the `da3` package. A `Model` loads once;
 //! its inferences run on a thread of their own that owns the session (sessions are
 //! single-threaded), with the GIL released while they compute. Images come in as file paths or
 //! `uint8` arrays `[H, W, 3]`; results go out as numpy arrays shaped as the official
