@@ -126,6 +126,36 @@ fn a_corrupt_image_in_the_middle_is_reported_and_skipped_and_fails_the_run() {
     );
 }
 
+/// A folder gives every image format da3 reads; its other files are named in a warning and in
+/// the summary; the summary names the device `auto` resolved to.
+#[test]
+fn folders_give_every_readable_format_and_name_what_they_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let shots = dir.path().join("shots");
+    std::fs::create_dir(&shots).unwrap();
+    png(&shots.join("a.png"), 30, 20, 1);
+    let webp = image::RgbImage::from_fn(30, 20, |x, y| image::Rgb([x as u8 * 8, y as u8 * 9, 7]));
+    webp.save(shots.join("b.webp")).unwrap();
+    webp.save(shots.join("c.bmp")).unwrap();
+    std::fs::write(shots.join("notes.txt"), "not an image").unwrap();
+    std::fs::write(shots.join("raw.cr2"), "a raw file").unwrap();
+    let run = da3_in(
+        dir.path(),
+        &["batch", "shots", "--out-dir", "o", "--process-res", "42", "--threads", "2"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(run.stderr.contains("notes.txt: not an image format"), "{}", run.context());
+    let s = summary(&dir.path().join("o"));
+    assert_eq!(s["ok"], 3, "{s}");
+    assert_eq!(
+        s["skipped"],
+        serde_json::json!(["shots/notes.txt", "shots/raw.cr2"]),
+        "{s}"
+    );
+    assert_eq!(s["devices"], serde_json::json!(["CPU"]), "{s}");
+    assert_eq!(s["results"][0]["device"], "CPU", "{s}");
+}
+
 #[test]
 fn globs_files_and_duplicates_exit_0_with_outputs_named_after_inputs() {
     let dir = tempfile::tempdir().unwrap();
