@@ -8,7 +8,7 @@
 
 use super::common::{DeviceArgs, ModelArgs};
 use anyhow::Context as _;
-use axum::extract::multipart::{MultipartError, MultipartRejection};
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::{DefaultBodyLimit, Multipart, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 mod api;
+mod form;
+
+use form::Output;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -61,39 +64,6 @@ pub struct Args {
     max_views: u16,
 }
 
-/// What a request may ask for besides the JSON summary.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Output {
-    DepthPng,
-    DepthF32,
-    ConfidenceF32,
-    SkyF32,
-    Pose,
-    Points,
-    Ply,
-    Glb,
-}
-
-impl Output {
-    const ALL: [(&'static str, Output); 8] = [
-        ("depth_png", Output::DepthPng),
-        ("depth_f32", Output::DepthF32),
-        ("confidence_f32", Output::ConfidenceF32),
-        ("sky_f32", Output::SkyF32),
-        ("pose", Output::Pose),
-        ("points", Output::Points),
-        ("ply", Output::Ply),
-        ("glb", Output::Glb),
-    ];
-    /// Needs the point cloud (and the processed colours).
-    fn is_3d(self) -> bool {
-        matches!(self, Output::Points | Output::Ply | Output::Glb)
-    }
-    fn name(self) -> &'static str {
-        Output::ALL.iter().find(|(_, o)| *o == self).unwrap().0
-    }
-}
-
 /// One request's images, for one worker.
 struct Job {
     images: Arc<Vec<RgbImage8>>,
@@ -116,9 +86,6 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
         }
-    }
-    fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 }
 
@@ -542,18 +509,10 @@ async fn metrics(State(shared): State<AppState>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
 
-fn multipart_error(e: MultipartError, limit: usize) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return too_large(limit);
+impl From<form::FormError> for ApiError {
+    fn from(e: form::FormError) -> ApiError {
+        ApiError::new(e.status, e.message)
     }
-    ApiError::bad_request(format!("malformed multipart upload: {}", e.body_text()))
-}
-
-fn too_large(limit: usize) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        format!("the upload is larger than the limit of {limit} bytes"),
-    )
 }
 
 async fn depth(
@@ -567,101 +526,21 @@ async fn depth(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large(limit));
+        return Err(form::too_large(limit).into());
     }
-    let mut multipart = multipart.map_err(|e| {
-        ApiError::new(
-            e.status(),
-            format!(
-                "expected a multipart/form-data upload with `image` fields: {}",
-                e.body_text()
-            ),
-        )
-    })?;
-    let mut files: Vec<(Option<String>, axum::body::Bytes)> = Vec::new();
-    let mut process_res = None;
-    let mut outputs: Vec<Output> = Vec::new();
-    while let Some(field) = multipart
-        .next_field()
-        .await
-        .map_err(|e| multipart_error(e, limit))?
-    {
-        let name = field.name().unwrap_or("").to_owned();
-        match name.as_str() {
-            "image" => {
-                if files.len() == shared.max_views {
-                    return Err(ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        format!(
-                            "more than {} images in one request (the limit)",
-                            shared.max_views
-                        ),
-                    ));
-                }
-                let file_name = field.file_name().map(str::to_owned);
-                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
-                files.push((file_name, bytes));
-            }
-            "process_res" => {
-                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-                let value = text.trim().parse::<usize>().map_err(|_| {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        format!("process_res {text:?}: not a whole number"),
-                    )
-                })?;
-                if !(da3::preprocess::PATCH_SIZE..=da3::preprocess::MAX_PROCESS_RES)
-                    .contains(&value)
-                {
-                    return Err(ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        format!(
-                            "process_res {value}: must be from {} to {}",
-                            da3::preprocess::PATCH_SIZE,
-                            da3::preprocess::MAX_PROCESS_RES
-                        ),
-                    ));
-                }
-                process_res = Some(value);
-            }
-            "outputs" => {
-                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-                for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    let Some((_, output)) = Output::ALL.iter().find(|(n, _)| *n == item) else {
-                        return Err(ApiError::bad_request(format!(
-                            "outputs: unknown output {item:?} (known: depth_png, depth_f32, \
-                             confidence_f32, sky_f32, pose, points, ply, glb)"
-                        )));
-                    };
-                    let missing = match output {
-                        Output::Pose => !shared.has_pose,
-                        Output::SkyF32 => !shared.has_sky,
-                        Output::ConfidenceF32 => !shared.has_confidence,
-                        _ => false,
-                    };
-                    if missing {
-                        return Err(ApiError::new(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            format!("outputs: model {} has no {item}", shared.preset),
-                        ));
-                    }
-                    if !outputs.contains(output) {
-                        outputs.push(*output);
-                    }
-                }
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown form field {other:?} (expected image, process_res, outputs)"
-                )));
-            }
-        }
-    }
-    if files.is_empty() {
-        return Err(ApiError::bad_request(
-            "no `image` field: upload one or more images as multipart fields named `image`",
-        ));
-    }
+    let rules = form::Rules {
+        max_upload_bytes: limit,
+        max_views: shared.max_views,
+        preset: &shared.preset,
+        has_pose: shared.has_pose,
+        has_sky: shared.has_sky,
+        has_confidence: shared.has_confidence,
+    };
+    let form::Form {
+        files,
+        process_res,
+        outputs,
+    } = form::read(multipart.map_err(form::rejected)?, &rules).await?;
     // Decoding is CPU work: off the async threads.
     let names: Vec<Option<String>> = files.iter().map(|(n, _)| n.clone()).collect();
     let images = tokio::task::spawn_blocking(move || {
