@@ -4,7 +4,8 @@
 //! `!Send`, so each is made inside its thread) and take jobs from one bounded queue
 //! (`--queue`). A full queue answers 503 with `Retry-After`; a job not answered within
 //! `--timeout` answers 504. SIGINT/SIGTERM stop accepting, finish what is in flight, exit 0.
-//! Every error is JSON `{"error": "...", "code": N}`.
+//! Every error is JSON `{"error": "...", "code": N}`. Slow clients are bounded by
+//! `--header-timeout`, `--body-timeout` and `--max-connections` (see `serve/connections.rs`).
 
 use super::common::{DeviceArgs, ModelArgs};
 use anyhow::Context as _;
@@ -14,7 +15,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use da3::export::ExportOptions;
 use da3::preprocess::PreprocessError;
@@ -31,6 +32,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 mod api;
+mod connections;
 mod form;
 
 use form::Output;
@@ -62,6 +64,18 @@ pub struct Args {
     /// Most images in one request.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     max_views: u16,
+    /// Seconds a client has to send a request head, from its first byte or, on a kept-alive
+    /// connection, from the previous answer (so also the idle timeout); then the connection is
+    /// closed.
+    #[arg(long, default_value = "10", value_parser = parse_timeout)]
+    header_timeout: Duration,
+    /// Longest pause, in seconds, while receiving a request body; then 408.
+    #[arg(long, default_value = "30", value_parser = parse_timeout)]
+    body_timeout: Duration,
+    /// Most connections open at once (lowered to fit the open-files limit). When reached, the
+    /// connection that has waited longest on its client is closed to make room for the new one.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 }
 
 /// One request's images, for one worker.
@@ -122,6 +136,9 @@ struct Metrics {
     queue_depth: AtomicU64,
     jobs_in_flight: AtomicU64,
     http_in_flight: AtomicU64,
+    connections_open: AtomicU64,
+    /// Connections closed to make room for new ones (at `--max-connections`, or out of files).
+    connections_shed: AtomicU64,
 }
 
 struct Shared {
@@ -168,9 +185,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (queue, jobs) = sync_channel::<Job>(args.queue as usize);
     let metrics = Arc::new(Metrics::default());
     let workers = start_workers(&model, args.workers as usize, jobs, &metrics)?;
+    let max_connections = connections::connection_cap(args.max_connections as usize);
     let shared = Arc::new(Shared {
         queue,
-        metrics,
+        metrics: Arc::clone(&metrics),
         model_name,
         preset: config.name.clone(),
         device: model.device().name(),
@@ -194,14 +212,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("listening on http://{bound}");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        let app = router(shared);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving")?;
+        let app = router(shared, args.body_timeout);
+        let limits = connections::Limits {
+            header_timeout: args.header_timeout,
+            max_connections,
+        };
+        connections::serve(listener, app, limits, metrics, shutdown_signal()).await;
         anyhow::Ok(())
     })?;
-    // The router (and with it the queue's sender) is gone: workers finish and return.
+    // Ends the tasks of connections that are done but not yet dropped, so that every copy of
+    // the router (and with it the queue's sender) is gone: workers finish and return.
+    drop(runtime);
     for worker in workers {
         let _ = worker.join();
     }
@@ -340,7 +361,7 @@ fn worker(
     }
 }
 
-fn router(shared: AppState) -> Router {
+fn router(shared: AppState, body_timeout: Duration) -> Router {
     let limit = shared.max_upload_bytes;
     Router::new()
         .route("/", get(index))
@@ -353,6 +374,9 @@ fn router(shared: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
             record,
@@ -499,6 +523,11 @@ async fn metrics(State(shared): State<AppState>) -> impl IntoResponse {
             "HTTP requests being answered.",
             &m.http_in_flight,
         ),
+        (
+            "da3_http_connections_open",
+            "Client connections open.",
+            &m.connections_open,
+        ),
     ] {
         let _ = writeln!(
             out,
@@ -506,6 +535,13 @@ async fn metrics(State(shared): State<AppState>) -> impl IntoResponse {
             value.load(Ordering::Relaxed)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP da3_http_connections_shed_total Connections closed to make room for new ones.\n\
+         # TYPE da3_http_connections_shed_total counter\n\
+         da3_http_connections_shed_total {}",
+        m.connections_shed.load(Ordering::Relaxed)
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
 
@@ -517,6 +553,7 @@ impl From<form::FormError> for ApiError {
 
 async fn depth(
     State(shared): State<AppState>,
+    connection: Option<Extension<Arc<connections::Connection>>>,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -541,6 +578,8 @@ async fn depth(
         process_res,
         outputs,
     } = form::read(multipart.map_err(form::rejected)?, &rules).await?;
+    // The whole body is in: from here the client only waits for the answer.
+    let _busy = connection.map(|Extension(c)| c.busy());
     // Decoding is CPU work: off the async threads.
     let names: Vec<Option<String>> = files.iter().map(|(n, _)| n.clone()).collect();
     let images = tokio::task::spawn_blocking(move || {

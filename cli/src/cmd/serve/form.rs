@@ -1,5 +1,5 @@
 //! The `/v1/depth` form: multipart fields `image` (repeated), `process_res` and `outputs`, read
-//! and checked here. Self-contained (axum and the library's limits only) so that
+//! and checked here. Self-contained (axum, tower-http and the library's limits only) so that
 //! `fuzz/fuzz_targets/serve_form.rs` can include this file and drive [`parse`] with bytes,
 //! without a socket.
 
@@ -205,7 +205,26 @@ fn multipart_error(e: MultipartError, limit: usize) -> FormError {
     if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
         return too_large(limit);
     }
+    if stalled(&e) {
+        return FormError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "the upload stalled: no data within the server's body timeout",
+        );
+    }
     FormError::bad_request(format!("malformed multipart upload: {}", e.body_text()))
+}
+
+/// Whether the body read failed because the client sent nothing for the body timeout
+/// (`tower_http`'s `RequestBodyTimeoutLayer`, somewhere down the error's sources).
+fn stalled(e: &MultipartError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = source {
+        if error.is::<tower_http::timeout::TimeoutError>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 pub fn too_large(limit: usize) -> FormError {
