@@ -21,9 +21,9 @@
 //! ```
 //!
 //! Arguments: the `da3` binary, an image, the process resolution, the number of requests (split
-//! evenly over the three levels, after 200 warm-up requests of the mix at 16 clients). Extra arguments go to `da3 serve`
-//! after the soak's defaults (`--workers 1 --queue 16 --max-upload-bytes 1048576
-//! --body-timeout 1 --header-timeout 2`).
+//! evenly over the three levels, after 1000 warm-up requests of the mix at 16 clients). Extra
+//! arguments go to `da3 serve` after the soak's defaults (`--workers 1 --queue 16
+//! --max-upload-bytes 1048576 --body-timeout 1 --header-timeout 2`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 const BOUNDARY: &str = "da3-soak-boundary-5f3a";
 const MAX_UPLOAD_BYTES: usize = 1 << 20;
 /// Requests of the mix sent before anything is measured.
-const WARM_UP: usize = 200;
+const WARM_UP: usize = 1000;
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Kind {

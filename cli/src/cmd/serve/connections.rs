@@ -36,6 +36,9 @@ const RESERVED_FILES: u64 = 64;
 /// up, so that a persistent one (out of file descriptors, out of memory) cannot spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
+/// After running out of files and closing a connection: time for its task to drop it.
+const ROOM_MADE_PAUSE: Duration = Duration::from_millis(2);
+
 /// `requested`, lowered (with a warning) so that the connections and the server's own files fit
 /// the process's open-files limit (`ulimit -n`).
 pub fn connection_cap(requested: usize) -> usize {
@@ -92,7 +95,8 @@ impl Drop for BusyGuard {
 
 /// The open connections.
 struct Registry {
-    cap: usize,
+    /// Most open at once; lowered when `accept` runs out of files below it.
+    cap: AtomicUsize,
     epoch: Instant,
     open: Mutex<(u64, HashMap<u64, Arc<Connection>>)>,
     metrics: Arc<Metrics>,
@@ -104,7 +108,8 @@ impl Registry {
     fn admit(&self) -> Option<(u64, Arc<Connection>)> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let (next_id, connections) = &mut *open;
-        if connections.len() >= self.cap && !Self::close_least_active(connections, &self.metrics) {
+        let cap = self.cap.load(Ordering::Relaxed);
+        if connections.len() >= cap && !Self::close_least_active(connections, &self.metrics) {
             return None;
         }
         let connection = Arc::new(Connection {
@@ -123,10 +128,19 @@ impl Registry {
         Some((id, connection))
     }
 
-    /// Frees a file descriptor (`accept` said there are none left).
-    fn make_room(&self) {
+    /// `accept` found no file descriptor left: lowers the cap below the connections open now
+    /// (the files the cap was fitted to were not all there: the open-files limit was lowered
+    /// under the running server, or the server's own files took more), so that from now on the
+    /// cap makes room before `accept` fails; and frees one descriptor. Whether one was freed.
+    fn out_of_files(&self) -> bool {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        Self::close_least_active(&mut open.1, &self.metrics);
+        let fitting = open.1.len().saturating_sub(1).max(1);
+        let cap = self.cap.load(Ordering::Relaxed);
+        if fitting < cap {
+            self.cap.store(fitting, Ordering::Relaxed);
+            log::warn!("out of open files with {} connections: --max-connections lowered from {cap} to {fitting}", open.1.len());
+        }
+        Self::close_least_active(&mut open.1, &self.metrics)
     }
 
     fn close_least_active(
@@ -246,7 +260,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let registry = Arc::new(Registry {
-        cap: limits.max_connections,
+        cap: AtomicUsize::new(limits.max_connections),
         epoch: Instant::now(),
         open: Mutex::new((0, HashMap::new())),
         metrics,
@@ -268,10 +282,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let Some((id, connection)) = registry.admit() else {
-            log::warn!(
-                "{} connections open, all computing: closing a new one",
-                registry.cap
-            );
+            log::warn!("every connection open is computing: closing a new one");
             continue; // dropping the stream closes it
         };
         let registered = Registered {
@@ -308,8 +319,8 @@ pub async fn serve(
     graceful.shutdown().await;
 }
 
-/// After an `accept` error: a peer that gave up is nothing; out of file descriptors, close the
-/// least active connection; pause either way so that a lasting error cannot spin.
+/// After an `accept` error: a peer that gave up is nothing; out of file descriptors, lower the
+/// cap and close the least active connection; pause so that a lasting error cannot spin.
 async fn accept_failed(e: &io::Error, registry: &Registry) {
     use nix::errno::Errno;
     if matches!(
@@ -325,7 +336,10 @@ async fn accept_failed(e: &io::Error, registry: &Registry) {
         .is_some_and(|code| code == Errno::EMFILE as i32 || code == Errno::ENFILE as i32);
     if out_of_files {
         log::warn!("accept: {e}; closing the least active connection");
-        registry.make_room();
+        if registry.out_of_files() {
+            tokio::time::sleep(ROOM_MADE_PAUSE).await;
+            return;
+        }
     } else {
         log::error!("accept: {e}");
     }
