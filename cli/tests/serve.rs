@@ -23,7 +23,23 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
+        Server::start_command(Command::new(env!("CARGO_BIN_EXE_da3")), extra)
+    }
+
+    /// The server with its open-files limit (soft and hard) lowered to `limit` (`ulimit -n`).
+    fn start_with_open_files(limit: u32, extra: &[&str]) -> Server {
+        let mut command = Command::new("sh");
+        command.args([
+            "-c",
+            &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
+            env!("CARGO_BIN_EXE_da3"),
+        ]);
+        Server::start_command(command, extra)
+    }
+
+    /// `command` (`da3` or what runs it) given `serve` and its arguments.
+    fn start_command(mut command: Command, extra: &[&str]) -> Server {
+        let mut child = command
             .args(["-q", "serve", "--addr", "127.0.0.1:0"])
             .args(extra)
             .env("GGML_NO_BACKTRACE", "1")
@@ -705,5 +721,103 @@ fn point_cloud_outputs_equal_the_library_exports() {
     assert_eq!(status, 200);
     assert!(ct.starts_with("text/javascript"), "{ct}");
     assert!(js.contains("function da3Viewer("));
+    server.stop();
+}
+
+/// Opens a connection and sends a request head announcing a 100 kB upload and the start of its
+/// first multipart field, then nothing more.
+fn stalled_upload(addr: &str) -> std::net::TcpStream {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST /v1/depth HTTP/1.1\r\nHost: {addr}\r\n\
+         Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n\
+         Content-Length: 100000\r\n\r\n\
+         --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\r\n"
+    )
+    .unwrap();
+    stream
+}
+
+#[test]
+fn stalled_uploads_beyond_the_open_files_limit_do_not_starve_others() {
+    // More stalled uploads than the server may open files: without a connection cap, accept
+    // fails (EMFILE) for everyone until they leave. The timeouts are long so that only the cap
+    // (closing the connection that has waited longest on its client) can make room.
+    const OPEN_FILES: u32 = 256;
+    const STALLED: usize = 300;
+    let server = Server::start_with_open_files(
+        OPEN_FILES,
+        &["--header-timeout", "60", "--body-timeout", "60"],
+    );
+    let stalled: Vec<_> = (0..STALLED).map(|_| stalled_upload(&server.addr)).collect();
+    // Let the server take in the stalled connections from its listen queue first.
+    std::thread::sleep(Duration::from_millis(500));
+
+    let start = Instant::now();
+    let (status, _, _) = server.get("/healthz");
+    let healthz = start.elapsed();
+    assert_eq!(status, 200);
+    let start = Instant::now();
+    let (status, json) = server.depth(&[("process_res", None, b"56"), ("image", None, &png())]);
+    let depth = start.elapsed();
+    assert_eq!(status, 200, "{json}");
+    eprintln!(
+        "with {STALLED} stalled uploads and {OPEN_FILES} open files: /healthz answered in \
+         {healthz:?}, /v1/depth (process_res 56) in {depth:?}"
+    );
+    // Timed tests are flaky on shared machines: a generous bound (measured: well under 1 s).
+    assert!(healthz < Duration::from_secs(5), "{healthz:?}");
+
+    let (_, _, metrics) = server.get("/metrics");
+    let value = |name: &str| -> u64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap();
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let open = value("da3_http_connections_open ");
+    let shed = value("da3_http_connections_shed_total ");
+    eprintln!("connections open {open}, closed to make room {shed}");
+    assert!(open < OPEN_FILES as u64, "{metrics}");
+    assert!(shed as usize > STALLED - OPEN_FILES as usize, "{metrics}");
+    drop(stalled);
+    server.stop();
+}
+
+#[test]
+fn stalled_upload_answers_408_after_the_body_timeout() {
+    let server = Server::start(&["--body-timeout", "0.5"]);
+    let mut stream = stalled_upload(&server.addr);
+    let start = Instant::now();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let waited = start.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":408"), "{answer}");
+    assert!(answer.contains("the upload stalled"), "{answer}");
+    assert!(
+        (Duration::from_millis(400)..Duration::from_secs(10)).contains(&waited),
+        "{waited:?}"
+    );
+    server.stop();
+}
+
+#[test]
+fn stalled_request_head_is_closed_after_the_header_timeout() {
+    let server = Server::start(&["--header-timeout", "0.5"]);
+    let mut stream = std::net::TcpStream::connect(&server.addr).unwrap();
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let start = Instant::now();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let waited = start.elapsed();
+    assert!(
+        (Duration::from_millis(400)..Duration::from_secs(10)).contains(&waited),
+        "{waited:?}"
+    );
+    // A complete request on a new connection is answered.
+    let (status, _, _) = server.get("/healthz");
+    assert_eq!(status, 200);
     server.stop();
 }

@@ -1,6 +1,6 @@
-//! Writes the seed corpora: `write_seeds DIR` fills DIR/{gguf_model,image_preprocess,graph_ops}
-//! from the built-in model, small GGUF files, the image fixtures and a JPEG of the synthetic
-//! test image.
+//! Writes the seed corpora: `write_seeds DIR` fills
+//! DIR/{gguf_model,image_preprocess,graph_ops,serve_form} from the built-in model, small GGUF
+//! files, the image fixtures, a JPEG of the synthetic test image and a few `da3 serve` forms.
 
 use da3::da3::{convert, synthetic, Config};
 use da3::ggml::DType;
@@ -87,4 +87,53 @@ fn main() {
         ];
         write("graph_ops", &format!("op{op:02}"), &seed);
     }
+
+    // Forms: a selector byte (0x1f: every optional output, four views), then multipart bodies
+    // with the serve_form target's boundary.
+    let part = |name: &str, file: Option<&str>, bytes: &[u8]| {
+        let mut p =
+            format!("--da3-fuzz-boundary\r\nContent-Disposition: form-data; name=\"{name}\"");
+        if let Some(file) = file {
+            p += &format!("; filename=\"{file}\"\r\nContent-Type: image/png");
+        }
+        let mut p = p.into_bytes();
+        p.extend_from_slice(b"\r\n\r\n");
+        p.extend_from_slice(bytes);
+        p.extend_from_slice(b"\r\n");
+        p
+    };
+    let tiny = std::fs::read(root.join("tests/fixtures/preprocess/tiny.png")).unwrap();
+    let forms: [(&str, Vec<Vec<u8>>); 4] = [
+        (
+            "full",
+            vec![
+                part("process_res", None, b"504"),
+                part("outputs", None, b"depth_png, pose,points,ply,glb,depth_f32"),
+                part("image", Some("a.png"), &tiny),
+            ],
+        ),
+        (
+            "two-images",
+            vec![
+                part("image", Some("a.png"), &tiny),
+                part("image", None, b"not an image"),
+                part("outputs", None, b"sky_f32,confidence_f32"),
+            ],
+        ),
+        ("bad-res", vec![part("process_res", None, b" 7 ")]),
+        ("unknown-field", vec![part("colour", None, b"blue")]),
+    ];
+    for (name, parts) in forms {
+        let mut seed = vec![0x1f];
+        for p in parts {
+            seed.extend(p);
+        }
+        seed.extend_from_slice(b"--da3-fuzz-boundary--\r\n");
+        write("serve_form", name, &seed);
+    }
+    let mut own_type = b"\x80multipart/form-data; boundary=X\n".to_vec();
+    own_type.extend_from_slice(
+        b"--X\r\nContent-Disposition: form-data; name=\"image\"\r\n\r\nx\r\n--X--\r\n",
+    );
+    write("serve_form", "own-content-type", &own_type);
 }

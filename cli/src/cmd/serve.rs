@@ -4,17 +4,18 @@
 //! `!Send`, so each is made inside its thread) and take jobs from one bounded queue
 //! (`--queue`). A full queue answers 503 with `Retry-After`; a job not answered within
 //! `--timeout` answers 504. SIGINT/SIGTERM stop accepting, finish what is in flight, exit 0.
-//! Every error is JSON `{"error": "...", "code": N}`.
+//! Every error is JSON `{"error": "...", "code": N}`. Slow clients are bounded by
+//! `--header-timeout`, `--body-timeout` and `--max-connections` (see `serve/connections.rs`).
 
 use super::common::{DeviceArgs, ModelArgs};
 use anyhow::Context as _;
-use axum::extract::multipart::{MultipartError, MultipartRejection};
+use axum::extract::multipart::MultipartRejection;
 use axum::extract::{DefaultBodyLimit, Multipart, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use da3::export::ExportOptions;
 use da3::preprocess::PreprocessError;
@@ -31,6 +32,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 mod api;
+mod connections;
+mod form;
+
+use form::Output;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,39 +64,18 @@ pub struct Args {
     /// Most images in one request.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     max_views: u16,
-}
-
-/// What a request may ask for besides the JSON summary.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Output {
-    DepthPng,
-    DepthF32,
-    ConfidenceF32,
-    SkyF32,
-    Pose,
-    Points,
-    Ply,
-    Glb,
-}
-
-impl Output {
-    const ALL: [(&'static str, Output); 8] = [
-        ("depth_png", Output::DepthPng),
-        ("depth_f32", Output::DepthF32),
-        ("confidence_f32", Output::ConfidenceF32),
-        ("sky_f32", Output::SkyF32),
-        ("pose", Output::Pose),
-        ("points", Output::Points),
-        ("ply", Output::Ply),
-        ("glb", Output::Glb),
-    ];
-    /// Needs the point cloud (and the processed colours).
-    fn is_3d(self) -> bool {
-        matches!(self, Output::Points | Output::Ply | Output::Glb)
-    }
-    fn name(self) -> &'static str {
-        Output::ALL.iter().find(|(_, o)| *o == self).unwrap().0
-    }
+    /// Seconds a client has to send a request head, from its first byte or, on a kept-alive
+    /// connection, from the previous answer (so also the idle timeout); then the connection is
+    /// closed.
+    #[arg(long, default_value = "10", value_parser = parse_timeout)]
+    header_timeout: Duration,
+    /// Longest pause, in seconds, while receiving a request body; then 408.
+    #[arg(long, default_value = "30", value_parser = parse_timeout)]
+    body_timeout: Duration,
+    /// Most connections open at once (lowered to fit the open-files limit). When reached, the
+    /// connection that has waited longest on its client is closed to make room for the new one.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 }
 
 /// One request's images, for one worker.
@@ -116,9 +100,6 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
         }
-    }
-    fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 }
 
@@ -155,6 +136,9 @@ struct Metrics {
     queue_depth: AtomicU64,
     jobs_in_flight: AtomicU64,
     http_in_flight: AtomicU64,
+    connections_open: AtomicU64,
+    /// Connections closed to make room for new ones (at `--max-connections`, or out of files).
+    connections_shed: AtomicU64,
 }
 
 struct Shared {
@@ -201,9 +185,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (queue, jobs) = sync_channel::<Job>(args.queue as usize);
     let metrics = Arc::new(Metrics::default());
     let workers = start_workers(&model, args.workers as usize, jobs, &metrics)?;
+    let max_connections = connections::connection_cap(args.max_connections as usize);
     let shared = Arc::new(Shared {
         queue,
-        metrics,
+        metrics: Arc::clone(&metrics),
         model_name,
         preset: config.name.clone(),
         device: model.device().name(),
@@ -227,14 +212,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         outln!("listening on http://{bound}");
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        let app = router(shared);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving")?;
+        let app = router(shared, args.body_timeout);
+        let limits = connections::Limits {
+            header_timeout: args.header_timeout,
+            max_connections,
+        };
+        connections::serve(listener, app, limits, metrics, shutdown_signal()).await;
         anyhow::Ok(())
     })?;
-    // The router (and with it the queue's sender) is gone: workers finish and return.
+    // Ends the tasks of connections that are done but not yet dropped, so that every copy of
+    // the router (and with it the queue's sender) is gone: workers finish and return.
+    drop(runtime);
     for worker in workers {
         let _ = worker.join();
     }
@@ -375,7 +363,7 @@ fn worker(
     }
 }
 
-fn router(shared: AppState) -> Router {
+fn router(shared: AppState, body_timeout: Duration) -> Router {
     let limit = shared.max_upload_bytes;
     Router::new()
         .route("/", get(index))
@@ -388,6 +376,9 @@ fn router(shared: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
             record,
@@ -534,6 +525,11 @@ async fn metrics(State(shared): State<AppState>) -> impl IntoResponse {
             "HTTP requests being answered.",
             &m.http_in_flight,
         ),
+        (
+            "da3_http_connections_open",
+            "Client connections open.",
+            &m.connections_open,
+        ),
     ] {
         let _ = writeln!(
             out,
@@ -541,25 +537,25 @@ async fn metrics(State(shared): State<AppState>) -> impl IntoResponse {
             value.load(Ordering::Relaxed)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP da3_http_connections_shed_total Connections closed to make room for new ones.\n\
+         # TYPE da3_http_connections_shed_total counter\n\
+         da3_http_connections_shed_total {}",
+        m.connections_shed.load(Ordering::Relaxed)
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out)
 }
 
-fn multipart_error(e: MultipartError, limit: usize) -> ApiError {
-    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return too_large(limit);
+impl From<form::FormError> for ApiError {
+    fn from(e: form::FormError) -> ApiError {
+        ApiError::new(e.status, e.message)
     }
-    ApiError::bad_request(format!("malformed multipart upload: {}", e.body_text()))
-}
-
-fn too_large(limit: usize) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        format!("the upload is larger than the limit of {limit} bytes"),
-    )
 }
 
 async fn depth(
     State(shared): State<AppState>,
+    connection: Option<Extension<Arc<connections::Connection>>>,
     headers: HeaderMap,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Json<Value>, ApiError> {
@@ -569,101 +565,23 @@ async fn depth(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large(limit));
+        return Err(form::too_large(limit).into());
     }
-    let mut multipart = multipart.map_err(|e| {
-        ApiError::new(
-            e.status(),
-            format!(
-                "expected a multipart/form-data upload with `image` fields: {}",
-                e.body_text()
-            ),
-        )
-    })?;
-    let mut files: Vec<(Option<String>, axum::body::Bytes)> = Vec::new();
-    let mut process_res = None;
-    let mut outputs: Vec<Output> = Vec::new();
-    while let Some(field) = multipart
-        .next_field()
-        .await
-        .map_err(|e| multipart_error(e, limit))?
-    {
-        let name = field.name().unwrap_or("").to_owned();
-        match name.as_str() {
-            "image" => {
-                if files.len() == shared.max_views {
-                    return Err(ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        format!(
-                            "more than {} images in one request (the limit)",
-                            shared.max_views
-                        ),
-                    ));
-                }
-                let file_name = field.file_name().map(str::to_owned);
-                let bytes = field.bytes().await.map_err(|e| multipart_error(e, limit))?;
-                files.push((file_name, bytes));
-            }
-            "process_res" => {
-                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-                let value = text.trim().parse::<usize>().map_err(|_| {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        format!("process_res {text:?}: not a whole number"),
-                    )
-                })?;
-                if !(da3::preprocess::PATCH_SIZE..=da3::preprocess::MAX_PROCESS_RES)
-                    .contains(&value)
-                {
-                    return Err(ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        format!(
-                            "process_res {value}: must be from {} to {}",
-                            da3::preprocess::PATCH_SIZE,
-                            da3::preprocess::MAX_PROCESS_RES
-                        ),
-                    ));
-                }
-                process_res = Some(value);
-            }
-            "outputs" => {
-                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
-                for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    let Some((_, output)) = Output::ALL.iter().find(|(n, _)| *n == item) else {
-                        return Err(ApiError::bad_request(format!(
-                            "outputs: unknown output {item:?} (known: depth_png, depth_f32, \
-                             confidence_f32, sky_f32, pose, points, ply, glb)"
-                        )));
-                    };
-                    let missing = match output {
-                        Output::Pose => !shared.has_pose,
-                        Output::SkyF32 => !shared.has_sky,
-                        Output::ConfidenceF32 => !shared.has_confidence,
-                        _ => false,
-                    };
-                    if missing {
-                        return Err(ApiError::new(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            format!("outputs: model {} has no {item}", shared.preset),
-                        ));
-                    }
-                    if !outputs.contains(output) {
-                        outputs.push(*output);
-                    }
-                }
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown form field {other:?} (expected image, process_res, outputs)"
-                )));
-            }
-        }
-    }
-    if files.is_empty() {
-        return Err(ApiError::bad_request(
-            "no `image` field: upload one or more images as multipart fields named `image`",
-        ));
-    }
+    let rules = form::Rules {
+        max_upload_bytes: limit,
+        max_views: shared.max_views,
+        preset: &shared.preset,
+        has_pose: shared.has_pose,
+        has_sky: shared.has_sky,
+        has_confidence: shared.has_confidence,
+    };
+    let form::Form {
+        files,
+        process_res,
+        outputs,
+    } = form::read(multipart.map_err(form::rejected)?, &rules).await?;
+    // The whole body is in: from here the client only waits for the answer.
+    let _busy = connection.map(|Extension(c)| c.busy());
     // Decoding is CPU work: off the async threads.
     let names: Vec<Option<String>> = files.iter().map(|(n, _)| n.clone()).collect();
     let images = tokio::task::spawn_blocking(move || {

@@ -47,6 +47,7 @@ pub fn openapi() -> Value {
                     "200": {"description": "One result per image, in upload order",
                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DepthResponse"}}}},
                     "400": error("Malformed multipart, unknown field, unknown output, or no image field"),
+                    "408": error("The upload stalled: no data for the server's body timeout"),
                     "413": error("Upload over the byte limit, too many images, or an image over the pixel limits"),
                     "422": error("A field that is not an image (or a truncated one), a bad process_res, or an output the model lacks"),
                     "500": error("Internal error"),
