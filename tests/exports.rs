@@ -42,6 +42,7 @@ fn prediction() -> Prediction {
         image: colors(),
         input_size: (W, H),
         name: "image.png".into(),
+        ..Prediction::default()
     }
 }
 

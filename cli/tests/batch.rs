@@ -141,10 +141,23 @@ fn folders_give_every_readable_format_and_name_what_they_skip() {
     std::fs::write(shots.join("raw.cr2"), "a raw file").unwrap();
     let run = da3_in(
         dir.path(),
-        &["batch", "shots", "--out-dir", "o", "--process-res", "42", "--threads", "2"],
+        &[
+            "batch",
+            "shots",
+            "--out-dir",
+            "o",
+            "--process-res",
+            "42",
+            "--threads",
+            "2",
+        ],
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
-    assert!(run.stderr.contains("notes.txt: not an image format"), "{}", run.context());
+    assert!(
+        run.stderr.contains("notes.txt: not an image format"),
+        "{}",
+        run.context()
+    );
     let s = summary(&dir.path().join("o"));
     assert_eq!(s["ok"], 3, "{s}");
     assert_eq!(

@@ -422,6 +422,16 @@ impl Config {
             .map(|(_, p)| *p)
     }
 
+    /// Whether this is the metric model (DA3METRIC-LARGE, or the nested model's metric
+    /// branch): a DPT head with sky, and a checkpoint or preset name of the metric family
+    /// (the mono model has the same architecture and predicts relative depth). Its output
+    /// times `focal / 300` is metres ([`crate::metric`]).
+    pub fn is_metric(&self) -> bool {
+        self.head.kind == HeadKind::Dpt
+            && self.head.sky
+            && Self::preset_for_checkpoint(&self.name) == Some("da3metric-large")
+    }
+
     /// Internal consistency (independent of any weights).
     pub fn validate(&self) -> Result<(), Error> {
         let v = &self.vit;
@@ -550,6 +560,7 @@ mod tests {
 
         for name in ["da3mono-large", "da3metric-large"] {
             let mono = Config::preset(name).unwrap();
+            assert_eq!(mono.is_metric(), name == "da3metric-large");
             assert_eq!(mono.vit.out_layers, [4, 11, 17, 23]);
             assert_eq!(
                 (

@@ -13,6 +13,7 @@ pub mod convert;
 pub mod export;
 mod head;
 mod layers;
+pub mod metric;
 mod model;
 pub mod multiview;
 pub mod nested;
@@ -30,6 +31,7 @@ mod weights;
 
 pub use architecture::{Role, TensorSpec};
 pub use config::{Config, Ffn, HeadKind, PRESETS};
+pub use metric::{DepthUnit, Focal, FocalSource, MetricFocal};
 pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::RefViewStrategy;
 pub use nested::{NestedModel, NestedSession};

@@ -20,6 +20,7 @@
 //! files: the any-view one in the standard layout, the metric one under `m_vit.` / `m_head.`
 //! (read by every loader here, see [`crate::da3::config::FileLayout`]).
 
+use super::metric::{DepthUnit, FOCAL_UNIT};
 use super::model::{Model, Prepared, Session};
 use super::multiview::RefViewStrategy;
 use super::outputs::{quantile, Prediction};
@@ -30,8 +31,6 @@ use std::path::Path;
 
 /// The official `compute_sky_mask` threshold: sky below it is "not sky".
 const SKY_THRESHOLD: f32 = 0.3;
-/// The official `apply_metric_scaling` divisor of the focal length.
-const FOCAL_UNIT: f32 = 300.0;
 /// The official `sky_depth_def`: sky is never put farther than this.
 const SKY_DEPTH_MAX: f32 = 200.0;
 
@@ -157,6 +156,9 @@ impl Predictor for NestedSession {
                     .forward_scene(&prepared.images, RefViewStrategy::First, None, false)?;
             let scale = align_to_metric(&mut scene.views, &metric.views)?;
             scene.metric_scale = Some(scale);
+            for view in &mut scene.views {
+                view.depth_unit = DepthUnit::Metres;
+            }
         }
         prepared.attach(&mut scene, request);
         Ok(scene)

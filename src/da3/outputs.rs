@@ -1,6 +1,7 @@
 //! What a prediction holds, camera pose from the decoder, the mono sky rule, and the files
 //! the CLI writes (atomically, through [`crate::atomic_file`]).
 
+use super::metric::{DepthUnit, MetricFocal};
 use super::preprocess::RgbImage8;
 use super::Error;
 use crate::atomic_file;
@@ -66,7 +67,8 @@ pub struct Prediction {
     pub width: usize,
     /// Height of the processed image.
     pub height: usize,
-    /// Depth per pixel (relative for DA3 any-view models, metres-like for metric models);
+    /// Depth per pixel in [`Prediction::depth_unit`]: relative for any-view and mono models,
+    /// metres for the metric model (at [`Prediction::metric_focal`]) and the nested one;
     /// sky regions filled as the official code does for mono and metric models.
     pub depth: Vec<f32>,
     /// Confidence of the depth per pixel (models with a confidence output).
@@ -86,6 +88,11 @@ pub struct Prediction {
     pub input_size: (usize, usize),
     /// The input's name ([`crate::Request::names`]): the COLMAP image name, `poses.json`'s.
     pub name: String,
+    /// What the depth values measure.
+    pub depth_unit: DepthUnit,
+    /// Metric models: the focal length (pixels of this prediction's image) that brought the
+    /// output to metres, and where it came from (see [`crate::metric`]).
+    pub metric_focal: Option<MetricFocal>,
 }
 
 /// The DualDPT auxiliary outputs of one view (the official `ray` and `ray_conf`), at 8/14 of
@@ -123,7 +130,13 @@ impl Prediction {
     /// Writes the depth as a 16-bit greyscale PNG scaled to its range (near = bright), with
     /// the range in a text chunk.
     pub fn save_png16(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        write_png16(path.as_ref(), &self.depth, self.width, self.height)
+        write_png16_in(
+            path.as_ref(),
+            &self.depth,
+            self.width,
+            self.height,
+            Some(self.depth_unit),
+        )
     }
 
     /// This prediction's maps (depth, confidence, sky) at the input image's size (bilinear,
@@ -144,8 +157,8 @@ impl Prediction {
             ));
         }
         let map = |values: &[f32]| resize_bilinear(values, w, h, iw, ih);
+        let (sx, sy) = (iw as f32 / w as f32, ih as f32 / h as f32);
         let pose = self.pose.map(|mut pose| {
-            let (sx, sy) = (iw as f32 / w as f32, ih as f32 / h as f32);
             for v in &mut pose.intrinsics[0] {
                 *v *= sx;
             }
@@ -171,6 +184,22 @@ impl Prediction {
             image,
             input_size: self.input_size,
             name: self.name.clone(),
+            depth_unit: self.depth_unit,
+            // The mean focal scales by the mean of the two factors, as fx and fy do apart.
+            metric_focal: self.metric_focal.map(|f| MetricFocal {
+                pixels: f.pixels * (sx + sy) / 2.0,
+                ..f
+            }),
+        })
+    }
+
+    /// The camera the 3D exports place this view's points with: the predicted (or known)
+    /// pose, else for a metric model the pinhole camera of its focal length at the origin
+    /// (the focal its metres came from).
+    pub fn camera(&self) -> Option<Pose> {
+        self.pose.or_else(|| {
+            self.metric_focal
+                .map(|f| crate::da3::export::pinhole_pose(self.width, self.height, f.pixels))
         })
     }
 
@@ -192,17 +221,27 @@ impl Prediction {
     }
 
     /// Writes the camera pose as JSON (`width`, `height`, `intrinsics`,
-    /// `extrinsics_world_to_camera`); an error when the model has no camera decoder.
+    /// `extrinsics_world_to_camera`, `depth_unit`; for a metric model its pinhole camera
+    /// ([`Prediction::camera`]) and `focal_source`); an error when the model has no camera
+    /// decoder and is not metric.
     pub fn save_pose_json(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        let pose = self.pose.as_ref().ok_or_else(|| {
-            Error::Input("this model has no camera decoder (only DualDPT models do)".to_owned())
+        let pose = self.camera().ok_or_else(|| {
+            Error::Input(
+                "this model has no camera decoder (only DualDPT models and, with its focal \
+                 length, the metric model do)"
+                    .to_owned(),
+            )
         })?;
-        let json = serde_json::json!({
+        let mut json = serde_json::json!({
             "width": self.width,
             "height": self.height,
             "intrinsics": pose.intrinsics,
             "extrinsics_world_to_camera": pose.extrinsics,
+            "depth_unit": self.depth_unit.name(),
         });
+        if let (None, Some(focal)) = (self.pose, self.metric_focal) {
+            json["focal_source"] = serde_json::json!(focal.source.to_string());
+        }
         Ok(atomic_file::write(path.as_ref(), |out| {
             serde_json::to_writer_pretty(&mut *out, &json).map_err(std::io::Error::other)?;
             out.write_all(b"\n")
@@ -419,6 +458,17 @@ fn lookup(table: &[[u8; 3]; 256], x: f32) -> [u8; 3] {
 /// 65535 (far = bright, unlike the 8-bit image), non-finite values 0. The range is recorded in
 /// `tEXt` chunks `depth_min` and `depth_max`, so `v = min + p / 65535 * (max - min)`.
 pub fn write_png16(path: &Path, values: &[f32], width: usize, height: usize) -> Result<(), Error> {
+    write_png16_in(path, values, width, height, None)
+}
+
+/// [`write_png16`], the depth's unit named in a `tEXt` chunk `unit` ([`DepthUnit::name`]).
+pub fn write_png16_in(
+    path: &Path,
+    values: &[f32],
+    width: usize,
+    height: usize,
+    unit: Option<DepthUnit>,
+) -> Result<(), Error> {
     if values.len() != width * height || values.is_empty() {
         return Err(Error::Input(format!(
             "{} values for a {width}x{height} image",
@@ -457,6 +507,11 @@ pub fn write_png16(path: &Path, values: &[f32], width: usize, height: usize) -> 
         encoder
             .add_text_chunk("depth_max".into(), format!("{hi:e}"))
             .map_err(err)?;
+        if let Some(unit) = unit {
+            encoder
+                .add_text_chunk("unit".into(), unit.name().into())
+                .map_err(err)?;
+        }
         let mut writer = encoder.write_header().map_err(err)?;
         writer.write_image_data(&samples).map_err(err)?;
         writer.finish().map_err(err)?;

@@ -190,6 +190,10 @@ pub struct RgbImage8 {
     pub height: usize,
     /// `width * height * 3` bytes, RGB interleaved, rows top to bottom.
     pub data: Vec<u8>,
+    /// The EXIF FocalLengthIn35mmFilm (millimetres) of the file it was decoded from, where
+    /// it has one: what a metric model's metres fall back on ([`crate::metric`]). Resampled
+    /// and cropped images leave it behind (it describes the file's framing).
+    pub focal_length_35mm: Option<u16>,
 }
 
 impl RgbImage8 {
@@ -199,6 +203,7 @@ impl RgbImage8 {
             width,
             height,
             data,
+            focal_length_35mm: None,
         };
         img.validate()?;
         Ok(img)
@@ -430,11 +435,20 @@ fn decode_bytes(
             .unwrap_or(image::metadata::Orientation::NoTransforms),
         false => image::metadata::Orientation::NoTransforms,
     };
+    // Metadata that cannot be read is no focal length, not a failure to decode the pixels.
+    let focal_length_35mm = decoder
+        .exif_metadata()
+        .ok()
+        .flatten()
+        .and_then(|exif| crate::da3::metric::exif_focal_length_35mm(&exif));
     let mut decoded = image::DynamicImage::from_decoder(decoder).map_err(described)?;
     decoded.apply_orientation(orientation);
     let rgb = decoded.into_rgb8();
     let (width, height) = (rgb.width() as usize, rgb.height() as usize);
-    RgbImage8::new(width, height, rgb.into_raw())
+    Ok(RgbImage8 {
+        focal_length_35mm,
+        ..RgbImage8::new(width, height, rgb.into_raw())?
+    })
 }
 
 /// Whether a JPEG stream has its end-of-image marker (`FF D9`) after the start of its first
@@ -620,6 +634,7 @@ pub fn resize_cubic(
         width,
         height,
         data,
+        focal_length_35mm: None,
     })
 }
 
@@ -782,6 +797,7 @@ pub fn resize_area(
         width,
         height,
         data,
+        focal_length_35mm: None,
     })
 }
 
@@ -1320,6 +1336,7 @@ fn crop_rgb(img: &RgbImage8, crop: &CropStep) -> RgbImage8 {
         width: crop.width,
         height: crop.height,
         data,
+        focal_length_35mm: None,
     }
 }
 
@@ -1861,6 +1878,7 @@ mod tests {
             width: 0,
             height: 5,
             data: Vec::new(),
+            focal_length_35mm: None,
         };
         assert!(matches!(
             preprocess(&empty, 504),
@@ -1888,6 +1906,7 @@ mod tests {
             width: 4,
             height: 4,
             data: vec![0; 10],
+            focal_length_35mm: None,
         };
         assert!(matches!(
             preprocess(&bad, 504),

@@ -6,6 +6,7 @@
 //! is chosen, and which optional outputs to compute. Every prediction goes through
 //! [`Predictor::run`]; `Model::predict` and `Session::predict` are one-liners over it.
 
+use super::metric::{self, Focal};
 use super::multiview::RefViewStrategy;
 use super::outputs::Prediction;
 use super::poses::KnownPose;
@@ -36,6 +37,7 @@ pub struct Request<'a> {
     pub(crate) rays: bool,
     pub(crate) ray_pose: bool,
     pub(crate) raw: bool,
+    pub(crate) focal: Option<Focal>,
 }
 
 impl<'a> Request<'a> {
@@ -52,6 +54,7 @@ impl<'a> Request<'a> {
             rays: false,
             ray_pose: false,
             raw: false,
+            focal: None,
         }
     }
 
@@ -108,6 +111,16 @@ impl<'a> Request<'a> {
     /// official `use_ray_pose`; see [`crate::ray_pose`]). Not with known poses.
     pub fn ray_pose(mut self, on: bool) -> Self {
         self.ray_pose = on;
+        self
+    }
+
+    /// The focal length that brings a metric model's output to metres (`focal / 300` times
+    /// the output, as the official README says; see [`crate::metric`]). Without it a metric
+    /// model takes the known poses' intrinsics, else the image's EXIF 35 mm-equivalent focal
+    /// length, else assumes a 60 degree horizontal field of view (with a warning). Other
+    /// models ignore it.
+    pub fn focal(mut self, focal: Focal) -> Self {
+        self.focal = Some(focal);
         self
     }
 
@@ -174,6 +187,9 @@ impl<'a> Request<'a> {
                 ));
             }
         }
+        if let Some(focal) = &self.focal {
+            metric::check_focal(focal, views)?;
+        }
         if let RefViewStrategy::View(v) = self.reference {
             if v >= views {
                 return Err(Error::Input(format!(
@@ -199,7 +215,8 @@ pub struct Output {
     /// poses none selects either, and this is `First`).
     pub strategy: RefViewStrategy,
     /// With known poses: the scale the predicted depth was divided by to reach the units of
-    /// the given cameras (the official Umeyama alignment, see [`crate::poses`]).
+    /// the given cameras (the official Umeyama alignment, see [`crate::poses`]); none for a
+    /// metric model, whose depth is in metres at the given focal lengths.
     pub pose_scale: Option<f64>,
     /// From a nested model: the scale that brought the any-view depth and camera
     /// translations to the metric branch's metres (see [`crate::nested`]).
@@ -224,17 +241,23 @@ impl Output {
 
     /// Writes the scene's cameras as JSON: `reference`, `ref_view_strategy` and `views`, one
     /// entry per view in input order (`index`, `name`, `width`, `height`, `intrinsics`,
-    /// `extrinsics_world_to_camera`, `reference`); with known poses also `known_poses` and
-    /// `pose_scale`. An error when the model has no camera decoder. The file reads back as
+    /// `extrinsics_world_to_camera`, `reference`), `depth_unit` ([`crate::DepthUnit::name`]);
+    /// with known poses also `known_poses` and `pose_scale`; for a metric model its pinhole
+    /// cameras ([`Prediction::camera`]) and each view's `focal_source`. An error when the
+    /// model has no camera decoder and is not metric. The file reads back as
     /// known poses ([`crate::poses::read_poses_json`]; the intrinsics refer to `width` x
     /// `height`, the processed size).
     pub fn save_poses_json(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let mut views = Vec::with_capacity(self.views.len());
         for (i, view) in self.views.iter().enumerate() {
-            let pose = view.pose.as_ref().ok_or_else(|| {
-                Error::Input("this model has no camera decoder (only DualDPT models do)".into())
+            let pose = view.camera().ok_or_else(|| {
+                Error::Input(
+                    "this model has no camera decoder (only DualDPT models and, with its focal \
+                     length, the metric model do)"
+                        .into(),
+                )
             })?;
-            views.push(serde_json::json!({
+            let mut entry = serde_json::json!({
                 "index": i,
                 "name": view.name,
                 "width": view.width,
@@ -242,11 +265,17 @@ impl Output {
                 "reference": i == self.reference,
                 "intrinsics": pose.intrinsics,
                 "extrinsics_world_to_camera": pose.extrinsics,
-            }));
+            });
+            if let (None, Some(focal)) = (view.pose, view.metric_focal) {
+                entry["focal_source"] = serde_json::json!(focal.source.to_string());
+            }
+            views.push(entry);
         }
+        let unit = self.views.first().map(|v| v.depth_unit).unwrap_or_default();
         let mut json = serde_json::json!({
             "reference": self.reference,
             "ref_view_strategy": self.strategy.name(),
+            "depth_unit": unit.name(),
             "views": views,
         });
         if let Some(scale) = self.pose_scale {

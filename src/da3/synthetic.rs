@@ -79,5 +79,6 @@ pub fn image(width: usize, height: usize) -> super::preprocess::RgbImage8 {
         width,
         height,
         data,
+        ..Default::default()
     }
 }

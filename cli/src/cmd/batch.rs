@@ -253,7 +253,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             conv_precision: ConvPrecisionArg::Auto,
             plan: Vec::new(),
         };
-        let worker = WorkerArgs::new(&args.model, None, device_args, &options_for(device)?);
+        let worker = WorkerArgs::new(&args.model, None, device_args, &options_for(device)?)
+            .with_focal(args.settings.focal().as_ref());
         remotes.push(Some(RemoteDevice::start(&worker, timeout)?));
     }
     let mut engines = Vec::new();
@@ -591,7 +592,9 @@ impl Writing {
             poses: None,
         };
         let output = match compute {
-            Compute::Local(session) => session.run(&work.request()).map_err(anyhow::Error::from),
+            Compute::Local(session) => session
+                .run(&work.request_with(self.settings.focal().as_ref()))
+                .map_err(anyhow::Error::from),
             Compute::Remote(remote) => remote.run(&work)?,
         };
         Ok((|| {

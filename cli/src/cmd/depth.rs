@@ -8,7 +8,8 @@ use super::outputs::{
 };
 use super::remote::{self, Job, RemoteDevice, WorkerArgs};
 use anyhow::{bail, Context as _};
-use da3::{Config, Device, LoadOptions, Output, Policy, Predictor, RefViewStrategy};
+use da3::{Config, DepthUnit, Device, Focal, LoadOptions, Output, Policy, Predictor};
+use da3::{Prediction, RefViewStrategy};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,6 +37,8 @@ pub struct Args {
     /// poses.json writes it) and `intrinsics` (3x3, pixels of the input image, or of
     /// `width` x `height` when given), matched to the inputs by `name` when every entry has
     /// one, else in order. Depth comes out in the cameras' units; view 0 is the reference.
+    /// For the metric model: the intrinsics give the focal length its metres take, and the
+    /// cameras place the views.
     #[arg(long, value_name = "F.json", conflicts_with = "poses_colmap")]
     poses: Option<PathBuf>,
     /// Known cameras from a COLMAP text model: a folder with cameras.txt and images.txt
@@ -227,7 +230,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (mut predictor, config) = Compute::start(&args, &options)?;
     check_model(&config, &maps, &exports, &args.settings)?;
-    let output = predictor.run(&job, || {
+    let output = predictor.run(&job, args.settings.focal().as_ref(), || {
         format!(
             "computing depth with {}; nothing written",
             args.model.describe()
@@ -237,13 +240,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (lo, hi) = prediction.depth_range();
     if !args.json {
         outln!(
-            "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4}",
+            "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4} ({})",
             image.width,
             image.height,
             prediction.width,
             prediction.height,
-            predictor.device_name()
+            predictor.device_name(),
+            prediction.depth_unit
         );
+        if let Some(line) = metric_line(prediction) {
+            outln!("{line}");
+        }
         if let Some(scale) = output.metric_scale {
             outln!("nested model: any-view depth times {scale:.6} to the metric branch's metres");
         }
@@ -291,6 +298,18 @@ fn run_summary(output: &da3::Output, device: &str, written: &[PathBuf]) -> serde
         "views": views,
         "written": written,
     })
+}
+
+/// How a metric model's depth reached metres: the focal length and where it came from.
+fn metric_line(view: &Prediction) -> Option<String> {
+    let focal = view
+        .metric_focal
+        .filter(|_| view.depth_unit == DepthUnit::Metres)?;
+    Some(format!(
+        "metric model: depth in metres = focal {:.2} px (of the {}x{} processed image; {}) x \
+         output / 300",
+        focal.pixels, view.width, view.height, focal.source
+    ))
 }
 
 /// The file name of an input (COLMAP's image name).
@@ -353,6 +372,8 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (mut predictor, config) = Compute::start(&args, &options)?;
     let (has_sky, has_pose) = (config.head.sky, config.cam_dim.is_some());
+    // The metric model's cameras are the pinholes of its focal lengths, in poses.json too.
+    let has_camera = has_pose || config.is_metric();
     let view_maps = match &args.view_maps {
         Some(list) => list.iter().map(|&m| OutputKind::from(m)).collect(),
         None if has_sky => vec![OutputKind::Pfm, OutputKind::Png, OutputKind::Sky],
@@ -370,7 +391,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
             planned.push((format!("view {i} {}", &flag[2..]), path.to_path_buf()));
         }
     }
-    if has_pose {
+    if has_camera {
         planned.push(("poses".to_owned(), dir.join("poses.json")));
     }
     for (flag, path) in exports.files() {
@@ -405,8 +426,8 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     };
     let known = match known {
         Some(list) => {
-            if !has_pose {
-                bail!("known cameras need a model with a camera decoder and encoder (DualDPT); this one has none");
+            if !has_pose && !config.is_metric() {
+                bail!("known cameras need a model with a camera decoder and encoder (DualDPT), or the metric model (for their focal lengths); this one is neither");
             }
             let input_sizes: Vec<(usize, usize)> =
                 images.iter().map(|im| (im.width, im.height)).collect();
@@ -416,7 +437,8 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     };
 
     scene.poses = known.as_deref();
-    let scene = predictor.run(&scene, || "computing the scene".to_owned())?;
+    let focal = args.settings.focal();
+    let scene = predictor.run(&scene, focal.as_ref(), || "computing the scene".to_owned())?;
     let text = !args.json;
     if text {
         outln!(
@@ -439,11 +461,14 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     for (i, (view, maps)) in scene.views.iter().zip(&per_view).enumerate() {
         let (lo, hi) = view.depth_range();
         if text {
-            outln!("view {i}: depth {lo:.4} .. {hi:.4}");
+            outln!("view {i}: depth {lo:.4} .. {hi:.4} ({})", view.depth_unit);
+            if let Some(line) = metric_line(view) {
+                outln!("view {i}: {line}");
+            }
         }
         written.extend(write_maps(view, maps, &args.settings)?);
     }
-    if has_pose {
+    if has_camera {
         let path = dir.join("poses.json");
         scene.save_poses_json(&path)?;
         written.push(path);
@@ -485,7 +510,8 @@ impl Compute {
             args.metric_model.clone(),
             args.device.clone(),
             options,
-        );
+        )
+        .with_focal(args.settings.focal().as_ref());
         let mut remote = RemoteDevice::start(&worker, Duration::from_secs(args.device_timeout))?;
         match remote.wait_ready() {
             Ok(Ok(())) => Ok((Compute::Remote(remote), config)),
@@ -494,11 +520,17 @@ impl Compute {
         }
     }
 
-    /// Computes `job`; its errors in the context `what` gives, a remote device's failure
-    /// named after the device.
-    fn run(&mut self, job: &Job, what: impl Fn() -> String) -> anyhow::Result<Output> {
+    /// Computes `job` (a metric model's metres at `focal`, which a remote worker was started
+    /// with); its errors in the context `what` gives, a remote device's failure named after
+    /// the device.
+    fn run(
+        &mut self,
+        job: &Job,
+        focal: Option<&Focal>,
+        what: impl Fn() -> String,
+    ) -> anyhow::Result<Output> {
         match self {
-            Compute::Local(predictor) => predictor.run(&job.request()).with_context(what),
+            Compute::Local(predictor) => predictor.run(&job.request_with(focal)).with_context(what),
             Compute::Remote(remote) => match remote.run(job) {
                 Ok(result) => result.with_context(what),
                 Err(failure) => bail!("--device {}: {failure}; nothing written", remote.device),

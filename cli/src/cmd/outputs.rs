@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context as _};
 use da3::export::ExportOptions;
-use da3::{Colormap, Config, Prediction};
+use da3::{Colormap, Config, Focal, Prediction};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
@@ -147,15 +147,31 @@ pub struct Settings {
     /// conf_thresh_percentile), 0 to 100.
     #[arg(long, default_value_t = 40.0)]
     pub conf_percentile: f64,
-    /// For models that predict no camera (mono/metric): the horizontal field of view in
-    /// degrees of the pinhole camera that --ply/--glb/--colmap assume. Without it they refuse.
+    /// The horizontal field of view in degrees of the camera: for the mono model the pinhole
+    /// camera --ply/--glb/--colmap assume (without it they refuse); for the metric model
+    /// (DA3METRIC-LARGE) the focal length its metres take (after --focal and known poses).
     #[arg(long, value_name = "DEGREES")]
     pub fov: Option<f32>,
+    /// For the metric model (DA3METRIC-LARGE): the focal length in pixels of the input image,
+    /// which brings its output to metres (focal x output / 300, the focal brought to the
+    /// processed image). Without it: --fov, else the image's EXIF 35 mm focal length, else a
+    /// 60 degree horizontal field of view (with a warning).
+    #[arg(long, value_name = "PX")]
+    pub focal: Option<f64>,
 }
 
 impl Settings {
     pub fn colormap(&self) -> anyhow::Result<Colormap> {
         Ok(self.colormap.parse()?)
+    }
+
+    /// The focal length a metric model's metres take: --focal, else --fov.
+    pub fn focal(&self) -> Option<Focal> {
+        match (self.focal, self.fov) {
+            (Some(px), _) => Some(Focal::Pixels(px)),
+            (None, Some(deg)) => Some(Focal::Fov(f64::from(deg))),
+            (None, None) => None,
+        }
     }
 
     /// Refuses settings that cannot work, before anything is loaded.
@@ -171,6 +187,11 @@ impl Settings {
                 bail!("--fov {fov}: a field of view is between 0 and 180 degrees");
             }
         }
+        if let Some(focal) = self.focal {
+            if !(focal.is_finite() && focal > 0.0) {
+                bail!("--focal {focal}: a focal length is a positive number of pixels");
+            }
+        }
         self.colormap()?;
         Ok(())
     }
@@ -184,6 +205,15 @@ pub fn check_model(
     settings: &Settings,
 ) -> anyhow::Result<()> {
     let has_pose = config.cam_dim.is_some();
+    // The metric model's camera is the pinhole of the focal length its metres take.
+    let has_camera = has_pose || config.is_metric();
+    if settings.focal.is_some() && !config.is_metric() {
+        bail!(
+            "--focal: {} is not the metric model (DA3METRIC-LARGE), whose output the focal \
+             length brings to metres; this one's depth does not take it",
+            config.name
+        );
+    }
     for (set, has, flag, what) in [
         (
             maps.sky.is_some(),
@@ -193,9 +223,9 @@ pub fn check_model(
         ),
         (
             maps.pose.is_some(),
-            has_pose,
+            has_camera,
             "--pose",
-            "no camera decoder (only DualDPT models do)",
+            "no camera decoder (only DualDPT models and the metric model do)",
         ),
         (
             maps.conf.is_some(),
@@ -205,7 +235,7 @@ pub fn check_model(
         ),
         (
             exports.needs_camera() && settings.fov.is_none(),
-            has_pose,
+            has_camera,
             "--ply/--glb/--colmap",
             "no camera decoder to place points (pass --fov DEGREES to assume a pinhole camera)",
         ),
@@ -272,7 +302,7 @@ pub fn write_exports(
         output.save_npz(path)?;
         written.push(path.clone());
     }
-    if exports.needs_camera() && settings.fov.is_none() && output.views[0].pose.is_none() {
+    if exports.needs_camera() && settings.fov.is_none() && output.views[0].camera().is_none() {
         bail!(
             "--ply/--glb/--colmap need a camera: this model predicts none (mono/metric); \
              pass --fov DEGREES to assume a pinhole camera"

@@ -32,7 +32,10 @@
 use super::common::{ConvPrecisionArg, DeviceArgs, Loaded, ModelArgs};
 use crate::process;
 use anyhow::{bail, Context as _};
-use da3::{Image, KnownPose, LoadOptions, Output, Policy, Prediction, RefViewStrategy, Request};
+use da3::{
+    DepthUnit, Focal, FocalSource, Image, KnownPose, LoadOptions, MetricFocal, Output, Policy,
+    Prediction, RefViewStrategy, Request,
+};
 use std::ffi::OsString;
 use std::io::{BufRead as _, BufReader, Read, Write};
 use std::path::PathBuf;
@@ -69,6 +72,12 @@ pub struct WorkerArgs {
     camera_encoder: bool,
     #[arg(long)]
     quiet_decisions: bool,
+    /// The metric model's focal length in pixels of the input (`--focal`), for every job.
+    #[arg(long)]
+    focal: Option<f64>,
+    /// The metric model's horizontal field of view (`--fov`), for every job.
+    #[arg(long)]
+    fov: Option<f64>,
 }
 
 impl WorkerArgs {
@@ -88,7 +97,20 @@ impl WorkerArgs {
             process_res: options.process_res,
             camera_encoder: options.camera_encoder,
             quiet_decisions: !options.log_decisions,
+            focal: None,
+            fov: None,
         }
+    }
+
+    /// The focal length every job's request gives a metric model ([`Request::focal`]).
+    pub fn with_focal(mut self, focal: Option<&Focal>) -> WorkerArgs {
+        (self.focal, self.fov) = match focal {
+            Some(Focal::Pixels(f)) => (Some(*f), None),
+            Some(Focal::Fov(deg)) => (None, Some(*deg)),
+            // Per-view intrinsics come with a job's known poses, not with the worker.
+            Some(Focal::Intrinsics(_)) | None => (None, None),
+        };
+        self
     }
 
     /// The device's name as the user wrote it (`rpc:HOST:PORT`).
@@ -160,6 +182,14 @@ pub struct Job<'a> {
 }
 
 impl Job<'_> {
+    /// The request, with the focal length a metric model's metres take (`--focal`/`--fov`).
+    pub fn request_with(&self, focal: Option<&Focal>) -> Request<'_> {
+        match focal {
+            Some(focal) => self.request().focal(focal.clone()),
+            None => self.request(),
+        }
+    }
+
     pub fn request(&self) -> Request<'_> {
         let request = Request::new(self.images)
             .process_res(self.process_res)
@@ -212,7 +242,12 @@ pub fn run_worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
             poses: poses.as_deref(),
             ..job
         };
-        match predictor.run(&job.request()) {
+        let focal = match (args.focal, args.fov) {
+            (Some(px), _) => Some(Focal::Pixels(px)),
+            (None, Some(deg)) => Some(Focal::Fov(deg)),
+            (None, None) => None,
+        };
+        match predictor.run(&job.request_with(focal.as_ref())) {
             Ok(output) => write_frame(&mut answers, OUTPUT, &encode_output(&output))?,
             Err(error) => write_frame(
                 &mut answers,
@@ -642,6 +677,8 @@ fn encode_job(job: &Job) -> Vec<u8> {
         e.u64(image.width);
         e.u64(image.height);
         e.bytes(&image.data);
+        // The EXIF focal length a metric model falls back on (0: none).
+        e.u64(image.focal_length_35mm.map_or(0, usize::from));
     }
     e.flag(job.poses.is_some());
     for pose in job.poses.unwrap_or_default() {
@@ -665,7 +702,15 @@ fn decode_job(payload: &[u8]) -> anyhow::Result<DecodedJob> {
     for _ in 0..views {
         names.push(d.str()?);
         let (width, height) = (d.u64()?, d.u64()?);
-        images.push(Image::new(width, height, d.bytes()?)?);
+        let image = Image::new(width, height, d.bytes()?)?;
+        let focal_length_35mm = match d.u64()? {
+            0 => None,
+            mm => Some(u16::try_from(mm).context("a 35 mm focal length out of range")?),
+        };
+        images.push(Image {
+            focal_length_35mm,
+            ..image
+        });
     }
     let poses = match d.flag()? {
         false => None,
@@ -724,6 +769,20 @@ fn encode_output(output: &Output) -> Vec<u8> {
         e.u64(view.input_size.0);
         e.u64(view.input_size.1);
         e.str(&view.name);
+        e.str(view.depth_unit.name());
+        e.flag(view.metric_focal.is_some());
+        if let Some(focal) = view.metric_focal {
+            e.f32s(&[focal.pixels]);
+            let (code, mm) = match focal.source {
+                FocalSource::Intrinsics => (0, 0),
+                FocalSource::Pixels => (1, 0),
+                FocalSource::Fov => (2, 0),
+                FocalSource::Exif35mm(mm) => (3, mm),
+                FocalSource::Default => (4, 0),
+            };
+            e.u64(code);
+            e.u64(usize::from(mm));
+        }
     }
     e.u64(output.reference);
     e.str(&match output.strategy {
@@ -763,6 +822,27 @@ fn decode_output(payload: &[u8]) -> anyhow::Result<Output> {
         let image = Image::new(image_width, image_height, d.bytes()?)?;
         let input_size = (d.u64()?, d.u64()?);
         let name = d.str()?;
+        let depth_unit = match d.str()?.as_str() {
+            "relative" => DepthUnit::Relative,
+            "metres" => DepthUnit::Metres,
+            "known_cameras" => DepthUnit::KnownCameras,
+            other => bail!("a depth unit `{other}`"),
+        };
+        let metric_focal = match d.flag()? {
+            false => None,
+            true => {
+                let [pixels] = d.f32_array()?;
+                let source = match (d.u64()?, d.u64()?) {
+                    (0, _) => FocalSource::Intrinsics,
+                    (1, _) => FocalSource::Pixels,
+                    (2, _) => FocalSource::Fov,
+                    (3, mm) => FocalSource::Exif35mm(u16::try_from(mm).context("a focal length")?),
+                    (4, _) => FocalSource::Default,
+                    (code, _) => bail!("a focal source {code}"),
+                };
+                Some(MetricFocal { pixels, source })
+            }
+        };
         let pixels = width.checked_mul(height).context("a size too large")?;
         let maps = [Some(&depth), confidence.as_ref(), sky.as_ref()];
         if maps.into_iter().flatten().any(|m| m.len() != pixels) {
@@ -778,6 +858,8 @@ fn decode_output(payload: &[u8]) -> anyhow::Result<Output> {
             image,
             input_size,
             name,
+            depth_unit,
+            metric_focal,
             ..Prediction::default()
         });
     }
@@ -857,6 +939,11 @@ mod tests {
             image: Image::new(3, 2, (0..18).collect()).unwrap(),
             input_size: (30, 20),
             name: format!("view{n}.png"),
+            depth_unit: [DepthUnit::KnownCameras, DepthUnit::Metres][n],
+            metric_focal: (n == 1).then_some(MetricFocal {
+                pixels: 123.5,
+                source: FocalSource::Exif35mm(26),
+            }),
             ..Prediction::default()
         };
         let output = Output {
@@ -878,7 +965,10 @@ mod tests {
 
     #[test]
     fn a_job_crosses_unchanged() {
-        let images = [Image::new(2, 1, vec![1, 2, 3, 4, 5, 6]).unwrap()];
+        let images = [Image {
+            focal_length_35mm: Some(28),
+            ..Image::new(2, 1, vec![1, 2, 3, 4, 5, 6]).unwrap()
+        }];
         let poses = [KnownPose {
             extrinsics: [
                 [1.0, 0.0, 0.0, 0.5],

@@ -161,8 +161,15 @@ impl<'a> View<'a> {
 /// view, principal point at the centre, square pixels: a stand-in pose for models that predict
 /// none.
 pub fn assumed_pose(width: usize, height: usize, horizontal_fov_degrees: f32) -> Pose {
+    let f = (width as f32 / 2.0) / (horizontal_fov_degrees.to_radians() / 2.0).tan();
+    pinhole_pose(width, height, f)
+}
+
+/// A pinhole camera at the world origin looking down +z with focal length `focal` (pixels),
+/// principal point at the centre, square pixels.
+pub fn pinhole_pose(width: usize, height: usize, focal: f32) -> Pose {
     let (w, h) = (width as f32, height as f32);
-    let f = (w / 2.0) / (horizontal_fov_degrees.to_radians() / 2.0).tan();
+    let f = focal;
     Pose {
         intrinsics: [[f, 0.0, w / 2.0], [0.0, f, h / 2.0], [0.0, 0.0, 1.0]],
         extrinsics: [

@@ -21,9 +21,10 @@ pub struct ExportOptions {
     /// Confidence percentile below which points are dropped (the official
     /// `conf_thresh_percentile`, 40), 0 to 100.
     pub confidence_percentile: f64,
-    /// For models that predict no camera (mono, metric): the horizontal field of view in
-    /// degrees of the pinhole camera the exports assume ([`assumed_pose`]). Without it such a
-    /// prediction has no 3D export.
+    /// For models that predict no camera (mono): the horizontal field of view in degrees of
+    /// the pinhole camera the exports assume ([`assumed_pose`]). Without it such a prediction
+    /// has no 3D export. A metric prediction has the camera of its focal length
+    /// ([`Prediction::camera`]), which this does not replace.
     pub assumed_fov: Option<f32>,
     /// The glb's camera frustums.
     pub glb: GlbOptions,
@@ -72,7 +73,7 @@ fn views<'a>(
         .iter()
         .map(|p| {
             let view =
-                match (p.pose, options.assumed_fov) {
+                match (p.camera(), options.assumed_fov) {
                     (Some(pose), _) => View::with_pose(p, &p.image, pose)?,
                     (None, Some(fov)) => {
                         View::with_pose(p, &p.image, assumed_pose(p.width, p.height, fov))?

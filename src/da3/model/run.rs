@@ -4,6 +4,7 @@
 use super::graphs::{GraphKey, Part};
 use super::{EncoderLoad, Session};
 use crate::da3::head::RAY_CHANNELS;
+use crate::da3::metric;
 use crate::da3::multiview::{
     camera_slots, positional_reference, select_reference_view, RefViewStrategy,
 };
@@ -132,7 +133,9 @@ impl Session {
                     .to_owned(),
             ));
         }
-        if request.poses.is_some() && self.layers.camera_encoder.is_none() {
+        // The metric model takes known poses for their intrinsics (its metres' focal).
+        let metric = self.model.shared.config.is_metric();
+        if request.poses.is_some() && self.layers.camera_encoder.is_none() && !metric {
             return Err(Error::Input(
                 if self.model.shared.camera_encoder == EncoderLoad::LeftOut {
                     "the model was loaded without its camera encoder, which known poses \
@@ -155,9 +158,10 @@ impl Session {
         request: &Request<'_>,
     ) -> Result<Output, Error> {
         let images = &prepared.images;
+        let metric = self.model.shared.config.is_metric();
         let mut output = match request.poses {
-            Some(known) => self.run_posed(prepared, request, known)?,
-            None => {
+            Some(known) if !metric => self.run_posed(prepared, request, known)?,
+            _ => {
                 let rays = request.rays || request.ray_pose;
                 let mut output = self.forward_scene(images, request.reference, None, rays)?;
                 if request.ray_pose {
@@ -171,11 +175,35 @@ impl Session {
             for view in &mut output.views {
                 postprocess(view);
             }
-            if let Some(known) = request.poses {
+            if metric {
+                metric::to_metres(
+                    &mut output.views,
+                    request.images(),
+                    |i| request.name(i),
+                    &prepared.plans,
+                    request.poses,
+                    request.focal.as_ref(),
+                );
+                if let Some(known) = request.poses {
+                    // The given cameras place the views (the depth is already in metres).
+                    let intrinsics = processed_intrinsics(prepared, request, known);
+                    for ((view, pose), k) in output.views.iter_mut().zip(known).zip(&intrinsics) {
+                        view.pose = Some(Pose {
+                            intrinsics: k.map(|row| row.map(|v| v as f32)),
+                            extrinsics: std::array::from_fn(|r| {
+                                pose.extrinsics[r].map(|v| v as f32)
+                            }),
+                        });
+                    }
+                }
+            } else if let Some(known) = request.poses {
                 let given: Vec<poses::Mat4> = known.iter().map(|p| p.extrinsics).collect();
                 let intrinsics = processed_intrinsics(prepared, request, known);
                 let scale = poses::align_to_known_poses(&mut output.views, &given, &intrinsics)?;
                 output.pose_scale = Some(scale);
+                for view in &mut output.views {
+                    view.depth_unit = metric::DepthUnit::KnownCameras;
+                }
             }
         }
         Ok(output)
