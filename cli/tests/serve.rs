@@ -560,6 +560,48 @@ fn concurrent_requests_equal_sequential() {
     server.stop();
 }
 
+/// `--addr` takes a host name (`localhost` listens on loopback), and the answer's pose has the
+/// keys of `da3 depth`'s poses.json.
+#[test]
+fn a_host_name_listens_and_poses_use_the_cli_keys() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["-q", "serve", "--addr", "localhost:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let addr: std::net::SocketAddr = line
+        .trim()
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap();
+    assert!(addr.ip().is_loopback(), "{addr}");
+
+    let server = Server::start(&[]);
+    let (status, json) = server.depth(&[
+        ("process_res", None, b"56"),
+        ("image", Some("p.png"), &png()),
+    ]);
+    assert_eq!(status, 200, "{json}");
+    let pose = &json["images"][0]["pose"];
+    assert_eq!(
+        pose["extrinsics_world_to_camera"], pose["extrinsics"],
+        "{pose}"
+    );
+    assert_eq!(
+        pose["extrinsics_world_to_camera"].as_array().unwrap().len(),
+        3
+    );
+    server.stop();
+}
+
 #[test]
 fn non_loopback_needs_allow_remote() {
     let out = Command::new(env!("CARGO_BIN_EXE_da3"))

@@ -43,8 +43,9 @@ pub struct Args {
     model: ModelArgs,
     #[command(flatten)]
     device: DeviceArgs,
-    /// Address to listen on (port 0: any free port; the bound address is printed).
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    /// Address to listen on, `HOST:PORT` with an IP or a host name such as `localhost`
+    /// (port 0: any free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:8080", value_parser = listen_address)]
     addr: SocketAddr,
     /// Allow a non-loopback `--addr` (there is no authentication).
     #[arg(long)]
@@ -156,6 +157,25 @@ struct Shared {
 }
 
 type AppState = Arc<Shared>;
+
+/// `--addr`: an address, or a host name resolved to its first address (a loopback one where
+/// the name has one, so `localhost` stays loopback whatever the resolver's order).
+fn listen_address(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let addrs: Vec<SocketAddr> = text
+        .to_socket_addrs()
+        .map_err(|e| format!("{text}: not HOST:PORT that resolves ({e})"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.ip().is_loopback())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{text}: the name resolves to no address"))
+}
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if !args.addr.ip().is_loopback() {
@@ -752,8 +772,11 @@ fn encode(p: &Prediction, name: Option<&str>, outputs: &[Output]) -> Result<Valu
         "height": p.height,
         "depth_min": lo,
         "depth_max": hi,
+        // The keys of the CLI's poses.json (`extrinsics` is kept for clients of earlier
+        // releases).
         "pose": p.pose.as_ref().map(|pose| json!({
             "intrinsics": pose.intrinsics,
+            "extrinsics_world_to_camera": pose.extrinsics,
             "extrinsics": pose.extrinsics,
         })),
         "outputs": encoded,

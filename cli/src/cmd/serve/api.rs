@@ -83,7 +83,8 @@ pub fn openapi() -> Value {
             }},
             "Pose": {"type": "object", "nullable": true, "properties": {
                 "intrinsics": {"type": "array", "description": "3x3, rows", "items": {"type": "array", "items": {"type": "number"}}},
-                "extrinsics": {"type": "array", "description": "3x4 world-to-camera, rows", "items": {"type": "array", "items": {"type": "number"}}}
+                "extrinsics_world_to_camera": {"type": "array", "description": "3x4 world-to-camera, rows (the key of da3 depth's poses.json)", "items": {"type": "array", "items": {"type": "number"}}},
+                "extrinsics": {"type": "array", "description": "the same as extrinsics_world_to_camera (deprecated: kept for earlier clients)", "items": {"type": "array", "items": {"type": "number"}}}
             }},
             "DepthResult": {"type": "object", "properties": {
                 "filename": {"type": "string", "nullable": true},
