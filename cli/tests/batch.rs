@@ -444,7 +444,7 @@ fn only_complete_outputs_in(dir: &Path, what: &str) {
 }
 
 /// SIGINT and SIGTERM at spread moments of `da3 batch` and `da3 depth` runs writing every
-/// kind of output, and of `da3 quantize`, with both cores kept busy: whatever the moment, no
+/// kind of output, and of `da3 quantize` and `da3 convert`, with both cores kept busy: whatever the moment, no
 /// temporary or partial file is left (the window between creating a temporary file and
 /// registering it for the cleanup is closed, and no write starts once the cleanup has run).
 #[test]
@@ -496,6 +496,20 @@ fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
     )
     .unwrap();
     let quantize = vec!["quantize", "tiny.gguf", "out/tiny-q4_k.gguf", "q4_k"];
+    common::write_checkpoint(
+        &dir.path().join("checkpoint"),
+        Some(r#"{"model_name": "da3-tiny"}"#),
+        &common::official_entries("da3-tiny", &[]),
+        safetensors::Dtype::F32,
+    );
+    let convert = vec![
+        "convert",
+        "checkpoint",
+        "-o",
+        "out/converted.gguf",
+        "--type",
+        "q8_0",
+    ];
     let busy = Arc::new(AtomicBool::new(true));
     let loops: Vec<_> = (0..2)
         .map(|_| {
@@ -527,6 +541,7 @@ fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
         ("batch", &batch),
         ("depth", &depth),
         ("quantize", &quantize),
+        ("convert", &convert),
     ] {
         // One whole run sets the span the interrupts are spread over.
         let started = Instant::now();

@@ -5,15 +5,12 @@
 
 mod common;
 
-use common::{correlation, da3_in, Run};
+use common::{correlation, da3_in, official_entries, write_checkpoint, Entry, Run};
 
-use da3::convert::{
-    convert_checkpoint, expected_tensors, official_name, write_synthetic, WeightType,
-};
+use da3::convert::{convert_checkpoint, write_synthetic, WeightType};
 use da3::ggml::DType;
 use da3::gguf::GgufFile;
 use da3::{synthetic, Config, Device, LoadOptions, Model};
-use safetensors::tensor::TensorView;
 use safetensors::Dtype;
 use std::path::{Path, PathBuf};
 
@@ -27,69 +24,10 @@ const EXTRA_KEYS: &[&str] = &[
     "model.cam_enc.something",
 ];
 
-/// One state-dict entry.
-struct Entry {
-    key: String,
-    shape: Vec<usize>,
-    values: Vec<f32>,
-}
-
 /// The state dict of the official model for `PRESET` with the synthetic weights, plus the
 /// entries of [`EXTRA_KEYS`].
 fn official_state_dict() -> Vec<Entry> {
-    let config = Config::preset(PRESET).unwrap();
-    let mut entries: Vec<Entry> = expected_tensors(&config)
-        .unwrap()
-        .into_iter()
-        .map(|(gguf, shape)| {
-            let official = official_name(&gguf);
-            Entry {
-                values: synthetic::weight_values(&official, &shape),
-                key: format!("model.{official}"),
-                shape,
-            }
-        })
-        .collect();
-    for key in EXTRA_KEYS {
-        let shape = vec![4, 3];
-        entries.push(Entry {
-            key: key.to_string(),
-            values: synthetic::weight_values(key, &shape),
-            shape,
-        });
-    }
-    entries
-}
-
-fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
-    match dtype {
-        Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        Dtype::BF16 => values
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
-        other => panic!("no encoder for {other:?}"),
-    }
-}
-
-/// Writes a checkpoint folder `dir`: `config.json` with `config_json` (none if `None`) and
-/// `model.safetensors` holding `entries` as `dtype`.
-fn write_checkpoint(dir: &Path, config_json: Option<&str>, entries: &[Entry], dtype: Dtype) {
-    std::fs::create_dir_all(dir).unwrap();
-    if let Some(json) = config_json {
-        std::fs::write(dir.join("config.json"), json).unwrap();
-    }
-    let encoded: Vec<(&Entry, Vec<u8>)> = entries
-        .iter()
-        .map(|e| (e, encode(&e.values, dtype)))
-        .collect();
-    let views = encoded.iter().map(|(e, bytes)| {
-        (
-            e.key.clone(),
-            TensorView::new(dtype, e.shape.clone(), bytes).unwrap(),
-        )
-    });
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    official_entries(PRESET, EXTRA_KEYS)
 }
 
 const TINY_CONFIG: &str = r#"{"model_name": "da3-tiny"}"#;

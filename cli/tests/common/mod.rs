@@ -5,6 +5,9 @@
 mod fixtures;
 pub use fixtures::*;
 
+mod checkpoint;
+pub use checkpoint::*;
+
 use std::path::Path;
 
 /// How one run of the `da3` binary ended.
