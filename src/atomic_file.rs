@@ -105,12 +105,53 @@ pub fn remove_temporary_files() {
     let mut pending = lock(&PENDING);
     pending.closed = true;
     pending.remove(|_| true);
+    for dir in pending.dirs.drain(..) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// A temporary folder (in the system's temporary folder, named `prefix` and a random suffix)
+/// that [`remove_temporary_files`] removes with everything in it, as it removes the temporary
+/// files of writes: for scratch data such as a video's extracted frames, which an interrupted
+/// run must not leave behind. Dropping it removes it too.
+pub struct TemporaryDir {
+    dir: tempfile::TempDir,
+}
+
+impl TemporaryDir {
+    /// Creates and registers the folder; refused once [`remove_temporary_files`] has run.
+    pub fn new(prefix: &str) -> io::Result<TemporaryDir> {
+        let mut pending = lock(&PENDING);
+        if pending.closed {
+            return Err(io::Error::new(
+                ErrorKind::Interrupted,
+                "the program is stopping (interrupted)",
+            ));
+        }
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
+        pending.dirs.push(dir.path().to_path_buf());
+        Ok(TemporaryDir { dir })
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for TemporaryDir {
+    fn drop(&mut self) {
+        // Unregistered first: the `TempDir` removes the folder as it drops.
+        lock(&PENDING).dirs.retain(|d| d != self.dir.path());
+    }
 }
 
 /// The temporary files of the writes in progress, and whether the program is closing.
 #[derive(Default)]
 struct Pending {
     paths: Vec<PathBuf>,
+    /// Temporary folders ([`TemporaryDir`]), removed with what they hold.
+    dirs: Vec<PathBuf>,
     /// [`remove_temporary_files`] ran: no new temporary file may be created.
     closed: bool,
 }
@@ -119,6 +160,7 @@ impl Pending {
     const fn new() -> Pending {
         Pending {
             paths: Vec::new(),
+            dirs: Vec::new(),
             closed: false,
         }
     }

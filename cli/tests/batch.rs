@@ -650,6 +650,52 @@ fn a_video_goes_through_as_frames_at_the_asked_rate() {
     assert_eq!(read_pfm(&dir.path().join("o/clip-000003.pfm")).0, 42);
 }
 
+/// A batch interrupted while it computes a video's frames leaves no frames folder behind (the
+/// folder is removed by the signal handler, as the temporary files of outputs are).
+#[cfg(unix)]
+#[test]
+fn an_interrupted_video_batch_leaves_no_frames_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    clip(&dir.path().join("clip.mp4"));
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
+            .args(["batch", "clip.mp4", "--fps", "10", "--out-dir", "o"])
+            .args(["--process-res", "504", "--device", "cpu", "--threads", "1"])
+            .current_dir(dir.path())
+            .env("TMPDIR", &tmp)
+            .env("GGML_NO_BACKTRACE", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait for the frames: the folder exists and holds the first one.
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let frames = loop {
+            let found = std::fs::read_dir(&tmp)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.to_string_lossy().contains("da3-frames."));
+            if let Some(dir) = found.filter(|d| names_in(d).iter().any(|n| !n.is_empty())) {
+                break dir;
+            }
+            assert!(Instant::now() < deadline, "no frames folder within 60 s");
+            assert!(child.try_wait().unwrap().is_none(), "the batch ended first");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        // SAFETY: kill(2) on the child's pid, which has not been waited for.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        child.wait().unwrap();
+        assert!(
+            !frames.exists(),
+            "signal {signal}: {} left",
+            frames.display()
+        );
+        assert_eq!(names_in(&tmp), Vec::<String>::new(), "signal {signal}");
+    }
+}
+
 #[test]
 fn a_video_without_ffmpeg_is_a_clear_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -286,9 +286,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     check_model(&config, &maps, &exports, &args.settings)?;
 
     // Inputs to jobs: videos become their frames, extracted into a temporary folder.
-    let frames_dir = tempfile::Builder::new()
-        .prefix("da3-frames.")
-        .tempdir()
+    // Registered for the signal handler's cleanup: an interrupted run leaves no frames behind.
+    let frames_dir = da3::atomic_file::TemporaryDir::new("da3-frames.")
         .context("a temporary folder for video frames")?;
     let mut stems = Stems(HashMap::new());
     let mut jobs = Vec::new();
