@@ -1,14 +1,13 @@
 //! `da3 batch` (folders, globs, corrupt inputs, Ctrl-C, video through ffmpeg, several
 //! devices) and the map/export flags of `da3 depth`, end to end on the built-in model.
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::da3_in;
+use common::{da3_in, RpcServer};
 
 fn png(path: &Path, w: u32, h: u32, seed: u8) {
     let img = image::RgbImage::from_fn(w, h, |x, y| {
@@ -746,37 +745,6 @@ fn a_video_without_ffmpeg_is_a_clear_error_naming_it() {
         .contains("ffmpeg"));
 }
 
-/// `da3 rpc-server --port 0` on loopback, killed when dropped.
-struct Server {
-    child: Child,
-    endpoint: String,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
-            .args(["rpc-server", "--port", "0", "--threads", "1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let endpoint = line.trim().rsplit(' ').next().unwrap().to_owned();
-        assert!(endpoint.starts_with("127.0.0.1:"), "{line}");
-        Server { child, endpoint }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn batch_on(dir: &Path, devices: &str, out: &str) -> (serde_json::Value, Vec<Vec<u8>>) {
     let run = da3_in(
         dir,
@@ -810,8 +778,8 @@ fn several_devices_share_a_batch_and_give_the_single_device_results_in_order() {
     for i in 0..8u8 {
         png(&dir.path().join(format!("in/{i}.png")), 42, 28, 10 + i);
     }
-    let (a, b) = (Server::start(), Server::start());
-    let (ra, rb) = (format!("rpc:{}", a.endpoint), format!("rpc:{}", b.endpoint));
+    let (a, b) = (RpcServer::start(), RpcServer::start());
+    let (ra, rb) = (a.device(), b.device());
     let (one, one_pfm) = batch_on(dir.path(), &ra, "one");
     let (two, two_pfm) = batch_on(dir.path(), &format!("{ra},{rb}"), "two");
     // The same kernels (ggml's, in both servers): the same bytes.

@@ -17,49 +17,9 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{da3_in, entries};
+use common::{da3_in, entries, RpcServer as Server};
 
 const IMAGES: usize = 12;
-
-/// `da3 rpc-server --port 0` on loopback; continued (if stopped), killed and reaped on drop.
-struct Server {
-    child: Child,
-    endpoint: String,
-}
-
-impl Server {
-    fn start() -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_da3"))
-            .args(["rpc-server", "--port", "0", "--threads", "1"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let endpoint = line.trim().rsplit(' ').next().unwrap().to_owned();
-        assert!(endpoint.starts_with("127.0.0.1:"), "{line}");
-        Server { child, endpoint }
-    }
-
-    fn device(&self) -> String {
-        format!("rpc:{}", self.endpoint)
-    }
-
-    fn signal(&self, signal: Signal) {
-        kill(Pid::from_raw(self.child.id() as i32), signal).unwrap();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGCONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn png(path: &Path, seed: u8) {
     let img = image::RgbImage::from_fn(96, 64, |x, y| {

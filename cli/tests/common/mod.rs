@@ -8,6 +8,9 @@ pub use fixtures::*;
 mod checkpoint;
 pub use checkpoint::*;
 
+mod rpc_server;
+pub use rpc_server::RpcServer;
+
 use std::path::Path;
 
 /// How one run of the `da3` binary ended.
