@@ -275,9 +275,6 @@ fn a_predictor_can_be_a_stand_in() {
         fn device_name(&self) -> String {
             "stand-in".into()
         }
-        fn default_process_res(&self) -> usize {
-            504
-        }
     }
     fn mean_depth(p: &mut dyn Predictor, image: &da3::Image) -> f32 {
         let d = p.predict_image(image).unwrap().depth;

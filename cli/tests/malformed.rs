@@ -467,6 +467,26 @@ fn process_res_and_threads_have_limits() {
         ],
         &["--process-res 5000", "limit of 2048"],
     );
+    // batch checks it before reading any input or loading the model.
+    std::fs::write(case.path("in.png"), b"not read").unwrap();
+    for (res, why) in [
+        ("5000", "limit of 2048"),
+        ("7", "smaller than the patch size"),
+    ] {
+        case.assert_fails(
+            &[
+                "batch",
+                "in.png",
+                "--out-dir",
+                "out",
+                "--device",
+                "cpu",
+                "--process-res",
+                res,
+            ],
+            &["--process-res", res, why],
+        );
+    }
 }
 
 // --- model files -------------------------------------------------------------------------------

@@ -167,10 +167,6 @@ impl Predictor for NestedSession {
     fn device_name(&self) -> String {
         self.anyview.device().name()
     }
-
-    fn default_process_res(&self) -> usize {
-        self.anyview.model().process_res()
-    }
 }
 
 /// The official alignment of the any-view predictions `views` to the metric branch's raw

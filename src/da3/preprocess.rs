@@ -898,6 +898,21 @@ impl ResizePlan {
     }
 }
 
+/// Refuses a process resolution below the patch size or above [`MAX_PROCESS_RES`], whatever
+/// the image.
+///
+/// # Errors
+/// [`PreprocessError::ProcessResTooSmall`] or [`PreprocessError::ProcessResTooLarge`].
+pub fn check_process_res(process_res: usize) -> Result<(), PreprocessError> {
+    if process_res < PATCH_SIZE {
+        return Err(PreprocessError::ProcessResTooSmall { process_res });
+    }
+    if process_res > MAX_PROCESS_RES {
+        return Err(PreprocessError::ProcessResTooLarge { process_res });
+    }
+    Ok(())
+}
+
 /// Plans the official `upper_bound_resize` for a `width` x `height` image
 /// ([`plan_resize_by`] with the default method).
 ///
@@ -932,12 +947,7 @@ pub fn plan_resize_by(
     method: ResizeMethod,
 ) -> Result<ResizePlan, PreprocessError> {
     rgb_len(width, height)?;
-    if process_res < PATCH_SIZE {
-        return Err(PreprocessError::ProcessResTooSmall { process_res });
-    }
-    if process_res > MAX_PROCESS_RES {
-        return Err(PreprocessError::ProcessResTooLarge { process_res });
-    }
+    check_process_res(process_res)?;
     let bounded = match method.bounds_shortest_side() {
         true => width.min(height),
         false => width.max(height),

@@ -134,9 +134,7 @@ impl<'a> Request<'a> {
     /// Refuses a process resolution no image can be processed at (below the patch size or
     /// above [`crate::preprocess::MAX_PROCESS_RES`]), before any image is read.
     pub fn check_process_res(process_res: usize) -> Result<(), Error> {
-        // Any valid image: the limits on `process_res` do not depend on it.
-        crate::preprocess::plan_resize(640, 480, process_res)?;
-        Ok(())
+        Ok(crate::preprocess::check_process_res(process_res)?)
     }
 
     /// The images.
@@ -303,9 +301,6 @@ pub trait Predictor {
 
     /// The name of the device that computes (`CPU`, `CUDA0`, ...).
     fn device_name(&self) -> String;
-
-    /// The longest side images are processed at when a request does not say.
-    fn default_process_res(&self) -> usize;
 
     /// Depth (and confidence, sky, pose, where the model has them) for one image at the
     /// default settings.

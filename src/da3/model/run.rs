@@ -109,10 +109,6 @@ impl Predictor for Session {
     fn device_name(&self) -> String {
         self.device().name()
     }
-
-    fn default_process_res(&self) -> usize {
-        self.model.process_res()
-    }
 }
 
 impl Session {
@@ -159,8 +155,13 @@ impl Session {
     ) -> Result<Output, Error> {
         let images = &prepared.images;
         let metric = self.model.shared.config.is_metric();
-        let mut output = match request.poses {
-            Some(known) if !metric => self.run_posed(prepared, request, known)?,
+        // The known cameras' intrinsics in pixels of the processed images, once for the
+        // encoder's input and the alignment (or placement) after it.
+        let intrinsics = request
+            .poses
+            .map(|known| processed_intrinsics(prepared, request, known));
+        let mut output = match (request.poses, &intrinsics) {
+            (Some(known), Some(k)) if !metric => self.run_posed(prepared, request, known, k)?,
             _ => {
                 let rays = request.rays || request.ray_pose;
                 let mut output = self.forward_scene(images, request.reference, None, rays)?;
@@ -184,10 +185,9 @@ impl Session {
                     request.poses,
                     request.focal.as_ref(),
                 );
-                if let Some(known) = request.poses {
+                if let (Some(known), Some(intrinsics)) = (request.poses, &intrinsics) {
                     // The given cameras place the views (the depth is already in metres).
-                    let intrinsics = processed_intrinsics(prepared, request, known);
-                    for ((view, pose), k) in output.views.iter_mut().zip(known).zip(&intrinsics) {
+                    for ((view, pose), k) in output.views.iter_mut().zip(known).zip(intrinsics) {
                         view.pose = Some(Pose {
                             intrinsics: k.map(|row| row.map(|v| v as f32)),
                             extrinsics: std::array::from_fn(|r| {
@@ -196,10 +196,9 @@ impl Session {
                         });
                     }
                 }
-            } else if let Some(known) = request.poses {
+            } else if let (Some(known), Some(intrinsics)) = (request.poses, &intrinsics) {
                 let given: Vec<poses::Mat4> = known.iter().map(|p| p.extrinsics).collect();
-                let intrinsics = processed_intrinsics(prepared, request, known);
-                let scale = poses::align_to_known_poses(&mut output.views, &given, &intrinsics)?;
+                let scale = poses::align_to_known_poses(&mut output.views, &given, intrinsics)?;
                 output.pose_scale = Some(scale);
                 for view in &mut output.views {
                     view.depth_unit = metric::DepthUnit::KnownCameras;
@@ -217,13 +216,13 @@ impl Session {
         prepared: &Prepared,
         request: &Request<'_>,
         known: &[KnownPose],
+        intrinsics: &[poses::Mat3],
     ) -> Result<Output, Error> {
-        let intrinsics = processed_intrinsics(prepared, request, known);
         let given: Vec<poses::Mat4> = known.iter().map(|p| p.extrinsics).collect();
         let normalized = poses::normalize_extrinsics(&given);
         let encodings: Vec<f32> = normalized
             .iter()
-            .zip(&intrinsics)
+            .zip(intrinsics)
             .zip(&prepared.images)
             .flat_map(|((e, k), im)| poses::pose_encoding(e, k, im.width, im.height))
             .collect();
