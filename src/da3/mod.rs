@@ -38,7 +38,10 @@ pub use nested::{NestedModel, NestedSession};
 pub use outputs::{Colormap, Pose, Prediction, RayMap};
 pub use plan::{ExecutionPlan, PlanOverrides};
 pub use poses::KnownPose;
-pub use preprocess::{decode_image, load_image, ResizeMethod, RgbImage8 as Image, ToRgbImage};
+pub use preprocess::{
+    decode_image, decode_image_with, load_image, load_image_with, ReadOptions, ResizeMethod,
+    RgbImage8 as Image, ToRgbImage,
+};
 #[allow(deprecated)]
 pub use request::MultiPrediction;
 pub use request::{Output, Predictor, Request};

@@ -361,7 +361,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         settings: args.settings.clone(),
         input_ids,
         process_res: args.process_res,
-        read_options: da3::preprocess::ReadOptions {
+        read_options: da3::ReadOptions {
             apply_orientation: !args.ignore_exif_orientation,
         },
     });
@@ -546,7 +546,7 @@ struct Writing {
     /// No output may be one of the inputs (an input inside --out-dir named like an output).
     input_ids: HashSet<(u64, u64)>,
     process_res: usize,
-    read_options: da3::preprocess::ReadOptions,
+    read_options: da3::ReadOptions,
 }
 
 impl Writing {
@@ -570,7 +570,7 @@ impl Writing {
                 p.display()
             )));
         }
-        let image = match da3::preprocess::load_image_with(&job.source, &self.read_options) {
+        let image = match da3::load_image_with(&job.source, &self.read_options) {
             Ok(image) => image,
             Err(e) => return Ok(Err(e.into())),
         };

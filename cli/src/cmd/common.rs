@@ -1,7 +1,7 @@
 //! Options shared by several subcommands: device choice, model and image sources.
 
 use anyhow::Context as _;
-use da3::preprocess::ReadOptions;
+use da3::ReadOptions;
 use da3::{atomic_file, outputs, Image};
 use da3::{Config, ConvPrecision, Device, LoadOptions, Model, NestedModel, Predictor};
 use std::path::{Path, PathBuf};
@@ -202,7 +202,7 @@ pub fn load_input(input: Option<&PathBuf>, options: &ReadOptions) -> anyhow::Res
             path.display(),
             path.display()
         ),
-        Some(path) => Ok(da3::preprocess::load_image_with(path, options)?),
+        Some(path) => Ok(da3::load_image_with(path, options)?),
         None => Ok(da3::synthetic::image(640, 427)),
     }
 }

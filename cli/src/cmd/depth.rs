@@ -150,8 +150,8 @@ impl From<ViewMap> for OutputKind {
 }
 
 impl Args {
-    fn read_options(&self) -> da3::preprocess::ReadOptions {
-        da3::preprocess::ReadOptions {
+    fn read_options(&self) -> da3::ReadOptions {
+        da3::ReadOptions {
             apply_orientation: !self.ignore_exif_orientation,
         }
     }
