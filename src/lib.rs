@@ -29,6 +29,8 @@
 //! - [`gguf`]: GGUF files, the container of ggml models: format, reader, writer;
 //! - [`residency`]: the pass that checks where every graph operand lives before computing,
 //!   and the one compute entry point built on it;
+//! - [`geometry`]: similarity transforms, their estimation and optimisation, depth fusion
+//!   and meshes, with no knowledge of the model;
 //! - the Depth Anything 3 model: GGUF loading, [`preprocess`]ing, graph, [`outputs`], and
 //!   [`convert`]ing official checkpoints.
 //!
@@ -42,6 +44,8 @@ pub mod atomic_file;
 #[doc(hidden)]
 #[deny(unsafe_code)]
 pub mod da3;
+#[deny(unsafe_code)]
+pub mod geometry;
 pub mod ggml;
 #[deny(unsafe_code)]
 pub mod gguf;
