@@ -16,11 +16,9 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use base64::Engine as _;
-use da3::export::ExportOptions;
 use da3::preprocess::PreprocessError;
 use da3::{decode_image, Image as RgbImage8};
-use da3::{Colormap, Model, Prediction};
+use da3::{Model, Prediction};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,9 +31,8 @@ use tokio::sync::oneshot;
 
 mod api;
 mod connections;
+mod encode;
 mod form;
-
-use form::Output;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -340,47 +337,72 @@ fn worker(
             continue; // timed out while waiting
         }
         metrics.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
-        let mut result = Ok(Vec::with_capacity(job.images.len()));
-        for (i, image) in job.images.iter().enumerate() {
-            // The name the glb gives the camera (as before the request API: not the upload's).
-            let request = da3::Request::image(image).names(["image.png"]);
-            let request = match job.process_res {
-                Some(res) => request.process_res(res),
-                None => request,
-            };
-            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                session.run(&request).and_then(da3::Output::into_single)
-            }));
-            match outcome {
-                Ok(Ok(prediction)) => {
-                    if let Ok(list) = &mut result {
-                        list.push(prediction);
-                    }
-                }
-                Ok(Err(e)) => {
-                    let status = match e {
-                        da3::Error::Preprocess(_) => StatusCode::UNPROCESSABLE_ENTITY,
-                        _ => StatusCode::INTERNAL_SERVER_ERROR,
-                    };
-                    result = Err(ApiError::new(status, format!("image {}: {e}", i + 1)));
-                    break;
-                }
-                Err(_) => {
-                    log::error!("inference panicked; replacing the worker's session");
-                    if let Ok(s) = model.session() {
-                        session = s;
-                    }
-                    result = Err(ApiError::new(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("image {}: internal error during inference", i + 1),
-                    ));
-                    break;
-                }
-            }
-        }
+        let result = compute_images(&model, &mut session, &job);
         metrics.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
         let _ = job.reply.send(result);
     }
+}
+
+/// A computation that panicked: the session it ran on was replaced.
+struct Panicked;
+
+/// Runs `request` on the worker's session. A panic inside is caught (the server goes on) and
+/// the session replaced, since its state is then unknown.
+fn run_guarded(
+    model: &Model,
+    session: &mut da3::Session,
+    request: &da3::Request<'_>,
+) -> Result<Result<da3::Output, da3::Error>, Panicked> {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| session.run(request)));
+    outcome.map_err(|_| {
+        log::error!("inference panicked; replacing the worker's session");
+        if let Ok(fresh) = model.session() {
+            *session = fresh;
+        }
+        Panicked
+    })
+}
+
+/// `/v1/depth`: every image on its own, in order; the first failure ends the job.
+fn compute_images(
+    model: &Model,
+    session: &mut da3::Session,
+    job: &Job,
+) -> Result<Vec<Prediction>, ApiError> {
+    let mut predictions = Vec::with_capacity(job.images.len());
+    for (i, image) in job.images.iter().enumerate() {
+        // The name the glb gives the camera (as before the request API: not the upload's).
+        let request = da3::Request::image(image).names(["image.png"]);
+        let request = match job.process_res {
+            Some(res) => request.process_res(res),
+            None => request,
+        };
+        match run_guarded(model, session, &request) {
+            Ok(Ok(output)) => {
+                let prediction = output.into_single().map_err(|e| {
+                    ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("image {}: {e}", i + 1),
+                    )
+                })?;
+                predictions.push(prediction);
+            }
+            Ok(Err(e)) => {
+                let status = match e {
+                    da3::Error::Preprocess(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                    _ => StatusCode::INTERNAL_SERVER_ERROR,
+                };
+                return Err(ApiError::new(status, format!("image {}: {e}", i + 1)));
+            }
+            Err(Panicked) => {
+                return Err(ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("image {}: internal error during inference", i + 1),
+                ))
+            }
+        }
+    }
+    Ok(predictions)
 }
 
 fn router(shared: AppState, body_timeout: Duration) -> Router {
@@ -573,13 +595,8 @@ impl From<form::FormError> for ApiError {
     }
 }
 
-async fn depth(
-    State(shared): State<AppState>,
-    connection: Option<Extension<Arc<connections::Connection>>>,
-    headers: HeaderMap,
-    multipart: Result<Multipart, MultipartRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let limit = shared.max_upload_bytes;
+/// 413 for a request whose declared length is over the limit, before its body is read.
+fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -587,33 +604,102 @@ async fn depth(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(form::too_large(limit).into());
     }
-    let rules = form::Rules {
-        max_upload_bytes: limit,
+    Ok(())
+}
+
+/// What the server allows and its model answers, for reading a form.
+fn form_rules(shared: &Shared) -> form::Rules<'_> {
+    form::Rules {
+        max_upload_bytes: shared.max_upload_bytes,
         max_views: shared.max_views,
         preset: &shared.preset,
         has_pose: shared.has_pose,
         has_sky: shared.has_sky,
         has_confidence: shared.has_confidence,
-    };
+    }
+}
+
+/// Decodes the uploads (CPU work: off the async threads), each checked as [`decode`] does;
+/// `labels[i]` names upload `i` in errors.
+async fn decode_all(
+    files: Vec<(Option<String>, axum::body::Bytes)>,
+    labels: Vec<String>,
+    process_res: Option<usize>,
+) -> Result<Vec<RgbImage8>, ApiError> {
+    tokio::task::spawn_blocking(move || {
+        files
+            .iter()
+            .zip(&labels)
+            .map(|((_, bytes), label)| decode(label, bytes, process_res))
+            .collect::<Result<Vec<_>, ApiError>>()
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error decoding"))?
+}
+
+/// How errors name upload `index` (from 0): `image N`, with its file name when it has one.
+fn upload_label(index: usize, file_name: Option<&str>) -> String {
+    match file_name {
+        Some(name) => format!("image {} ({name:?})", index + 1),
+        None => format!("image {}", index + 1),
+    }
+}
+
+/// Queues `job` for a worker and waits for the answer that comes through `answer`: 503 with
+/// `Retry-After` when the queue is full, 504 past `--timeout`.
+async fn submit<T>(
+    shared: &Shared,
+    job: Job,
+    answer: oneshot::Receiver<Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    shared.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = shared.queue.try_send(job) {
+        shared.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        let message = match e {
+            TrySendError::Full(_) => "the server is busy (queue full); retry later",
+            TrySendError::Disconnected(_) => "the server is shutting down",
+        };
+        return Err(ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+        });
+    }
+    match tokio::time::timeout(shared.timeout, answer).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the worker stopped before answering",
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "no result within the limit of {} s",
+                shared.timeout.as_secs_f64()
+            ),
+        )),
+    }
+}
+
+async fn depth(
+    State(shared): State<AppState>,
+    connection: Option<Extension<Arc<connections::Connection>>>,
+    headers: HeaderMap,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<Value>, ApiError> {
+    check_declared_length(&headers, shared.max_upload_bytes)?;
     let form::Form {
         files,
         process_res,
         outputs,
-    } = form::read(multipart.map_err(form::rejected)?, &rules).await?;
+        ..
+    } = form::read(multipart.map_err(form::rejected)?, &form_rules(&shared)).await?;
     // The whole body is in: from here the client only waits for the answer.
     let _busy = connection.map(|Extension(c)| c.busy());
-    // Decoding is CPU work: off the async threads.
     let names: Vec<Option<String>> = files.iter().map(|(n, _)| n.clone()).collect();
-    let images = tokio::task::spawn_blocking(move || {
-        files
-            .iter()
-            .enumerate()
-            .map(|(i, (_, bytes))| decode(i, bytes, process_res))
-            .collect::<Result<Vec<_>, ApiError>>()
-    })
-    .await
-    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal error decoding"))??;
-    let images = Arc::new(images);
+    let labels = (names.iter().enumerate())
+        .map(|(i, name)| upload_label(i, name.as_deref()))
+        .collect();
+    let images = Arc::new(decode_all(files, labels, process_res).await?);
 
     let (reply, answer) = oneshot::channel();
     let job = Job {
@@ -621,45 +707,13 @@ async fn depth(
         process_res,
         reply,
     };
-    shared.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    match shared.queue.try_send(job) {
-        Ok(()) => {}
-        Err(e) => {
-            shared.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-            let message = match e {
-                TrySendError::Full(_) => "the server is busy (queue full); retry later",
-                TrySendError::Disconnected(_) => "the server is shutting down",
-            };
-            return Err(ApiError {
-                retry_after: Some(1),
-                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
-            });
-        }
-    }
-    let predictions = match tokio::time::timeout(shared.timeout, answer).await {
-        Ok(Ok(result)) => result?,
-        Ok(Err(_)) => {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the worker stopped before answering",
-            ))
-        }
-        Err(_) => {
-            return Err(ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                format!(
-                    "no result within the limit of {} s",
-                    shared.timeout.as_secs_f64()
-                ),
-            ))
-        }
-    };
+    let predictions = submit(&shared, job, answer).await?;
     let model = shared.model_name.clone();
     let body = tokio::task::spawn_blocking(move || {
         let images = predictions
             .iter()
             .zip(&names)
-            .map(|(p, name)| encode(p, name.as_deref(), &outputs))
+            .map(|(p, name)| encode::encode(p, name.as_deref(), &outputs))
             .collect::<Result<Vec<_>, ApiError>>()?;
         Ok::<_, ApiError>(json!({"model": model, "images": images}))
     })
@@ -668,125 +722,19 @@ async fn depth(
     Ok(Json(body))
 }
 
-fn decode(i: usize, bytes: &[u8], process_res: Option<usize>) -> Result<RgbImage8, ApiError> {
+/// Decodes one upload and checks that it can be processed at `process_res`; errors name it
+/// by `label`.
+fn decode(label: &str, bytes: &[u8], process_res: Option<usize>) -> Result<RgbImage8, ApiError> {
     let image = decode_image(bytes).map_err(|e| {
         let status = match e {
             PreprocessError::ImageTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };
-        ApiError::new(status, format!("image {}: {e}", i + 1))
+        ApiError::new(status, format!("{label}: {e}"))
     })?;
     let res = process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
     da3::Request::image(&image)
         .processed_plans(res)
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                format!("image {}: {e}", i + 1),
-            )
-        })?;
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("{label}: {e}")))?;
     Ok(image)
-}
-
-fn f32_base64(values: &[f32]) -> String {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-/// Horizontal field of view assumed for the 3D outputs of a model that predicts no camera.
-const ASSUMED_FOV_DEGREES: f32 = 60.0;
-
-/// Most points in a `points` output (the page's 3D view).
-const POINTS_OUTPUT_CAP: usize = 200_000;
-
-/// The 3D outputs of one prediction: its point cloud (the official glb export's filtering)
-/// as the page's viewer draws it, or a PLY or glb file.
-fn cloud_outputs(
-    p: &Prediction,
-    outputs: &[Output],
-    encoded: &mut serde_json::Map<String, Value>,
-) -> Result<(), ApiError> {
-    let options = ExportOptions {
-        assumed_fov: Some(ASSUMED_FOV_DEGREES),
-        ..ExportOptions::default()
-    };
-    let dir = tempfile::tempdir().map_err(internal)?;
-    let file = |name: &str, save: &dyn Fn(&std::path::Path) -> Result<(), da3::Error>| {
-        let path = dir.path().join(name);
-        save(&path).map_err(internal)?;
-        let bytes = std::fs::read(&path).map_err(internal)?;
-        Ok::<_, ApiError>(Value::String(
-            base64::engine::general_purpose::STANDARD.encode(bytes),
-        ))
-    };
-    for output in outputs {
-        let value = match output {
-            Output::Points => p
-                .viewer_scene(&options)
-                .map_err(internal)?
-                .to_json(POINTS_OUTPUT_CAP),
-            Output::Ply => file("points.ply", &|path| p.save_ply(path, &options))?,
-            Output::Glb => file("scene.glb", &|path| p.save_glb(path, &options))?,
-            _ => continue,
-        };
-        encoded.insert(output.name().to_owned(), value);
-    }
-    Ok(())
-}
-
-fn encode(p: &Prediction, name: Option<&str>, outputs: &[Output]) -> Result<Value, ApiError> {
-    let (lo, hi) = p.depth_range();
-    let (input_width, input_height) = p.input_size;
-    let mut encoded = serde_json::Map::new();
-    if outputs.iter().any(|o| o.is_3d()) {
-        cloud_outputs(p, outputs, &mut encoded)?;
-    }
-    for output in outputs {
-        let value = match output {
-            Output::DepthPng => {
-                let dir = tempfile::tempdir().map_err(internal)?;
-                let path = dir.path().join("depth.png");
-                p.save_png(&path, Colormap::Turbo).map_err(internal)?;
-                let png = std::fs::read(&path).map_err(internal)?;
-                base64::engine::general_purpose::STANDARD.encode(png)
-            }
-            Output::DepthF32 => f32_base64(&p.depth),
-            Output::ConfidenceF32 => match &p.confidence {
-                Some(c) => f32_base64(c),
-                None => continue,
-            },
-            Output::SkyF32 => match &p.sky {
-                Some(s) => f32_base64(s),
-                None => continue,
-            },
-            Output::Pose => continue, // always in `pose` when the model has one
-            Output::Points | Output::Ply | Output::Glb => continue, // above
-        };
-        encoded.insert(output.name().to_owned(), Value::String(value));
-    }
-    Ok(json!({
-        "filename": name,
-        "input_width": input_width,
-        "input_height": input_height,
-        "width": p.width,
-        "height": p.height,
-        "depth_min": lo,
-        "depth_max": hi,
-        // The keys of the CLI's poses.json (`extrinsics` is kept for clients of earlier
-        // releases).
-        "pose": p.pose.as_ref().map(|pose| json!({
-            "intrinsics": pose.intrinsics,
-            "extrinsics_world_to_camera": pose.extrinsics,
-            "extrinsics": pose.extrinsics,
-        })),
-        "outputs": encoded,
-    }))
-}
-
-fn internal(e: impl std::fmt::Display) -> ApiError {
-    log::error!("encoding a result: {e}");
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("encoding the result: {e}"),
-    )
 }
