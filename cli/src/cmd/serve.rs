@@ -1,4 +1,5 @@
-//! `da3 serve`: an HTTP service for depth (axum on tokio).
+//! `da3 serve`: an HTTP service for depth (axum on tokio): `/v1/depth` computes each uploaded
+//! image on its own, `/v1/scene` the uploaded images as the views of one scene (`serve/scene.rs`).
 //!
 //! The model is loaded once; `--workers` OS threads each own a [`da3::Session`] (sessions are
 //! `!Send`, so each is made inside its thread) and take jobs from one bounded queue
@@ -16,9 +17,10 @@ use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
+use da3::da3::architecture::CAMERA_ENCODER_PROBE;
 use da3::preprocess::PreprocessError;
 use da3::{decode_image, Image as RgbImage8};
-use da3::{Model, Prediction};
+use da3::{Config, LoadOptions, Model, Prediction};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,6 +35,7 @@ mod api;
 mod connections;
 mod encode;
 mod form;
+mod scene;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,9 +62,16 @@ pub struct Args {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     max_upload_bytes: usize,
-    /// Most images in one request.
+    /// Most images in one request: /v1/depth's images, /v1/scene's views. A scene's views are
+    /// computed together in one graph, so its memory grows with their number (about 155 MiB a
+    /// view for da3-base at 504, per worker).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     max_views: u16,
+    /// Load the camera encoder, which /v1/scene requests with known `poses` need (DualDPT
+    /// models; about a fifth more weights, so off by default). The metric model takes known
+    /// poses for their focal lengths without it.
+    #[arg(long)]
+    camera_encoder: bool,
     /// Seconds a client has to send a request head, from its first byte or, on a kept-alive
     /// connection, from the previous answer (so also the idle timeout); then the connection is
     /// closed.
@@ -76,8 +86,24 @@ pub struct Args {
     max_connections: u32,
 }
 
-/// One request's images, for one worker.
-struct Job {
+/// One request's work, for one worker.
+enum Job {
+    Images(ImagesJob),
+    Scene(scene::SceneJob),
+}
+
+impl Job {
+    /// Whether the request gave up waiting (timed out), so that nobody reads the answer.
+    fn abandoned(&self) -> bool {
+        match self {
+            Job::Images(job) => job.reply.is_closed(),
+            Job::Scene(job) => job.reply.is_closed(),
+        }
+    }
+}
+
+/// `/v1/depth`'s images, each computed on its own.
+struct ImagesJob {
     images: Arc<Vec<RgbImage8>>,
     process_res: Option<usize>,
     reply: oneshot::Sender<Result<Vec<Prediction>, ApiError>>,
@@ -151,6 +177,8 @@ struct Shared {
     timeout: Duration,
     max_upload_bytes: usize,
     max_views: usize,
+    /// Why a scene with known poses is refused (`None`: they are taken).
+    known_poses_refusal: Option<String>,
 }
 
 type AppState = Arc<Shared>;
@@ -189,9 +217,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.addr
         );
     }
-    let options = args.device.options()?;
+    let options = LoadOptions {
+        camera_encoder: args.camera_encoder,
+        ..args.device.options()?
+    };
     let model = args.model.load_for_results(&options)?;
     let config = model.config();
+    let known_poses_refusal = known_poses_refusal(&args, config)?;
     let model_name = match &args.model.model {
         Some(path) => path.file_stem().map_or_else(
             || path.display().to_string(),
@@ -215,6 +247,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         timeout: args.timeout,
         max_upload_bytes: args.max_upload_bytes,
         max_views: args.max_views as usize,
+        known_poses_refusal,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -245,6 +278,47 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     log::info!("shut down cleanly");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why this server will refuse known poses (`None`: it takes them); an error for
+/// `--camera-encoder` with a model that cannot use it.
+fn known_poses_refusal(args: &Args, config: &Config) -> anyhow::Result<Option<String>> {
+    // The metric model takes known poses for their intrinsics (its metres' focal length).
+    if config.is_metric() {
+        return Ok(None);
+    }
+    if config.cam_dim.is_none() {
+        let reason = format!(
+            "model {} takes no known poses: it has no camera decoder (DualDPT models and the \
+             metric model do)",
+            config.name
+        );
+        if args.camera_encoder {
+            anyhow::bail!("--camera-encoder: {reason}");
+        }
+        return Ok(Some(reason));
+    }
+    if !args.camera_encoder {
+        return Ok(Some(
+            "known poses need the model's camera encoder, which this server did not load: \
+             start it with --camera-encoder"
+                .to_owned(),
+        ));
+    }
+    // The built-in model has one; a file converted by an older release may not.
+    if let Some(path) = &args.model.model {
+        let file = da3::gguf::GgufFile::open(path)
+            .map_err(da3::Error::from)
+            .with_context(|| format!("loading model {}", path.display()))?;
+        if file.tensor(CAMERA_ENCODER_PROBE).is_none() {
+            anyhow::bail!(
+                "--camera-encoder: {} has no camera encoder (`cam_enc.*` tensors); convert the \
+                 checkpoint again with `da3 convert`",
+                path.display()
+            );
+        }
+    }
+    Ok(None)
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
@@ -333,13 +407,24 @@ fn worker(
             }
         };
         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
-        if job.reply.is_closed() {
+        if job.abandoned() {
             continue; // timed out while waiting
         }
         metrics.jobs_in_flight.fetch_add(1, Ordering::Relaxed);
-        let result = compute_images(&model, &mut session, &job);
-        metrics.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
-        let _ = job.reply.send(result);
+        // Out of flight before the answer goes, so that a client reading /metrics after its
+        // answer sees the job done.
+        match job {
+            Job::Images(job) => {
+                let result = compute_images(&model, &mut session, &job);
+                metrics.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
+                let _ = job.reply.send(result);
+            }
+            Job::Scene(job) => {
+                let result = scene::compute(&model, &mut session, &job);
+                metrics.jobs_in_flight.fetch_sub(1, Ordering::Relaxed);
+                let _ = job.reply.send(result);
+            }
+        }
     }
 }
 
@@ -367,7 +452,7 @@ fn run_guarded(
 fn compute_images(
     model: &Model,
     session: &mut da3::Session,
-    job: &Job,
+    job: &ImagesJob,
 ) -> Result<Vec<Prediction>, ApiError> {
     let mut predictions = Vec::with_capacity(job.images.len());
     for (i, image) in job.images.iter().enumerate() {
@@ -413,6 +498,7 @@ fn router(shared: AppState, body_timeout: Duration) -> Router {
         .route("/healthz", get(healthz))
         .route("/v1/models", get(models))
         .route("/v1/depth", post(depth))
+        .route("/v1/scene", post(scene::scene))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi))
         .fallback(not_found)
@@ -440,6 +526,7 @@ fn path_label(path: &str) -> &'static str {
         "/healthz" => "/healthz",
         "/v1/models" => "/v1/models",
         "/v1/depth" => "/v1/depth",
+        "/v1/scene" => "/v1/scene",
         "/metrics" => "/metrics",
         "/openapi.json" => "/openapi.json",
         "/viewer.js" => "/viewer.js",
@@ -507,6 +594,7 @@ async fn models(State(shared): State<AppState>) -> Json<Value> {
         "pose": shared.has_pose,
         "sky": shared.has_sky,
         "confidence": shared.has_confidence,
+        "known_poses": shared.known_poses_refusal.is_none(),
     }]}))
 }
 
@@ -702,11 +790,11 @@ async fn depth(
     let images = Arc::new(decode_all(files, labels, process_res).await?);
 
     let (reply, answer) = oneshot::channel();
-    let job = Job {
+    let job = Job::Images(ImagesJob {
         images: Arc::clone(&images),
         process_res,
         reply,
-    };
+    });
     let predictions = submit(&shared, job, answer).await?;
     let model = shared.model_name.clone();
     let body = tokio::task::spawn_blocking(move || {

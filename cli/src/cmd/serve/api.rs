@@ -14,7 +14,7 @@ pub fn openapi() -> Value {
         "info": {
             "title": "da3 serve",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Depth Anything 3 on ggml: depth, confidence, sky and camera pose for uploaded images. Every error is JSON {\"error\": message, \"code\": HTTP status}."
+            "description": "Depth Anything 3 on ggml: depth, confidence, sky and camera pose for uploaded images, each on its own (/v1/depth) or as the views of one scene (/v1/scene). Every error is JSON {\"error\": message, \"code\": HTTP status}."
         },
         "paths": {
             "/healthz": {"get": {
@@ -55,6 +55,36 @@ pub fn openapi() -> Value {
                     "504": error("No result within the server's timeout")
                 }
             }},
+            "/v1/scene": {"post": {
+                "summary": "Several images as the views of one scene, computed together (da3 depth --input a --input b --out-dir), optionally with known cameras",
+                "requestBody": {"required": true, "content": {"multipart/form-data": {"schema": {
+                    "type": "object",
+                    "required": ["image"],
+                    "properties": {
+                        "image": {"type": "array", "minItems": 2, "items": {"type": "string", "format": "binary"},
+                            "description": "The views, one field each, two or more (at most --max-views, 8 by default); each field's filename is the view's name (default imageN.png, N from 0)"},
+                        "poses": {"type": "string",
+                            "description": "Known cameras as JSON, as da3 depth --poses reads them: {\"views\": [...]} or an array, each view with extrinsics (or extrinsics_world_to_camera: world-to-camera, 3x4 or 4x4) and intrinsics (3x3, pixels of the upload, or of width x height when given); matched to the images by name when every view has one, else in order. This endpoint's answer (and da3 depth's poses.json) reads back as is. Needs a DualDPT model loaded with --camera-encoder (or the metric model); view 0 is then the reference and depth comes out in the cameras' units"},
+                        "ref_view": {"type": "string", "example": "saddle_balanced",
+                            "description": "How a scene of three or more views picks its reference view: first, middle, saddle_balanced (default), saddle_sim_range, or a view index (from 0). Not with poses"},
+                        "process_res": {"type": "integer", "minimum": 14, "maximum": 2048,
+                            "description": "Longest side of the processed images (default 504); every view must reach one processed size"},
+                        "outputs": {"type": "string", "example": "depth_f32,glb",
+                            "description": "Comma list as for /v1/depth: depth_png, depth_f32, confidence_f32, sky_f32 per view; points, ply, glb for the whole scene (one cloud, every camera); pose is accepted (cameras are always in the answer)"}
+                    }
+                }}}},
+                "responses": {
+                    "200": {"description": "The scene: poses.json's keys, every view in upload order",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SceneResponse"}}}},
+                    "400": error("Malformed multipart, unknown or repeated field, unknown output, or fewer than two image fields"),
+                    "408": error("The upload stalled: no data for the server's body timeout"),
+                    "413": error("Upload over the byte limit, more images than --max-views, or an image over the pixel limits"),
+                    "422": error("An image that does not decode (named with its filename), views that reach different processed sizes, a bad process_res or ref_view, an output the model lacks, poses that are not valid cameras or do not match the images (by count or name), poses without --camera-encoder, cameras the prediction cannot be aligned to"),
+                    "500": error("Internal error"),
+                    "503": error("Queue full (with Retry-After) or shutting down"),
+                    "504": error("No result within the server's timeout")
+                }
+            }},
             "/metrics": {"get": {
                 "summary": "Prometheus metrics (text format 0.0.4)",
                 "responses": {"200": {"description": "Metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}}
@@ -79,7 +109,8 @@ pub fn openapi() -> Value {
             }},
             "Model": {"type": "object", "properties": {
                 "name": {"type": "string"}, "preset": {"type": "string"}, "device": {"type": "string"},
-                "pose": {"type": "boolean"}, "sky": {"type": "boolean"}, "confidence": {"type": "boolean"}
+                "pose": {"type": "boolean"}, "sky": {"type": "boolean"}, "confidence": {"type": "boolean"},
+                "known_poses": {"type": "boolean", "description": "Whether /v1/scene takes poses (a DualDPT model with --camera-encoder, or the metric model)"}
             }},
             "Pose": {"type": "object", "nullable": true, "properties": {
                 "intrinsics": {"type": "array", "description": "3x3, rows", "items": {"type": "array", "items": {"type": "number"}}},
@@ -116,6 +147,29 @@ pub fn openapi() -> Value {
             "DepthResponse": {"type": "object", "properties": {
                 "model": {"type": "string"},
                 "images": {"type": "array", "items": {"$ref": "#/components/schemas/DepthResult"}}
+            }},
+            "SceneView": {"type": "object", "description": "One view: the keys of da3 depth's poses.json (index to extrinsics_world_to_camera), then this endpoint's", "properties": {
+                "index": {"type": "integer"},
+                "name": {"type": "string", "description": "The upload's filename (default imageN.png)"},
+                "width": {"type": "integer", "description": "Processed width (of the maps; the intrinsics refer to it)"},
+                "height": {"type": "integer", "description": "Processed height"},
+                "reference": {"type": "boolean", "description": "Whether this is the reference view"},
+                "intrinsics": {"type": "array", "description": "3x3, rows, pixels of the processed size (models with cameras only)", "items": {"type": "array", "items": {"type": "number"}}},
+                "extrinsics_world_to_camera": {"type": "array", "description": "3x4 world-to-camera, rows, in the reference view's frame (or the given cameras' world)", "items": {"type": "array", "items": {"type": "number"}}},
+                "focal_source": {"type": "string", "description": "The metric model's: where its focal length came from"},
+                "input_width": {"type": "integer"}, "input_height": {"type": "integer"},
+                "depth_min": {"type": "number", "nullable": true}, "depth_max": {"type": "number", "nullable": true},
+                "outputs": {"type": "object", "description": "The view's maps asked for, encoded as /v1/depth's: depth_png, depth_f32, confidence_f32, sky_f32"}
+            }},
+            "SceneResponse": {"type": "object", "description": "da3 depth's poses.json for the same images (same keys, same values), with more keys per view; it reads back as a poses field", "properties": {
+                "model": {"type": "string"},
+                "reference": {"type": "integer", "description": "The reference view (index): its camera is the world frame"},
+                "ref_view_strategy": {"type": "string", "description": "first, middle, saddle_balanced, saddle_sim_range or view (an index was asked); first with known poses"},
+                "depth_unit": {"type": "string"},
+                "known_poses": {"type": "boolean", "description": "Present (true) when poses were given"},
+                "pose_scale": {"type": "number", "description": "With known poses: what the predicted depth was divided by to reach the cameras' units"},
+                "views": {"type": "array", "items": {"$ref": "#/components/schemas/SceneView"}},
+                "outputs": {"type": "object", "description": "The whole scene's 3D outputs asked for, one cloud of every view in the reference frame: points, ply, glb (as /v1/depth's)"}
             }}
         }}
     })

@@ -1,5 +1,6 @@
-//! The `/v1/depth` form: multipart fields `image` (repeated), `process_res` and `outputs`, read
-//! and checked here. Self-contained (axum, tower-http and the library's limits only) so that
+//! The `/v1/depth` form (multipart fields `image` (repeated), `process_res` and `outputs`) and
+//! the `/v1/scene` form (the same, two images or more, and `poses` and `ref_view`), read and
+//! checked here. Self-contained (axum, tower-http and the library's limits only) so that
 //! `fuzz/fuzz_targets/serve_form.rs` can include this file and drive [`parse`] with bytes,
 //! without a socket.
 
@@ -52,15 +53,34 @@ pub struct Rules<'a> {
     pub has_confidence: bool,
 }
 
+/// Which endpoint's form is read.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Endpoint {
+    /// `/v1/depth`: each image on its own.
+    Depth,
+    /// `/v1/scene`: the images are the views of one scene; also `poses` and `ref_view`.
+    Scene,
+}
+
+/// Fewest images a scene takes: one image is `/v1/depth`'s job, and what a scene adds (a
+/// reference view, cameras relative to it, known cameras aligned by their centres) needs two.
+pub const MIN_SCENE_VIEWS: usize = 2;
+
 /// A checked form.
 #[derive(Debug)]
 pub struct Form {
-    /// `(file name, bytes)` per `image` field, in order; never empty, at most `max_views`.
+    /// `(file name, bytes)` per `image` field, in order; never empty, at most `max_views`
+    /// (for a scene, at least [`MIN_SCENE_VIEWS`]).
     pub files: Vec<(Option<String>, Bytes)>,
     /// Within `PATCH_SIZE..=MAX_PROCESS_RES` when given.
     pub process_res: Option<usize>,
     /// Each at most once, in the order first asked for.
     pub outputs: Vec<Output>,
+    /// A scene's known cameras: the `poses` field's JSON text as sent (parsed by the library's
+    /// reader once the images' names and sizes are known).
+    pub poses: Option<String>,
+    /// A scene's reference-view strategy, when the form names one.
+    pub ref_view: Option<da3::RefViewStrategy>,
 }
 
 /// Why a form was refused: always a 4xx status.
@@ -107,12 +127,23 @@ pub async fn parse(content_type: &str, body: Bytes, rules: &Rules<'_>) -> Result
     read(multipart, rules).await
 }
 
-/// Reads every field, refusing the form at the first one out of bounds.
-pub async fn read(mut multipart: Multipart, rules: &Rules<'_>) -> Result<Form, FormError> {
+/// Reads every field of a `/v1/depth` form, refusing the form at the first one out of bounds.
+pub async fn read(multipart: Multipart, rules: &Rules<'_>) -> Result<Form, FormError> {
+    read_form(multipart, rules, Endpoint::Depth).await
+}
+
+/// Reads every field of `endpoint`'s form, refusing the form at the first one out of bounds.
+pub async fn read_form(
+    mut multipart: Multipart,
+    rules: &Rules<'_>,
+    endpoint: Endpoint,
+) -> Result<Form, FormError> {
     let limit = rules.max_upload_bytes;
     let mut files: Vec<(Option<String>, Bytes)> = Vec::new();
     let mut process_res = None;
     let mut outputs: Vec<Output> = Vec::new();
+    let mut poses = None;
+    let mut ref_view = None;
     while let Some(field) = multipart
         .next_field()
         .await
@@ -182,22 +213,57 @@ pub async fn read(mut multipart: Multipart, rules: &Rules<'_>) -> Result<Form, F
                     }
                 }
             }
+            "poses" if endpoint == Endpoint::Scene => {
+                if poses.is_some() {
+                    return Err(FormError::bad_request(
+                        "poses: given twice (one JSON document holds every view's camera)",
+                    ));
+                }
+                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
+                poses = Some(text);
+            }
+            "ref_view" if endpoint == Endpoint::Scene => {
+                if ref_view.is_some() {
+                    return Err(FormError::bad_request("ref_view: given twice"));
+                }
+                let text = field.text().await.map_err(|e| multipart_error(e, limit))?;
+                let strategy = text.trim().parse::<da3::RefViewStrategy>().map_err(|e| {
+                    FormError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("ref_view: {e}"))
+                })?;
+                ref_view = Some(strategy);
+            }
             other => {
+                let expected = match endpoint {
+                    Endpoint::Depth => "image, process_res, outputs",
+                    Endpoint::Scene => "image, poses, ref_view, process_res, outputs",
+                };
                 return Err(FormError::bad_request(format!(
-                    "unknown form field {other:?} (expected image, process_res, outputs)"
+                    "unknown form field {other:?} (expected {expected})"
                 )));
             }
         }
     }
-    if files.is_empty() {
-        return Err(FormError::bad_request(
-            "no `image` field: upload one or more images as multipart fields named `image`",
-        ));
+    match endpoint {
+        Endpoint::Depth if files.is_empty() => {
+            return Err(FormError::bad_request(
+                "no `image` field: upload one or more images as multipart fields named `image`",
+            ));
+        }
+        Endpoint::Scene if files.len() < MIN_SCENE_VIEWS => {
+            return Err(FormError::bad_request(format!(
+                "a scene needs {MIN_SCENE_VIEWS} or more images (multipart fields named \
+                 `image`), got {}; for one image use /v1/depth",
+                files.len()
+            )));
+        }
+        _ => {}
     }
     Ok(Form {
         files,
         process_res,
         outputs,
+        poses,
+        ref_view,
     })
 }
 
