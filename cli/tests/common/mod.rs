@@ -11,6 +11,9 @@ pub use checkpoint::*;
 mod rpc_server;
 pub use rpc_server::RpcServer;
 
+/// `da3 serve`'s harness (`cli/tests/serve.rs`).
+pub mod serve;
+
 use std::path::Path;
 
 /// How one run of the `da3` binary ended.
