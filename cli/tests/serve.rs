@@ -4,7 +4,9 @@
 mod common;
 
 use base64::Engine as _;
-use common::serve::{assert_error, bits, f32s, multipart, Server, BOUNDARY};
+use common::serve::{
+    assert_error, assert_json_close, bits, f32s, multipart, pfm_top_down, Server, BOUNDARY,
+};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
@@ -41,6 +43,8 @@ fn service_endpoints() {
     assert_eq!(model["name"], "builtin");
     assert_eq!(model["preset"], "da3-tiny");
     assert!(!model["device"].as_str().unwrap().is_empty());
+    // Started without --camera-encoder: /v1/scene takes no known poses.
+    assert_eq!(model["known_poses"], false);
 
     let (status, _, body) = server.get("/openapi.json");
     assert_eq!(status, 200);
@@ -50,6 +54,7 @@ fn service_endpoints() {
         "/healthz",
         "/v1/models",
         "/v1/depth",
+        "/v1/scene",
         "/metrics",
         "/openapi.json",
     ] {
@@ -625,5 +630,368 @@ fn stalled_request_head_is_closed_after_the_header_timeout() {
     // A complete request on a new connection is answered.
     let (status, _, _) = server.get("/healthz");
     assert_eq!(status, 200);
+    server.stop();
+}
+
+/// The views of `cli/tests/scene.rs`'s scene: one processed size, and the official code picks
+/// view 2 as the reference (saddle_balanced).
+const SCENE_VIEWS: [(usize, usize); 3] = [(600, 225), (680, 255), (640, 240)];
+
+/// Where and how both the server and `da3 depth` compute in the scene tests, so that their
+/// numbers can be compared.
+const SCENE_DEVICE: [&str; 4] = ["--device", "cpu", "--threads", "2"];
+
+/// The scene's synthetic images written as `in0.png`, `in1.png`, ... in `dir`: (name, bytes).
+fn scene_images(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    SCENE_VIEWS
+        .iter()
+        .enumerate()
+        .map(|(i, &(w, h))| {
+            let pixels = da3::synthetic::image(w, h);
+            let name = format!("in{i}.png");
+            let path = dir.join(&name);
+            image::RgbImage::from_raw(w as u32, h as u32, pixels.data)
+                .unwrap()
+                .save(&path)
+                .unwrap();
+            (name, std::fs::read(&path).unwrap())
+        })
+        .collect()
+}
+
+/// The multipart parts of one `image` part per scene image, then `fields` (last: a field the
+/// server refuses is then read after the whole upload has been sent, so the client does not
+/// meet a closed connection while still sending).
+fn scene_parts<'a>(
+    fields: &[(&'a str, &'a [u8])],
+    images: &'a [(String, Vec<u8>)],
+) -> Vec<(&'a str, Option<&'a str>, &'a [u8])> {
+    let mut parts: Vec<(&str, Option<&str>, &[u8])> = (images.iter())
+        .map(|(name, bytes)| ("image", Some(name.as_str()), bytes.as_slice()))
+        .collect();
+    parts.extend(fields.iter().map(|&(name, value)| (name, None, value)));
+    parts
+}
+
+/// `da3 depth` on the scene's images in `dir` at process resolution 112, into `dir/OUT` with
+/// `extra` flags; its poses.json.
+fn cli_scene(dir: &std::path::Path, out: &str, extra: &[&str]) -> Value {
+    std::fs::create_dir(dir.join(out)).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_da3"));
+    command
+        .current_dir(dir)
+        .env("GGML_NO_BACKTRACE", "1")
+        .args(["-q", "depth", "--process-res", "112", "--out-dir", out]);
+    for i in 0..SCENE_VIEWS.len() {
+        command.args(["--input", &format!("in{i}.png")]);
+    }
+    let run = command.args(SCENE_DEVICE).args(extra).output().unwrap();
+    assert!(
+        run.status.success(),
+        "da3 depth: {:?}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    serde_json::from_slice(&std::fs::read(dir.join(out).join("poses.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn a_scene_answers_what_da3_depth_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = scene_images(dir.path());
+    let written = cli_scene(
+        dir.path(),
+        "out",
+        &["--ply", "scene.ply", "--glb", "scene.glb"],
+    );
+    let server = Server::start(&SCENE_DEVICE);
+    let (status, json) = server.scene(&scene_parts(
+        &[("process_res", b"112"), ("outputs", b"depth_f32,ply,glb")],
+        &images,
+    ));
+    assert_eq!(status, 200, "{json}");
+
+    // poses.json's keys and values, every view's camera and the reference among them.
+    assert_json_close(&written, &json, "scene");
+    assert_eq!(json["reference"], 2, "{json}");
+    assert_eq!(json["ref_view_strategy"], "saddle_balanced");
+    assert_eq!(json["model"], "builtin");
+    let views = json["views"].as_array().unwrap();
+    assert_eq!(views.len(), SCENE_VIEWS.len());
+    for (i, view) in views.iter().enumerate() {
+        assert_eq!(view["name"], format!("in{i}.png"));
+        assert_eq!(view["reference"], i == 2);
+        assert_eq!(view["input_width"], SCENE_VIEWS[i].0);
+        assert_eq!(view["input_height"], SCENE_VIEWS[i].1);
+        let e = view["extrinsics_world_to_camera"].as_array().unwrap();
+        assert_eq!((e.len(), e[0].as_array().unwrap().len()), (3, 4));
+        let k = view["intrinsics"].as_array().unwrap();
+        assert_eq!(k.len(), 3);
+        // The depth the CLI wrote, bit for bit, and its range.
+        let depth = f32s(&view["outputs"]["depth_f32"]);
+        let cli = pfm_top_down(&dir.path().join(format!("out/view{i}.pfm")));
+        assert_eq!(bits(&depth), bits(&cli), "view {i}");
+        let lo = depth.iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = depth.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        assert_eq!(view["depth_min"].as_f64().unwrap() as f32, lo, "view {i}");
+        assert_eq!(view["depth_max"].as_f64().unwrap() as f32, hi, "view {i}");
+    }
+    // The scene's cloud: every view in one, as `da3 depth --ply/--glb` writes it.
+    let b64 = |v: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().expect("a base64 string"))
+            .unwrap()
+    };
+    let ply = std::fs::read(dir.path().join("scene.ply")).unwrap();
+    assert_eq!(b64(&json["outputs"]["ply"]), ply);
+    let glb = std::fs::read(dir.path().join("scene.glb")).unwrap();
+    assert_eq!(b64(&json["outputs"]["glb"]), glb);
+
+    // A reference-view strategy, as `--ref-view`.
+    let written = cli_scene(dir.path(), "first", &["--ref-view", "first"]);
+    let (status, json) = server.scene(&scene_parts(
+        &[("process_res", b"112"), ("ref_view", b"first")],
+        &images,
+    ));
+    assert_eq!(status, 200, "{json}");
+    assert_json_close(&written, &json, "ref_view first");
+    assert_eq!(json["reference"], 0);
+    assert_eq!(json["ref_view_strategy"], "first");
+
+    let (_, _, metrics) = server.get("/metrics");
+    assert!(
+        metrics.contains("da3_http_requests_total{path=\"/v1/scene\",status=\"200\"} 2"),
+        "{metrics}"
+    );
+    server.stop();
+}
+
+/// A camera looking along +z from `centre`, turned by `yaw` degrees about y: world-to-camera
+/// rows (as `cli/tests/scene.rs` makes them).
+fn camera(yaw: f64, centre: [f64; 3]) -> [[f64; 4]; 3] {
+    let a = yaw.to_radians();
+    let r = [
+        [a.cos(), 0.0, a.sin()],
+        [0.0, 1.0, 0.0],
+        [-a.sin(), 0.0, a.cos()],
+    ];
+    let mut e = [[0.0; 4]; 3];
+    for i in 0..3 {
+        e[i][..3].copy_from_slice(&r[i]);
+        e[i][3] = -(0..3).map(|j| r[i][j] * centre[j]).sum::<f64>();
+    }
+    e
+}
+
+/// Asserts that every view of a scene answer has the given extrinsics (within 1e-5).
+fn assert_given_cameras(json: &Value, given: &[[[f64; 4]; 3]]) {
+    for (i, want) in given.iter().enumerate() {
+        let e = &json["views"][i]["extrinsics_world_to_camera"];
+        for r in 0..3 {
+            for c in 0..4 {
+                let got = e[r][c].as_f64().unwrap();
+                assert!(
+                    (got - want[r][c]).abs() < 1e-5,
+                    "view {i} [{r}][{c}]: {got} vs {}",
+                    want[r][c]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_scene_with_known_poses_keeps_them_as_da3_depth_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let images = scene_images(dir.path());
+    let cams = [
+        (3.0, [0.1, 0.0, 0.2], 500.0),
+        (-5.0, [1.2, 0.1, 0.0], 470.0),
+        (7.0, [0.5, 0.8, -0.4], 540.0),
+    ];
+    let mut given = Vec::new();
+    let mut intrinsics = Vec::new();
+    let mut named = Vec::new();
+    for (i, (&(w, h), &(yaw, centre, f))) in SCENE_VIEWS.iter().zip(&cams).enumerate() {
+        let e = camera(yaw, centre);
+        let k = [
+            [f, 0.0, w as f64 / 2.0 + 1.5],
+            [0.0, f, h as f64 / 2.0 - 0.5],
+            [0.0, 0.0, 1.0],
+        ];
+        // Listed in reverse: matched by name.
+        named.insert(
+            0,
+            serde_json::json!({"name": format!("in{i}.png"), "extrinsics": e, "intrinsics": k}),
+        );
+        given.push(e);
+        intrinsics.push(k);
+    }
+    let poses = serde_json::json!({ "views": named }).to_string();
+    std::fs::write(dir.path().join("poses-in.json"), &poses).unwrap();
+    let written = cli_scene(dir.path(), "out", &["--poses", "poses-in.json"]);
+    assert_eq!(written["known_poses"], true);
+
+    let server = Server::start(&[&SCENE_DEVICE[..], &["--camera-encoder"]].concat());
+    let (_, _, models) = server.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["models"][0]["known_poses"], true);
+    let (status, json) = server.scene(&scene_parts(
+        &[("process_res", b"112"), ("poses", poses.as_bytes())],
+        &images,
+    ));
+    assert_eq!(status, 200, "{json}");
+    assert_json_close(&written, &json, "known poses");
+    assert_eq!(json["known_poses"], true);
+    assert_eq!(json["reference"], 0);
+    assert!(json["pose_scale"].as_f64().unwrap() > 0.0, "{json}");
+    assert_given_cameras(&json, &given);
+
+    // The answer reads back as `poses` (poses.json's keys; intrinsics of the processed size).
+    let again = json.to_string();
+    let (status, json) = server.scene(&scene_parts(
+        &[("process_res", b"112"), ("poses", again.as_bytes())],
+        &images,
+    ));
+    assert_eq!(status, 200, "{json}");
+    assert_given_cameras(&json, &given);
+
+    // Poses that do not fit the images, or that are not cameras, are refused before computing.
+    let positional = |n: usize| {
+        let views: Vec<Value> = (0..n)
+            .map(|i| serde_json::json!({"extrinsics": given[i], "intrinsics": intrinsics[i]}))
+            .collect();
+        serde_json::json!(views).to_string()
+    };
+    let unnamed_two = positional(2);
+    let mut renamed = named.clone();
+    renamed[0]["name"] = "elsewhere.png".into();
+    let renamed = serde_json::json!(renamed).to_string();
+    for (poses, status, needle) in [
+        (unnamed_two.as_str(), 422, "2 camera(s) for 3 view(s)"),
+        // `named[0]` is in2's camera.
+        (renamed.as_str(), 422, "no camera for `in2.png`"),
+        ("{\"views\": [", 422, "poses: not JSON"),
+        ("{\"views\": [{}]}", 422, "no `extrinsics`"),
+    ] {
+        assert_error(
+            server.scene(&scene_parts(&[("poses", poses.as_bytes())], &images)),
+            status,
+            needle,
+        );
+    }
+    assert_error(
+        server.scene(&scene_parts(
+            &[("poses", positional(3).as_bytes()), ("ref_view", b"middle")],
+            &images,
+        )),
+        422,
+        "with known poses view 0 is the reference",
+    );
+    let twins = [
+        images[0].clone(),
+        (images[0].0.clone(), images[1].1.clone()),
+    ];
+    assert_error(
+        server.scene(&scene_parts(&[("poses", poses.as_bytes())], &twins)),
+        422,
+        "both named \"in0.png\"",
+    );
+    // In order, without names, they are taken as listed.
+    let (status, json) = server.scene(&scene_parts(
+        &[("process_res", b"112"), ("poses", positional(3).as_bytes())],
+        &images,
+    ));
+    assert_eq!(status, 200, "{json}");
+    assert_given_cameras(&json, &given);
+    server.stop();
+}
+
+#[test]
+fn bad_scenes_get_json_errors() {
+    let server = Server::start(&["--max-views", "3", "--max-upload-bytes", "3000000"]);
+    let dir = tempfile::tempdir().unwrap();
+    let images = scene_images(dir.path());
+    let one = &images[..1];
+    assert_error(
+        server.scene(&scene_parts(&[], one)),
+        400,
+        "a scene needs 2 or more images",
+    );
+    assert_error(server.scene(&[]), 400, "a scene needs 2 or more images");
+    // The fourth part is refused as it starts: a small one, so that the rest of the upload fits
+    // the socket's buffers and the client is not cut off while sending it.
+    let four = [&images[..], &[("d.png".to_owned(), b"tiny".to_vec())]].concat();
+    assert_error(
+        server.scene(&scene_parts(&[], &four)),
+        413,
+        "more than 3 images",
+    );
+    // An undecodable part is named by its file name.
+    let broken = [
+        images[0].clone(),
+        ("broken.jpg".to_owned(), b"not an image".to_vec()),
+    ];
+    assert_error(
+        server.scene(&scene_parts(&[], &broken)),
+        422,
+        "image 2 (\"broken.jpg\")",
+    );
+    // Views that reach different processed sizes cannot be one scene.
+    let tall = [images[0].clone(), ("photo.png".to_owned(), png())];
+    assert_error(
+        server.scene(&scene_parts(&[("process_res", b"112")], &tall)),
+        422,
+        "one processed size",
+    );
+    // Known poses need the camera encoder, which this server did not load.
+    assert_error(
+        server.scene(&scene_parts(&[("poses", b"[]")], &images)),
+        422,
+        "--camera-encoder",
+    );
+    for (value, needle) in [
+        (
+            &b"sideways"[..],
+            "unknown reference-view strategy `sideways`",
+        ),
+        (b"3", "ref_view 3: the scene has 3 views"),
+    ] {
+        assert_error(
+            server.scene(&scene_parts(&[("ref_view", value)], &images)),
+            422,
+            needle,
+        );
+    }
+    assert_error(
+        server.scene(&scene_parts(&[("process_res", b"4096")], &images)),
+        422,
+        "2048",
+    );
+    assert_error(
+        server.scene(&scene_parts(&[("cameras", b"{}")], &images)),
+        400,
+        "unknown form field \"cameras\" (expected image, poses, ref_view",
+    );
+    // /v1/depth takes no scene fields.
+    assert_error(
+        server.depth(&[("image", None, &png()), ("poses", None, b"[]")]),
+        400,
+        "unknown form field \"poses\"",
+    );
+    // The byte limit: refused from the declared length, before the body is read.
+    let (ct, _) = multipart(&[]);
+    let answer = server.raw(
+        format!(
+            "POST /v1/scene HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\nContent-Length: 3000001\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("limit of 3000000 bytes"), "{answer}");
+    let mut r = server.agent.get(server.url("/v1/scene")).call().unwrap();
+    assert_eq!(r.status().as_u16(), 405);
+    let json: Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(json["code"], 405);
     server.stop();
 }

@@ -77,11 +77,16 @@ impl Server {
         )
     }
 
-    /// POST /v1/depth with a multipart body: (status, headers' Retry-After, JSON).
+    /// POST /v1/depth with a multipart body: (status, JSON).
     pub fn post(&self, content_type: &str, body: &[u8]) -> (u16, Value) {
+        self.post_to("/v1/depth", content_type, body)
+    }
+
+    /// POST `path` with a multipart body: (status, JSON).
+    pub fn post_to(&self, path: &str, content_type: &str, body: &[u8]) -> (u16, Value) {
         let mut r = self
             .agent
-            .post(self.url("/v1/depth"))
+            .post(self.url(path))
             .header("Content-Type", content_type)
             .send(body)
             .unwrap();
@@ -100,6 +105,12 @@ impl Server {
     pub fn depth(&self, parts: &[(&str, Option<&str>, &[u8])]) -> (u16, Value) {
         let (ct, body) = multipart(parts);
         self.post(&ct, &body)
+    }
+
+    /// POST /v1/scene: (status, JSON).
+    pub fn scene(&self, parts: &[(&str, Option<&str>, &[u8])]) -> (u16, Value) {
+        let (ct, body) = multipart(parts);
+        self.post_to("/v1/scene", &ct, &body)
     }
 
     /// POST /v1/depth: (status, the Retry-After header if any, JSON).
@@ -244,4 +255,52 @@ pub fn assert_error(answer: (u16, Value), status: u16, needle: &str) {
         message.contains(needle),
         "{message:?} should mention {needle:?}"
     );
+}
+
+/// A PFM's values, rows top to bottom (the file's run bottom to top).
+pub fn pfm_top_down(path: &std::path::Path) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(64)]).into_owned();
+    let mut lines = text.splitn(4, '\n');
+    assert_eq!(lines.next(), Some("Pf"), "{}", path.display());
+    let size = lines.next().unwrap();
+    let scale = lines.next().unwrap();
+    let width: usize = size.split(' ').next().unwrap().parse().unwrap();
+    let header = format!("Pf\n{size}\n{scale}\n").len();
+    let values: Vec<f32> = bytes[header..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    values
+        .chunks_exact(width)
+        .rev()
+        .flatten()
+        .copied()
+        .collect()
+}
+
+/// Asserts that every key of `expected` is in `got` with the same value: numbers within 1e-5
+/// (relative, for magnitudes over 1), the rest equal. `got` may have more keys.
+pub fn assert_json_close(expected: &Value, got: &Value, at: &str) {
+    match (expected, got) {
+        (Value::Object(want), Value::Object(have)) => {
+            for (key, value) in want {
+                let other = have
+                    .get(key)
+                    .unwrap_or_else(|| panic!("{at}: no key {key:?} in {got}"));
+                assert_json_close(value, other, &format!("{at}.{key}"));
+            }
+        }
+        (Value::Array(want), Value::Array(have)) => {
+            assert_eq!(want.len(), have.len(), "{at}: lengths");
+            for (i, (a, b)) in want.iter().zip(have).enumerate() {
+                assert_json_close(a, b, &format!("{at}[{i}]"));
+            }
+        }
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            assert!((a - b).abs() <= 1e-5 * a.abs().max(1.0), "{at}: {a} vs {b}");
+        }
+        _ => assert_eq!(expected, got, "{at}"),
+    }
 }
