@@ -166,8 +166,8 @@ pub fn openapi() -> Value {
                 "reference": {"type": "integer", "description": "The reference view (index): its camera is the world frame"},
                 "ref_view_strategy": {"type": "string", "description": "first, middle, saddle_balanced, saddle_sim_range or view (an index was asked); first with known poses"},
                 "depth_unit": {"type": "string"},
-                "known_poses": {"type": "boolean", "description": "Present (true) when poses were given"},
-                "pose_scale": {"type": "number", "description": "With known poses: what the predicted depth was divided by to reach the cameras' units"},
+                "known_poses": {"type": "boolean", "description": "Present (true) when the depth was aligned to given poses (not for the metric model, whose depth is in metres)"},
+                "pose_scale": {"type": "number", "description": "With known poses (not the metric model's): what the predicted depth was divided by to reach the cameras' units"},
                 "views": {"type": "array", "items": {"$ref": "#/components/schemas/SceneView"}},
                 "outputs": {"type": "object", "description": "The whole scene's 3D outputs asked for, one cloud of every view in the reference frame: points, ply, glb (as /v1/depth's)"}
             }}
