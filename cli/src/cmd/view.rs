@@ -8,7 +8,7 @@
 //! files are) to the viewer's glTF axes (y up, z backward); a PLY holds no cameras.
 
 use anyhow::{bail, Context as _};
-use da3::export::{write_viewer, ViewerScene, DEFAULT_VIEWER_POINTS};
+use da3::export::{write_viewer, ViewerCaps, ViewerScene, DEFAULT_VIEWER_POINTS};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -63,7 +63,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .input
         .file_name()
         .map_or_else(|| "da3".into(), |n| n.to_string_lossy().into_owned());
-    write_viewer(&output, &scene, &title, args.max_points)?;
+    let caps = ViewerCaps {
+        max_points: args.max_points,
+        ..ViewerCaps::default()
+    };
+    write_viewer(&output, &scene, &title, &caps)?;
     let shown = scene.positions.len().min(args.max_points);
     outln!(
         "wrote {} ({shown} of {} points, {} camera{})",

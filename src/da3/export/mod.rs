@@ -29,7 +29,10 @@ pub use glb::{write_glb, GlbOptions};
 pub use npz::write_mini_npz;
 pub use ply::write_ply;
 pub use saving::ExportOptions;
-pub use viewer::{viewer_html, write_viewer, ViewerScene, DEFAULT_VIEWER_POINTS, VIEWER_JS};
+pub use viewer::{
+    viewer_html, write_viewer, ViewerCaps, ViewerScene, DEFAULT_VIEWER_POINTS,
+    DEFAULT_VIEWER_TRIANGLES, VIEWER_JS,
+};
 
 use super::outputs::{quantile, Pose, Prediction};
 use super::preprocess::RgbImage8;
