@@ -1,14 +1,19 @@
-//! `da3 serve`'s page in a real browser: headless Chromium, driven through chromedriver's
-//! WebDriver HTTP API (loopback only), uploads the test photo, waits for the colourised depth
-//! and the 3D view, checks that the canvas shows points (not a blank background) and saves a
-//! screenshot (`serve-page.png` in Cargo's target tmp folder).
+//! The pages in a real browser: headless Chromium, driven through chromedriver's WebDriver
+//! HTTP API (loopback only).
+//!
+//! - `da3 serve`'s page: uploads the test photo, waits for the colourised depth and the 3D
+//!   view, checks that the canvas shows points (not a blank background) and saves a screenshot
+//!   (`serve-page.png` in Cargo's target tmp folder).
+//! - `da3 view`'s page for a coloured mesh: the mesh's colour, lit, fills the middle of the
+//!   canvas and the background shows around it (`view-mesh.png`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); without them the
-//! test fails, naming what to install.
+//! tests fail, naming what to install.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
 use std::io::BufRead;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -74,14 +79,140 @@ impl Driver {
     }
 }
 
+/// A headless Chromium session (chromedriver killed on drop).
+struct Browser {
+    driver: Driver,
+    id: String,
+    _chromedriver: Killed,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let chromium = on_path("chromium")
+            .or_else(|| on_path("chromium-browser"))
+            .expect("chromium is not installed: apt-get install chromium chromium-driver");
+        let chromedriver = on_path("chromedriver")
+            .expect("chromedriver is not installed: apt-get install chromium-driver");
+        let port = free_port();
+        let chromedriver = Killed(
+            Command::new(&chromedriver)
+                .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let d = Driver {
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .timeout_global(Some(Duration::from_secs(120)))
+                .build()
+                .new_agent(),
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = d
+                .agent
+                .get(format!("{}/status", d.base))
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some_and(|v| v["value"]["ready"] == true);
+            if ready {
+                break;
+            }
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let session = d.call(
+            "POST",
+            "/session",
+            Some(json!({"capabilities": {"alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {
+                    "binary": chromium,
+                    "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                             "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
+                             "--window-size=1100,1300", "--force-device-scale-factor=1"]
+                }
+            }}})),
+        );
+        let id = session["sessionId"].as_str().expect("a session").to_owned();
+        Browser {
+            driver: d,
+            id,
+            _chromedriver: chromedriver,
+        }
+    }
+
+    fn call(&self, method: &str, rest: &str, body: Option<Value>) -> Value {
+        self.driver
+            .call(method, &format!("/session/{}{rest}", self.id), body)
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", "/url", Some(json!({ "url": url })));
+    }
+
+    /// Runs `script` (a function body) in the page and returns what it returns.
+    fn run(&self, script: &str) -> Value {
+        self.call(
+            "POST",
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+    }
+
+    /// A screenshot of the window, also saved as `name` in Cargo's target tmp folder.
+    fn screenshot(&self, name: &str) -> (image::RgbImage, PathBuf) {
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(self.call("GET", "/screenshot", None).as_str().unwrap())
+            .unwrap();
+        let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&shot, &png).unwrap();
+        eprintln!("screenshot: {}", shot.display());
+        (image::load_from_memory(&png).unwrap().to_rgb8(), shot)
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Ends Chromium; a failure here would only hide the test's own message.
+        let _ = self
+            .driver
+            .agent
+            .delete(format!("{}/session/{}", self.driver.base, self.id))
+            .call();
+    }
+}
+
+/// The viewer's clear colour (0.09, 0.1, 0.12) in 8 bits.
+const BACKGROUND: [i32; 3] = [23, 25, 31];
+
+/// The canvas's rectangle in the screenshot, clipped to it: x0, y0, x1, y1.
+fn canvas_box(rect: &Value, image: &image::RgbImage) -> (u32, u32, u32, u32) {
+    let rect: Vec<u32> = rect
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap().max(0.0) as u32)
+        .collect();
+    let (x0, y0) = (rect[0], rect[1]);
+    let (x1, y1) = (
+        (x0 + rect[2]).min(image.width()),
+        (y0 + rect[3]).min(image.height()),
+    );
+    assert!(
+        x1 > x0 + 100 && y1 > y0 + 100,
+        "canvas {rect:?} off the screenshot"
+    );
+    (x0, y0, x1, y1)
+}
+
 #[test]
 fn page_uploads_a_photo_and_shows_depth_and_the_point_cloud() {
-    let chromium = on_path("chromium")
-        .or_else(|| on_path("chromium-browser"))
-        .expect("chromium is not installed: apt-get install chromium chromium-driver");
-    let chromedriver = on_path("chromedriver")
-        .expect("chromedriver is not installed: apt-get install chromium-driver");
-
     // The server, on a free loopback port, with the built-in model.
     let mut server = Command::new(env!("CARGO_BIN_EXE_da3"))
         .args(["-q", "serve", "--addr", "127.0.0.1:0"])
@@ -99,69 +230,14 @@ fn page_uploads_a_photo_and_shows_depth_and_the_point_cloud() {
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
         .to_owned();
 
-    let port = free_port();
-    let driver = Killed(
-        Command::new(&chromedriver)
-            .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let d = Driver {
-        agent: ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(120)))
-            .build()
-            .new_agent(),
-        base: format!("http://127.0.0.1:{port}"),
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ready = d
-            .agent
-            .get(format!("{}/status", d.base))
-            .call()
-            .ok()
-            .and_then(|mut r| r.body_mut().read_to_string().ok())
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .is_some_and(|v| v["value"]["ready"] == true);
-        if ready {
-            break;
-        }
-        assert!(Instant::now() < deadline, "chromedriver did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-
-    let session = d.call(
-        "POST",
-        "/session",
-        Some(json!({"capabilities": {"alwaysMatch": {
-            "browserName": "chrome",
-            "goog:chromeOptions": {
-                "binary": chromium,
-                "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                         "--use-angle=swiftshader", "--enable-unsafe-swiftshader",
-                         "--window-size=1100,1300", "--force-device-scale-factor=1"]
-            }
-        }}})),
-    );
-    let id = session["sessionId"].as_str().expect("a session").to_owned();
-    let s = |rest: &str| format!("/session/{id}{rest}");
-    let run = |script: &str| {
-        d.call(
-            "POST",
-            &s("/execute/sync"),
-            Some(json!({"script": script, "args": []})),
-        )
-    };
-
-    d.call("POST", &s("/url"), Some(json!({"url": addr})));
+    let browser = Browser::start();
+    let run = |script: &str| browser.run(script);
+    browser.open(&addr);
     // The file input is hidden behind the drop zone: show it, then type the photo's path.
     run("document.getElementById('file').hidden = false;");
-    let input = d.call(
+    let input = browser.call(
         "POST",
-        &s("/element"),
+        "/element",
         Some(json!({"using": "css selector", "value": "#file"})),
     );
     let element = input
@@ -171,9 +247,9 @@ fn page_uploads_a_photo_and_shows_depth_and_the_point_cloud() {
         .expect("the file input")
         .to_owned();
     let photo = std::fs::canonicalize(IMAGE).unwrap();
-    d.call(
+    browser.call(
         "POST",
-        &s(&format!("/element/{element}/value")),
+        &format!("/element/{element}/value"),
         Some(json!({"text": photo.to_str().unwrap()})),
     );
 
@@ -215,38 +291,16 @@ fn page_uploads_a_photo_and_shows_depth_and_the_point_cloud() {
         assert!(links.contains(&name), "no download {name}: {links:?}");
     }
 
-    let png = base64::engine::general_purpose::STANDARD
-        .decode(d.call("GET", &s("/screenshot"), None).as_str().unwrap())
-        .unwrap();
-    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-page.png");
-    std::fs::write(&shot, &png).unwrap();
-    eprintln!("screenshot: {}", shot.display());
-    d.call("DELETE", &s(""), None);
-    drop(driver);
+    let (image, shot) = browser.screenshot("serve-page.png");
+    drop(browser);
 
     // The canvas area of the screenshot: many pixels away from its dark background.
-    let image = image::load_from_memory(&png).unwrap().to_rgb8();
-    let rect: Vec<u32> = facts["rect"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap().max(0.0) as u32)
-        .collect();
-    let (x0, y0) = (rect[0], rect[1]);
-    let (x1, y1) = (
-        (x0 + rect[2]).min(image.width()),
-        (y0 + rect[3]).min(image.height()),
-    );
-    assert!(
-        x1 > x0 + 100 && y1 > y0 + 100,
-        "canvas {rect:?} off the screenshot"
-    );
-    let background = [23i32, 25, 31]; // the viewer's clear colour (0.09, 0.1, 0.12)
+    let (x0, y0, x1, y1) = canvas_box(&facts["rect"], &image);
     let mut lit = 0;
     for y in y0..y1 {
         for x in x0..x1 {
             let p = image.get_pixel(x, y).0;
-            let far = (0..3).any(|k| (p[k] as i32 - background[k]).abs() > 40);
+            let far = (0..3).any(|k| (p[k] as i32 - BACKGROUND[k]).abs() > 40);
             lit += far as usize;
         }
     }
@@ -255,4 +309,127 @@ fn page_uploads_a_photo_and_shows_depth_and_the_point_cloud() {
         "the 3D view looks blank: {lit} lit pixels in the canvas ({})",
         shot.display()
     );
+}
+
+/// A PLY grid of `side` x `side` vertices over [-1, 1]^2 on the plane z = `depth` (OpenCV
+/// axes: in front of a camera at the origin), every vertex `color`, two triangles per cell.
+fn grid_ply(side: u32, depth: f32, color: [u8; 3]) -> Vec<u8> {
+    let cells = (side - 1) * (side - 1);
+    let mut ply = format!(
+        "ply\nformat binary_little_endian 1.0\nelement vertex {}\nproperty float x\n\
+         property float y\nproperty float z\nproperty uchar red\nproperty uchar green\n\
+         property uchar blue\nelement face {}\nproperty list uchar int vertex_indices\n\
+         end_header\n",
+        side * side,
+        2 * cells
+    )
+    .into_bytes();
+    let at = |i: u32| -1.0 + 2.0 * i as f32 / (side - 1) as f32;
+    for row in 0..side {
+        for col in 0..side {
+            for v in [at(col), at(row), depth] {
+                ply.extend_from_slice(&v.to_le_bytes());
+            }
+            ply.extend_from_slice(&color);
+        }
+    }
+    for row in 0..side - 1 {
+        for col in 0..side - 1 {
+            let i = row * side + col;
+            for t in [[i, i + 1, i + side + 1], [i, i + side + 1, i + side]] {
+                ply.push(3);
+                for v in t {
+                    ply.extend_from_slice(&(v as i32).to_le_bytes());
+                }
+            }
+        }
+    }
+    ply
+}
+
+#[test]
+fn view_page_draws_a_lit_coloured_mesh() {
+    let dir = tempfile::tempdir().unwrap();
+    let ply = dir.path().join("wall.ply");
+    let orange = [230u8, 120, 20];
+    std::fs::write(&ply, grid_ply(21, 3.0, orange)).unwrap();
+    let page = dir.path().join("wall.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["-q", "view", ply.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let browser = Browser::start();
+    // Looking straight at the wall (yaw and pitch 0), so it fills the middle of the canvas.
+    browser.open(&format!("file://{}#yaw=0&pitch=0", page.display()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let facts = loop {
+        let facts = browser.run(
+            "const canvas = document.getElementById('view'); const r = canvas.getBoundingClientRect(); \
+             return {drawn: Number(canvas.dataset.drawn || 0), triangles: Number(canvas.dataset.triangles || 0), \
+                     error: document.getElementById('error').textContent, \
+                     count: document.getElementById('count').textContent, \
+                     rect: [r.left, r.top, r.width, r.height]};",
+        );
+        if facts["drawn"].as_u64() >= Some(1) || facts["error"] != "" {
+            break facts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page drew nothing in 30 s: {facts}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(facts["error"], "", "{facts}");
+    assert_eq!(facts["triangles"], 800, "{facts}");
+    assert!(
+        facts["count"].as_str().unwrap().contains("800 triangles"),
+        "{facts}"
+    );
+    let (image, shot) = browser.screenshot("view-mesh.png");
+    drop(browser);
+
+    let (x0, y0, x1, y1) = canvas_box(&facts["rect"], &image);
+    let (w, h) = (x1 - x0, y1 - y0);
+    let pixel = |fx: f32, fy: f32| {
+        let p = image
+            .get_pixel(x0 + (fx * w as f32) as u32, y0 + (fy * h as f32) as u32)
+            .0;
+        p.map(i32::from)
+    };
+    // Inside the wall: its colour, shaded by one factor for all three channels, so the hue is
+    // the mesh's; and lit: darker than the flat colour, brighter than ambient light alone.
+    for (fx, fy) in [
+        (0.5, 0.5),
+        (0.35, 0.35),
+        (0.65, 0.35),
+        (0.35, 0.65),
+        (0.65, 0.65),
+    ] {
+        let p = pixel(fx, fy);
+        let shade = p[0] as f32 / orange[0] as f32;
+        assert!(
+            (0.4..=0.98).contains(&shade),
+            "pixel at ({fx}, {fy}) is {p:?}, not the lit mesh colour {orange:?} ({})",
+            shot.display()
+        );
+        for k in 1..3 {
+            let expected = orange[k] as f32 * shade;
+            assert!(
+                (p[k] as f32 - expected).abs() <= 8.0,
+                "pixel at ({fx}, {fy}) is {p:?}, not a shade of {orange:?} ({})",
+                shot.display()
+            );
+        }
+    }
+    // Around it (the corners, clear of the text at the top left): the background.
+    for (fx, fy) in [(0.97, 0.03), (0.03, 0.97), (0.97, 0.97)] {
+        let p = pixel(fx, fy);
+        assert!(
+            (0..3).all(|k| (p[k] - BACKGROUND[k]).abs() <= 3),
+            "pixel at ({fx}, {fy}) is {p:?}, not the background {BACKGROUND:?} ({})",
+            shot.display()
+        );
+    }
 }
