@@ -4,3 +4,9 @@
 //!
 //! Points, vectors and matrices are plain `f64` arrays (`[f64; 3]`, row-major `[[f64; 3]; 3]`)
 //! at the public surface, so callers do not depend on the linear-algebra crate used inside.
+//!
+//! - [`sim3`]: similarity transforms, composition, exponential and logarithm.
+
+pub mod sim3;
+
+pub use sim3::{chain, relative_through_common, Sim3};
