@@ -5,8 +5,16 @@
 //! Points, vectors and matrices are plain `f64` arrays (`[f64; 3]`, row-major `[[f64; 3]; 3]`)
 //! at the public surface, so callers do not depend on the linear-algebra crate used inside.
 //!
-//! - [`sim3`]: similarity transforms, composition, exponential and logarithm.
+//! - [`sim3`]: similarity transforms, composition, exponential and logarithm;
+//! - [`align`]: transforms estimated from corresponding points (least squares, and the official
+//!   DA3-Streaming robust alignment of two windows' point maps).
 
+pub mod align;
+mod error;
 pub mod sim3;
 
+pub use align::{
+    align_point_maps, overlap_conf_threshold, robust_sim3, spread_ratio_sim3, weighted_umeyama,
+    AlignError, Alignment, RobustOptions,
+};
 pub use sim3::{chain, relative_through_common, Sim3};
