@@ -7,14 +7,18 @@
 //!
 //! - [`sim3`]: similarity transforms, composition, exponential and logarithm;
 //! - [`align`]: transforms estimated from corresponding points (least squares, and the official
-//!   DA3-Streaming robust alignment of two windows' point maps).
+//!   DA3-Streaming robust alignment of two windows' point maps);
+//! - [`icp`]: point-to-plane ICP, and normals of organised point maps.
 
 pub mod align;
 mod error;
+pub mod icp;
+mod kdtree;
 pub mod sim3;
 
 pub use align::{
     align_point_maps, overlap_conf_threshold, robust_sim3, spread_ratio_sim3, weighted_umeyama,
     AlignError, Alignment, RobustOptions,
 };
+pub use icp::{grid_normals, point_to_plane_icp, IcpOptions, IcpResult};
 pub use sim3::{chain, relative_through_common, Sim3};
