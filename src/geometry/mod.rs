@@ -4,3 +4,7 @@
 //!
 //! Points, vectors and matrices are plain `f64` arrays (`[f64; 3]`, row-major `[[f64; 3]; 3]`)
 //! at the public surface, so callers do not depend on the linear-algebra crate used inside.
+
+pub mod mesh;
+
+pub use mesh::Mesh;
