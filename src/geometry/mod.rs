@@ -6,5 +6,7 @@
 //! at the public surface, so callers do not depend on the linear-algebra crate used inside.
 
 pub mod mesh;
+pub mod points;
 
 pub use mesh::Mesh;
+pub use points::PointAccumulator;
