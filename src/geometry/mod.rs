@@ -7,6 +7,8 @@
 
 pub mod mesh;
 pub mod points;
+pub mod tsdf;
 
 pub use mesh::Mesh;
 pub use points::PointAccumulator;
+pub use tsdf::{DepthFrame, FusionError, IntegrationStats, TsdfOptions, TsdfVolume};
