@@ -9,20 +9,29 @@
 //! - [`align`]: transforms estimated from corresponding points (least squares, and the official
 //!   DA3-Streaming robust alignment of two windows' point maps);
 //! - [`icp`]: point-to-plane ICP, and normals of organised point maps;
-//! - [`pose_graph`]: loop closure, Levenberg–Marquardt over window-to-world transforms.
+//! - [`pose_graph`]: loop closure, Levenberg–Marquardt over window-to-world transforms;
+//! - [`tsdf`]: depth maps fused into a sparse truncated signed distance volume;
+//! - [`mesh`]: triangle meshes and their extraction from the volume (marching cubes);
+//! - [`points`]: a coloured cloud with a point budget.
 
 pub mod align;
 mod error;
 pub mod icp;
 mod kdtree;
+pub mod mesh;
+pub mod points;
 pub mod pose_graph;
 pub mod sim3;
 mod sparse_cholesky;
+pub mod tsdf;
 
 pub use align::{
     align_point_maps, overlap_conf_threshold, robust_sim3, spread_ratio_sim3, weighted_umeyama,
     AlignError, Alignment, RobustOptions,
 };
 pub use icp::{grid_normals, point_to_plane_icp, IcpOptions, IcpResult};
+pub use mesh::Mesh;
+pub use points::PointAccumulator;
 pub use pose_graph::{Edge, LmOptions, OptimizeReport, PoseGraph};
 pub use sim3::{chain, relative_through_common, Sim3};
+pub use tsdf::{DepthFrame, FusionError, IntegrationStats, TsdfOptions, TsdfVolume};

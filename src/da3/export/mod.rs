@@ -1,6 +1,7 @@
 //! 3D exports of predictions: coloured point clouds in one world frame, written as PLY, glb
-//! (glTF 2.0), COLMAP sparse models and the official `mini_npz` archive, and a self-contained
-//! HTML page that draws them with WebGL ([`write_viewer`]).
+//! (glTF 2.0), COLMAP sparse models and the official `mini_npz` archive, a self-contained
+//! HTML page that draws them with WebGL ([`write_viewer`]), and fused triangle meshes as PLY
+//! and glb ([`write_mesh_ply`], [`write_mesh_glb`]).
 //!
 //! The geometry follows the official exporter (`depth_anything_3/utils/export/glb.py` of
 //! `depth-anything-3==0.1.1`, `_depths_to_world_points_with_colors`): pixel `(u, v)` (integer
@@ -19,6 +20,7 @@
 
 mod colmap;
 mod glb;
+mod mesh;
 mod npz;
 mod ply;
 mod saving;
@@ -26,6 +28,7 @@ mod viewer;
 
 pub use colmap::{write_colmap, ColmapFormat};
 pub use glb::{write_glb, GlbOptions};
+pub use mesh::{write_mesh_glb, write_mesh_ply};
 pub use npz::write_mini_npz;
 pub use ply::write_ply;
 pub use saving::ExportOptions;
