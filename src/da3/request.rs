@@ -308,3 +308,25 @@ pub trait Predictor {
         self.run(&Request::image(image))?.into_single()
     }
 }
+
+/// A boxed predictor predicts (the CLI picks a session or a nested session at run time).
+impl<P: Predictor + ?Sized> Predictor for Box<P> {
+    fn run(&mut self, request: &Request<'_>) -> Result<Output, Error> {
+        (**self).run(request)
+    }
+
+    fn device_name(&self) -> String {
+        (**self).device_name()
+    }
+}
+
+/// A borrowed predictor predicts (a stream can borrow a session it does not own).
+impl<P: Predictor + ?Sized> Predictor for &mut P {
+    fn run(&mut self, request: &Request<'_>) -> Result<Output, Error> {
+        (**self).run(request)
+    }
+
+    fn device_name(&self) -> String {
+        (**self).device_name()
+    }
+}
