@@ -24,6 +24,7 @@ pub mod poses;
 pub mod preprocess;
 pub mod ray_pose;
 mod request;
+pub mod stream;
 pub mod synthetic;
 mod transforms;
 mod weight_error;
