@@ -4,6 +4,8 @@
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// `print!` / `println!` that never panic: see [`stdout_failed`].
 macro_rules! out {
@@ -30,6 +32,7 @@ mod convert;
 mod depth;
 mod devices;
 mod info;
+mod inputs;
 mod outputs;
 mod plan;
 mod quantize;
@@ -37,6 +40,7 @@ mod remote;
 mod repro;
 mod rpc_server;
 mod serve;
+mod stream;
 mod video;
 mod view;
 
@@ -86,6 +90,9 @@ enum Command {
     RpcServer(rpc_server::Args),
     /// Serve depth over HTTP (loopback by default; see /openapi.json).
     Serve(serve::Args),
+    /// A video, a folder or a glob of frames as one reconstruction: windows chained by
+    /// Sim(3), loop closure, a fused mesh; camera_poses.txt, intrinsic.txt, poses.json.
+    Stream(Box<stream::Args>),
     /// Write a self-contained HTML page (WebGL) that shows a PLY or glb point cloud.
     View(view::Args),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell), e.g.
@@ -141,8 +148,12 @@ pub fn main() -> ExitCode {
     };
     init_logger(cli.verbose, cli.quiet);
     // `serve` handles SIGINT/SIGTERM itself (finishing the requests in flight).
-    if !matches!(cli.command, Command::Serve(_)) {
-        remove_temporary_files_on_signals();
+    // `stream` finishes the frames read so far on the first Ctrl-C (and dies on the second).
+    let stop = Arc::new(AtomicBool::new(false));
+    match cli.command {
+        Command::Serve(_) => {}
+        Command::Stream(_) => remove_temporary_files_on_signals(Some(stop.clone())),
+        _ => remove_temporary_files_on_signals(None),
     }
     let result = match cli.command {
         Command::Depth(args) => depth::run(*args),
@@ -155,6 +166,7 @@ pub fn main() -> ExitCode {
         Command::Devices(args) => devices::run(args),
         Command::RpcServer(args) => rpc_server::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Stream(args) => stream::run(*args, stop),
         Command::View(args) => view::run(args),
         Command::RemoteWorker(args) => remote::run_worker(*args),
         Command::Completions(args) => {
@@ -214,8 +226,10 @@ fn init_logger(verbose: u8, quiet: bool) {
 }
 
 /// On SIGINT or SIGTERM, removes the temporary files of outputs being written, then dies of
-/// the signal as it would have (so an interrupted run leaves no `.NAME.*.tmp` behind).
-fn remove_temporary_files_on_signals() {
+/// the signal as it would have (so an interrupted run leaves no `.NAME.*.tmp` behind). With
+/// `first_stops`, the first SIGINT only sets that flag (the command finishes early and writes
+/// whole files); the next signal dies as above.
+fn remove_temporary_files_on_signals(first_stops: Option<Arc<AtomicBool>>) {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
         Ok(signals) => signals,
@@ -225,10 +239,23 @@ fn remove_temporary_files_on_signals() {
         }
     };
     std::thread::spawn(move || {
-        if let Some(signal) = signals.forever().next() {
-            da3::atomic_file::remove_temporary_files();
-            let _ = signal_hook::low_level::emulate_default_handler(signal);
-            std::process::exit(128 + signal);
+        let mut pending = signals.forever();
+        if let Some(stop) = first_stops {
+            match pending.next() {
+                Some(SIGINT) => stop.store(true, Ordering::SeqCst),
+                Some(signal) => die_of(signal),
+                None => return,
+            }
+        }
+        if let Some(signal) = pending.next() {
+            die_of(signal);
         }
     });
+}
+
+/// Removes the temporary files of outputs being written and dies of `signal`.
+fn die_of(signal: i32) -> ! {
+    da3::atomic_file::remove_temporary_files();
+    let _ = signal_hook::low_level::emulate_default_handler(signal);
+    std::process::exit(128 + signal)
 }

@@ -7,6 +7,10 @@
 //! the mesh (indexed or not, COLOR_0 and NORMAL when present). A LINES primitive counts as a
 //! camera when its mesh is named as da3's glb writer names frustums (`camera <index> ...`).
 //!
+//! A folder written by `da3 stream`: its mesh (`mesh.glb`, else `mesh.ply`), its cloud
+//! (`pcd/combined_pcd.ply`) and the camera path of `camera_poses.txt`, as one page
+//! (`view.html` in the folder).
+//!
 //! PLY (read with `ply-rs-bw`; ASCII or binary): the `vertex` element's x, y, z, red, green,
 //! blue and nx, ny, nz. Without a `face` element the vertices are points; with one (its
 //! `vertex_indices` or `vertex_index` lists, polygons split into a fan of triangles) they are
@@ -17,16 +21,18 @@ use anyhow::{bail, Context as _};
 use da3::export::{
     write_viewer, ViewerCaps, ViewerScene, DEFAULT_VIEWER_POINTS, DEFAULT_VIEWER_TRIANGLES,
 };
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(clap::Args)]
 pub struct Args {
     /// A point cloud or mesh: FILE.glb (points, triangles, camera frustums and paths) or FILE.ply
-    /// (points, or a mesh when it has faces).
-    #[arg(value_name = "FILE.ply|FILE.glb")]
+    /// (points, or a mesh when it has faces); or the --out-dir of `da3 stream` (its mesh, cloud
+    /// and camera path).
+    #[arg(value_name = "FILE.ply|FILE.glb|DIR")]
     input: PathBuf,
-    /// The page to write. Default: the input's name with `.html`, next to it.
+    /// The page to write. Default: the input's name with `.html`, next to it (for a folder,
+    /// `view.html` in it).
     #[arg(short, long, value_name = "FILE.html")]
     output: Option<PathBuf>,
     /// Most points the page embeds (evenly strided above it; about 20 bytes each).
@@ -39,10 +45,14 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let output = args
-        .output
-        .clone()
-        .unwrap_or_else(|| args.input.with_extension("html"));
+    let folder = args.input.is_dir();
+    let output = args.output.clone().unwrap_or_else(|| {
+        if folder {
+            args.input.join("view.html")
+        } else {
+            args.input.with_extension("html")
+        }
+    });
     if output == args.input {
         bail!(
             "--output {}: that is the input; name another file",
@@ -52,23 +62,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Before reading anything big: the page can be written.
     da3::atomic_file::check_writable(&output)
         .with_context(|| format!("--output {}", output.display()))?;
-    let bytes =
-        std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
-    let ext = args
-        .input
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase());
-    let scene = match ext.as_deref() {
-        Some("glb") | Some("gltf") => read_glb(&bytes),
-        Some("ply") => read_ply(&bytes),
-        _ if bytes.starts_with(b"glTF") => read_glb(&bytes),
-        _ if bytes.starts_with(b"ply") => read_ply(&bytes),
-        _ => bail!(
-            "{}: not a .ply or .glb file (by name or content)",
-            args.input.display()
-        ),
-    }
-    .with_context(|| format!("reading {}", args.input.display()))?;
+    let scene = if folder {
+        read_reconstruction(&args.input)?
+    } else {
+        read_file(&args.input)?
+    };
     if scene.positions.is_empty() && scene.line_positions.is_empty() && scene.triangles.is_empty() {
         bail!(
             "{}: holds no points, no triangles and no lines",
@@ -87,6 +85,79 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("writing {} for {}", output.display(), args.input.display()))?;
     outln!("wrote {} ({})", output.display(), summary(&scene, &caps));
     Ok(ExitCode::SUCCESS)
+}
+
+/// The scene of a PLY or glb file.
+fn read_file(path: &Path) -> anyhow::Result<ViewerScene> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("glb") | Some("gltf") => read_glb(&bytes),
+        Some("ply") => read_ply(&bytes),
+        _ if bytes.starts_with(b"glTF") => read_glb(&bytes),
+        _ if bytes.starts_with(b"ply") => read_ply(&bytes),
+        _ => bail!(
+            "{}: not a .ply or .glb file (by name or content)",
+            path.display()
+        ),
+    }
+    .with_context(|| format!("reading {}", path.display()))
+}
+
+/// Colour of the camera path in a stream's page.
+const PATH_COLOUR: [u8; 3] = [255, 80, 40];
+
+/// The page of a `da3 stream` output folder: the mesh, the cloud and the camera path.
+fn read_reconstruction(dir: &Path) -> anyhow::Result<ViewerScene> {
+    let poses = dir.join("camera_poses.txt");
+    if !poses.is_file() {
+        bail!(
+            "{}: a folder, but not one `da3 stream` wrote (no camera_poses.txt); give a .ply or \
+             .glb file",
+            dir.display()
+        );
+    }
+    let mut scene = ViewerScene::default();
+    let cloud = dir.join("pcd").join("combined_pcd.ply");
+    if cloud.is_file() {
+        let points = read_file(&cloud)?;
+        scene.positions = points.positions;
+        scene.colors = points.colors;
+    }
+    let mesh = [dir.join("mesh.glb"), dir.join("mesh.ply")]
+        .into_iter()
+        .find(|p| p.is_file());
+    if let Some(path) = mesh {
+        let m = read_file(&path)?;
+        let normals = (!m.mesh_normals.is_empty()).then_some(m.mesh_normals.as_slice());
+        scene
+            .add_mesh(&m.mesh_positions, &m.mesh_colors, normals, &m.triangles)
+            .with_context(|| format!("reading {}", path.display()))?;
+    }
+    let text =
+        std::fs::read_to_string(&poses).with_context(|| format!("reading {}", poses.display()))?;
+    let mut path = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let m: Vec<f32> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()
+            .filter(|m: &Vec<f32>| m.len() == 16 && m.iter().all(|v| v.is_finite()))
+            .with_context(|| {
+                format!(
+                    "{} line {}: not 16 numbers (a 4x4 camera-to-world matrix)",
+                    poses.display(),
+                    n + 1
+                )
+            })?;
+        // The camera centre, from OpenCV axes to the page's glTF axes.
+        path.push([m[3], -m[7], -m[11]]);
+    }
+    scene.add_polyline(&path, PATH_COLOUR);
+    Ok(scene)
 }
 
 /// What the page shows, e.g. `300000 of 512000 points, 1 camera, 8 line segments`.
