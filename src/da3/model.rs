@@ -477,6 +477,15 @@ impl Session {
     pub fn clear_graphs(&mut self) {
         self.graphs.clear();
     }
+    /// Frees the graphs and their compute buffers (the largest memory a session holds beside
+    /// the weights); the next request builds and allocates them again.
+    ///
+    /// # Errors
+    /// When the device cannot make a new allocator.
+    pub fn release_buffers(&mut self) -> Result<(), Error> {
+        self.graphs.clear();
+        Ok(self.executor.release_buffers()?)
+    }
     /// The graph of one image of a processed size (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
         Ok(&self.graph_of(Self::image_graph(width, height))?.graph)

@@ -167,6 +167,11 @@ impl Predictor for NestedSession {
     fn device_name(&self) -> String {
         self.anyview.device().name()
     }
+
+    fn release_buffers(&mut self) -> Result<(), Error> {
+        self.anyview.release_buffers()?;
+        self.metric.release_buffers()
+    }
 }
 
 /// The official alignment of the any-view predictions `views` to the metric branch's raw

@@ -302,6 +302,16 @@ pub trait Predictor {
     /// The name of the device that computes (`CPU`, `CUDA0`, ...).
     fn device_name(&self) -> String;
 
+    /// Frees what computing holds between requests (graphs and their compute buffers, the
+    /// largest memory beside the weights); the next request allocates them again. A driver
+    /// that is done predicting calls it (a stream before it fuses). By default, nothing.
+    ///
+    /// # Errors
+    /// A device that cannot make a new allocator.
+    fn release_buffers(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Depth (and confidence, sky, pose, where the model has them) for one image at the
     /// default settings.
     fn predict_image(&mut self, image: &RgbImage8) -> Result<Prediction, Error> {
@@ -318,6 +328,10 @@ impl<P: Predictor + ?Sized> Predictor for Box<P> {
     fn device_name(&self) -> String {
         (**self).device_name()
     }
+
+    fn release_buffers(&mut self) -> Result<(), Error> {
+        (**self).release_buffers()
+    }
 }
 
 /// A borrowed predictor predicts (a stream can borrow a session it does not own).
@@ -328,5 +342,9 @@ impl<P: Predictor + ?Sized> Predictor for &mut P {
 
     fn device_name(&self) -> String {
         (**self).device_name()
+    }
+
+    fn release_buffers(&mut self) -> Result<(), Error> {
+        (**self).release_buffers()
     }
 }

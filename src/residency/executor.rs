@@ -47,6 +47,17 @@ impl Executor {
             log: true,
         })
     }
+    /// Frees the compute buffers (the graph allocator's and the scheduler's); the next run
+    /// allocates them again. Decisions and device copies of operands are kept.
+    ///
+    /// # Errors
+    /// When a new allocator cannot be made for the device.
+    pub fn release_buffers(&mut self) -> Result<(), Error> {
+        self.gallocr = Gallocr::for_backend(&self.device)?;
+        self.sched = None;
+        self.sched_size = 0;
+        Ok(())
+    }
     /// Stops logging the one-line decision (`log::debug!`, once per graph).
     pub fn quiet(mut self) -> Self {
         self.log = false;

@@ -109,6 +109,10 @@ impl Predictor for Session {
     fn device_name(&self) -> String {
         self.device().name()
     }
+
+    fn release_buffers(&mut self) -> Result<(), Error> {
+        Session::release_buffers(self)
+    }
 }
 
 impl Session {

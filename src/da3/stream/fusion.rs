@@ -126,7 +126,16 @@ pub(crate) fn fuse(
                 v.dropped_blocks()
             );
         }
-        v.extract_mesh()
+        let mesh = v.extract_mesh();
+        if mesh.triangles.is_empty() {
+            log::warn!(
+                "the fused volume holds no surface: the frames' depth never agreed within the \
+                 truncation band ({} blocks): an untrained model's depth does not; a larger voxel \
+                 size may help",
+                v.allocated_blocks()
+            );
+        }
+        mesh
     });
     let cloud = cloud.map(|c| {
         let (positions, colors) = c.points();

@@ -38,7 +38,8 @@
 //!
 //! # Memory
 //! Bounded independently of the video's length: the frames of one window and the shared
-//! frames' point maps, the TSDF's block budget ([`MeshOptions::max_blocks`]), the cloud's
+//! frames' point maps while predicting; then, with the predictor's compute buffers released
+//! ([`Predictor::release_buffers`]), the TSDF's block budget ([`MeshOptions::max_blocks`]), the cloud's
 //! point budget ([`StreamOptions::max_points`]), and about 250 bytes per frame and 4 KiB
 //! per window of records. Every frame's depth, confidence and colours (every
 //! [`StreamOptions::store_stride`]-th pixel) and the key frames' images go to an anonymous
@@ -488,6 +489,9 @@ impl<P: Predictor> Stream<P> {
             let model = self.timings.model - model_before;
             self.timings.loop_closure += started.elapsed().saturating_sub(model);
         }
+        // Predicting is over: the model's compute buffers go before the volume and the cloud
+        // take their budgets, so that the two never add up.
+        self.predictor.release_buffers()?;
         let frames = self.frames();
         let started = Instant::now();
         let fused = fusion::fuse(&mut self.store, &self.windows, &self.options)?;
