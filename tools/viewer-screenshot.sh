@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Makes the README's pictures: the depth colormap of the test photo and a headless-Chromium
-# screenshot of `da3 view`'s page for the photo's point cloud.
+# Makes the README's pictures: the depth colormap of the test photo, a headless-Chromium
+# screenshot of `da3 view`'s page for the photo's point cloud, and one of a streamed mesh.
 #
 #   tools/viewer-screenshot.sh [OUT_DIR]      (default docs/)
 #
@@ -43,4 +43,13 @@ open(sys.argv[2], "wb").write(base64.b64decode(answer["images"][0]["outputs"]["g
   --virtual-time-budget=5000 --screenshot="$work/viewer.png" \
   "file://$(realpath "$work/scene.html")#yaw=-0.6&pitch=0.2" 2>/dev/null
 cp "$work/viewer.png" "$out/viewer.png"
-ls -l "$out/input-640x480.png" "$out/depth-640x480.png" "$out/viewer.png"
+
+# The streamed room (examples/stream_room.rs: the stream tests' synthetic room, drifting
+# windows, one loop closed, fused) in `da3 view`.
+cargo run --release --quiet --example stream_room -- "$work/room"
+"$da3" view "$work/room"
+"$chromium" --headless --no-sandbox --disable-dev-shm-usage --use-angle=swiftshader \
+  --enable-unsafe-swiftshader --hide-scrollbars --window-size=720,450 \
+  --virtual-time-budget=8000 --screenshot="$out/stream-room.png" \
+  "file://$(realpath "$work/room/view.html")#yaw=0.8&pitch=0.9" 2>/dev/null
+ls -l "$out/input-640x480.png" "$out/depth-640x480.png" "$out/viewer.png" "$out/stream-room.png"
