@@ -362,3 +362,44 @@ fn files_in_the_official_layout_read_back() {
     assert_eq!(known.len(), 20);
     assert_eq!(known[3].name.as_deref(), Some("frame3"));
 }
+
+/// The scene with its top rows as sky: depth there is garbage, the sky probability 1.
+struct WithSky;
+
+impl da3::Predictor for WithSky {
+    fn run(&mut self, request: &da3::Request<'_>) -> Result<da3::Output, da3::Error> {
+        let mut output = ScenePredictor::exact().run(request)?;
+        for view in &mut output.views {
+            let rows = 10 * view.width;
+            let mut sky = vec![0.0; view.depth.len()];
+            for i in 0..rows {
+                view.depth[i] = 1000.0;
+                sky[i] = 1.0;
+            }
+            view.sky = Some(sky);
+        }
+        Ok(output)
+    }
+    fn device_name(&self) -> String {
+        "sky".into()
+    }
+}
+
+#[test]
+fn sky_is_neither_aligned_nor_fused() {
+    let mut o = options(12, 4);
+    o.max_points = 1_000_000;
+    o.store_stride = 1;
+    let mut stream = Stream::new(WithSky, o).unwrap();
+    for f in 0..30 {
+        stream.push(scene::image(f), format!("frame{f}")).unwrap();
+    }
+    let reconstruction = stream.finish().unwrap();
+    let (position, rotation) = trajectory_error(&reconstruction, 12);
+    assert!(position < 1e-3 && rotation < 1e-3, "{position} {rotation}");
+    let to_scene = world_of_stream(12).inverse();
+    for p in &reconstruction.cloud.as_ref().unwrap().positions {
+        let d = scene::distance_to_surface(to_scene.apply(p.map(f64::from)));
+        assert!(d < 0.05, "a sky point {d} from the surface");
+    }
+}

@@ -218,6 +218,9 @@ impl StreamOptions {
     }
 }
 
+/// Sky probability from which a pixel is sky (as the official glb export keeps points below 0.3).
+const SKY_THRESHOLD: f32 = 0.3;
+
 /// One frame's camera in the stream's world (the first window's frame and scale).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamFrame {
@@ -564,21 +567,22 @@ impl<P: Predictor> Stream<P> {
             let view = &output.views[v];
             let frame = first_frame + v;
             let confidence = window.confidence(v);
-            let mut confident: Vec<f32> = view
+            let kept: Vec<f32> = view
                 .depth
                 .iter()
                 .zip(confidence)
-                .filter(|(d, _)| d.is_finite() && **d > 0.0)
+                .filter(|(d, &c)| d.is_finite() && **d > 0.0 && c > 0.0)
                 .map(|(&d, _)| d)
                 .collect();
-            confident.retain(|d| d.is_finite());
-            let median_depth = if confident.is_empty() {
+            let median_depth = if kept.is_empty() {
                 0.0
             } else {
-                quantile(confident, 0.5)
+                quantile(kept, 0.5)
             };
-            let mean_confidence = confidence.iter().map(|&c| f64::from(c)).sum::<f64>()
-                / confidence.len().max(1) as f64;
+            // Over the pixels that count (not sky).
+            let counted = confidence.iter().filter(|&&c| c > 0.0);
+            let mean_confidence =
+                counted.clone().map(|&c| f64::from(c)).sum::<f64>() / counted.count().max(1) as f64;
             let record = FrameStore::record(
                 frame,
                 self.pending.names[v].clone(),
@@ -649,12 +653,16 @@ struct WindowMaps<'a> {
     size: (usize, usize),
     camera_to_window: Vec<Sim3>,
     intrinsics: Vec<[[f64; 3]; 3]>,
+    /// Each view's confidence, 0 where the model sees sky (nested pair): sky has no depth to
+    /// align or fuse.
+    confidence: Vec<Vec<f32>>,
 }
 
 impl<'a> WindowMaps<'a> {
     fn new(output: &'a Output, first_frame: usize) -> Result<WindowMaps<'a>, Error> {
         let mut camera_to_window = Vec::with_capacity(output.views.len());
         let mut intrinsics = Vec::with_capacity(output.views.len());
+        let mut confidence = Vec::with_capacity(output.views.len());
         let size = output
             .views
             .first()
@@ -687,12 +695,22 @@ impl<'a> WindowMaps<'a> {
             }
             camera_to_window.push(rigid_inverse(&camera.extrinsics));
             intrinsics.push(camera.intrinsics.map(|r| r.map(f64::from)));
+            let mut conf = view.confidence.clone().unwrap_or_default();
+            if let Some(sky) = &view.sky {
+                for (c, s) in conf.iter_mut().zip(sky) {
+                    if *s >= SKY_THRESHOLD {
+                        *c = 0.0;
+                    }
+                }
+            }
+            confidence.push(conf);
         }
         Ok(WindowMaps {
             output,
             size,
             camera_to_window,
             intrinsics,
+            confidence,
         })
     }
 
@@ -701,7 +719,7 @@ impl<'a> WindowMaps<'a> {
     }
 
     fn confidence(&self, v: usize) -> &[f32] {
-        self.view(v).confidence.as_deref().unwrap_or_default()
+        &self.confidence[v]
     }
 
     /// Every pixel of view `v` back-projected into the window's frame (non-finite or
