@@ -371,11 +371,9 @@ impl da3::Predictor for WithSky {
         let mut output = ScenePredictor::exact().run(request)?;
         for view in &mut output.views {
             let rows = 10 * view.width;
+            view.depth[..rows].fill(1000.0);
             let mut sky = vec![0.0; view.depth.len()];
-            for i in 0..rows {
-                view.depth[i] = 1000.0;
-                sky[i] = 1.0;
-            }
+            sky[..rows].fill(1.0);
             view.sky = Some(sky);
         }
         Ok(output)
