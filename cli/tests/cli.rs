@@ -929,3 +929,51 @@ fn exif_orientation_is_applied_unless_ignored() {
         serde_json::json!([64, 48])
     );
 }
+
+/// A tiny input is upsampled far beyond its pixels: the run goes on and says so, naming the
+/// file and the factor; an input near the process resolution gets no such warning.
+#[test]
+fn a_tiny_input_warns_that_it_was_upsampled() {
+    let tmp = tempfile::tempdir().unwrap();
+    image::RgbImage::from_fn(24, 16, |x, y| {
+        image::Rgb([(x * 10) as u8, (y * 15) as u8, 90])
+    })
+    .save(tmp.path().join("tiny.png"))
+    .unwrap();
+    image::RgbImage::from_fn(140, 94, |x, y| image::Rgb([x as u8, y as u8, 90]))
+        .save(tmp.path().join("fair.png"))
+        .unwrap();
+    let run = da3_in(
+        tmp.path(),
+        &[
+            "depth",
+            "--input",
+            "tiny.png",
+            "--process-res",
+            "140",
+            "--png",
+            "tiny-depth.png",
+        ],
+    );
+    assert_success(&run);
+    assert!(
+        run.stderr
+            .contains("tiny.png is 24x16: upsampled 6x to 140x"),
+        "{}",
+        run.context()
+    );
+    let run = da3_in(
+        tmp.path(),
+        &[
+            "depth",
+            "--input",
+            "fair.png",
+            "--process-res",
+            "140",
+            "--png",
+            "fair-depth.png",
+        ],
+    );
+    assert_success(&run);
+    assert!(!run.stderr.contains("upsampled"), "{}", run.context());
+}
