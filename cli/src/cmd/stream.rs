@@ -194,6 +194,9 @@ fn options(args: &Args) -> StreamOptions {
 fn frames(args: &Args) -> anyhow::Result<(Vec<PathBuf>, Option<da3::atomic_file::TemporaryDir>)> {
     let path = Path::new(&args.input);
     if video::is_video(path) {
+        if !path.is_file() {
+            bail!("{}: no such video file", path.display());
+        }
         // Registered for the signal handler's cleanup: an interrupted run leaves no frames.
         let dir = da3::atomic_file::TemporaryDir::new("da3-frames.")
             .context("a temporary folder for video frames")?;
