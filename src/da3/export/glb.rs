@@ -257,7 +257,8 @@ impl Builder {
     }
 }
 
-fn f32_bytes(points: &[[f32; 3]]) -> Vec<u8> {
+/// Little-endian bytes of 3-vectors, as glTF's float accessors read them.
+pub(super) fn f32_bytes(points: &[[f32; 3]]) -> Vec<u8> {
     points
         .iter()
         .flatten()
@@ -385,6 +386,12 @@ pub fn write_glb(
         bin.extend_from_slice(&[0; 4]);
         root.buffers[0].byte_length = USize64(4);
     }
+    write_glb_file(path, &root, bin)
+}
+
+/// Writes a glTF document and its binary chunk as one glb file (atomically): the container
+/// every glb export of this module and [`super::write_mesh_glb`] share.
+pub(super) fn write_glb_file(path: &Path, root: &json::Root, bin: Vec<u8>) -> Result<(), Error> {
     let json_bytes = root.to_vec().map_err(|e| Error::Output {
         path: path.to_path_buf(),
         source: std::io::Error::other(e),

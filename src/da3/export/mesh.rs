@@ -27,7 +27,6 @@ use crate::geometry::Mesh;
 use gltf_json as json;
 use json::validation::Checked::Valid;
 use json::validation::USize64;
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -174,14 +173,6 @@ impl Builder {
     }
 }
 
-fn f32_bytes(values: &[[f32; 3]]) -> Vec<u8> {
-    values
-        .iter()
-        .flatten()
-        .flat_map(|v| v.to_le_bytes())
-        .collect()
-}
-
 /// Writes `mesh` as a glb file (atomically), in glTF's axes.
 ///
 /// # Errors
@@ -238,9 +229,9 @@ pub fn write_mesh_glb(path: &Path, mesh: &Mesh) -> Result<(), Error> {
         let n = positions.len();
         let vec3 = (ComponentType::F32, Type::Vec3, false);
         let attribute = json::buffer::Target::ArrayBuffer;
-        let view = b.section(&f32_bytes(&positions), attribute);
+        let view = b.section(&super::glb::f32_bytes(&positions), attribute);
         let position = b.accessor(view, n, vec3, Some((lo, hi)));
-        let view = b.section(&f32_bytes(&normals), attribute);
+        let view = b.section(&super::glb::f32_bytes(&normals), attribute);
         let normal = b.accessor(view, n, vec3, None);
         let view = b.section(&colors, attribute);
         let color = b.accessor(view, n, (ComponentType::U8, Type::Vec4, true), None);
@@ -301,23 +292,5 @@ pub fn write_mesh_glb(path: &Path, mesh: &Mesh) -> Result<(), Error> {
         });
         root.scene = Some(scene);
     }
-    let json_bytes = root.to_vec().map_err(|e| Error::Output {
-        path: path.to_path_buf(),
-        source: std::io::Error::other(e),
-    })?;
-    let glb = gltf::binary::Glb {
-        header: gltf::binary::Header {
-            magic: *b"glTF",
-            version: 2,
-            length: 0, // computed by `to_writer`
-        },
-        json: Cow::Owned(json_bytes),
-        bin: Some(Cow::Owned(bin)),
-    };
-    Ok(atomic_file::write(path, |w| {
-        glb.to_writer(w).map_err(|e| match e {
-            gltf::Error::Io(io) => io,
-            other => std::io::Error::other(other.to_string()),
-        })
-    })?)
+    super::glb::write_glb_file(path, &root, bin)
 }
