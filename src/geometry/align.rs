@@ -273,23 +273,8 @@ fn rotation_angle_between(a: &Sim3, b: &Sim3) -> f64 {
 }
 
 fn check_robust_options(options: &RobustOptions) -> Result<(), AlignError> {
-    if !(options.huber_delta.is_finite() && options.huber_delta > 0.0) {
-        return Err(AlignError::InvalidOption {
-            reason: format!(
-                "huber_delta is {}, must be positive and finite",
-                options.huber_delta
-            ),
-        });
-    }
-    if !(options.tolerance.is_finite() && options.tolerance >= 0.0) {
-        return Err(AlignError::InvalidOption {
-            reason: format!(
-                "tolerance is {}, must be non-negative and finite",
-                options.tolerance
-            ),
-        });
-    }
-    Ok(())
+    super::error::check_positive("huber_delta", options.huber_delta)?;
+    super::error::check_non_negative("tolerance", options.tolerance)
 }
 
 /// Validated correspondences as nalgebra vectors, with the estimators that share them.

@@ -103,3 +103,23 @@ pub(crate) fn check_finite_points(
 pub(crate) fn degenerate(reason: String) -> AlignError {
     AlignError::Degenerate { reason }
 }
+
+/// An option that must be positive and finite (a threshold, a damping, a distance).
+pub(crate) fn check_positive(name: &str, value: f64) -> Result<(), AlignError> {
+    if value.is_finite() && value > 0.0 {
+        return Ok(());
+    }
+    Err(AlignError::InvalidOption {
+        reason: format!("{name} is {value}, must be positive and finite"),
+    })
+}
+
+/// An option that must be non-negative and finite (a convergence tolerance).
+pub(crate) fn check_non_negative(name: &str, value: f64) -> Result<(), AlignError> {
+    if value.is_finite() && value >= 0.0 {
+        return Ok(());
+    }
+    Err(AlignError::InvalidOption {
+        reason: format!("{name} is {value}, must be non-negative and finite"),
+    })
+}

@@ -85,22 +85,12 @@ pub fn point_to_plane_icp(
             reason: format!("the initial transform is not a valid similarity: {initial:?}"),
         });
     }
+    super::error::check_positive(
+        "max_correspondence_distance",
+        options.max_correspondence_distance,
+    )?;
+    super::error::check_non_negative("tolerance", options.tolerance)?;
     let distance = options.max_correspondence_distance;
-    if !(distance.is_finite() && distance > 0.0) {
-        return Err(AlignError::InvalidOption {
-            reason: format!(
-                "max_correspondence_distance is {distance}, must be positive and finite"
-            ),
-        });
-    }
-    if !(options.tolerance.is_finite() && options.tolerance >= 0.0) {
-        return Err(AlignError::InvalidOption {
-            reason: format!(
-                "tolerance is {}, must be non-negative and finite",
-                options.tolerance
-            ),
-        });
-    }
 
     // Only points with a usable normal can be matched, so only they go into the tree.
     let usable: Vec<usize> = (0..target.len())

@@ -277,23 +277,8 @@ fn check_transform(what: &'static str, index: usize, transform: &Sim3) -> Result
 }
 
 fn check_options(options: &LmOptions) -> Result<(), AlignError> {
-    if !(options.initial_lambda.is_finite() && options.initial_lambda > 0.0) {
-        return Err(AlignError::InvalidOption {
-            reason: format!(
-                "initial_lambda is {}, must be positive and finite",
-                options.initial_lambda
-            ),
-        });
-    }
-    if !(options.tolerance.is_finite() && options.tolerance >= 0.0) {
-        return Err(AlignError::InvalidOption {
-            reason: format!(
-                "tolerance is {}, must be non-negative and finite",
-                options.tolerance
-            ),
-        });
-    }
-    Ok(())
+    super::error::check_positive("initial_lambda", options.initial_lambda)?;
+    super::error::check_non_negative("tolerance", options.tolerance)
 }
 
 fn edge_residual(nodes: &[Sim3], edge: &Edge) -> Sim3 {
@@ -482,15 +467,11 @@ mod tests {
             / nodes.len() as f64
     }
 
-    #[test]
-    fn closes_a_loop_with_drift() {
-        let count = 24;
-        let truth = circle(count);
-        // Every sequential measurement carries the same small error (0.6° of yaw, 0.3° of
-        // roll, 1% of scale, 5 cm): dead reckoning drifts far from the circle.
-        let drift = Sim3::new(1.01, rotation([0.005, 0.0, 0.01]), [0.05, 0.0, 0.02]);
-        let sequential: Vec<Sim3> = (0..count - 1)
-            .map(|k| truth[k].inverse().compose(&truth[k + 1]).compose(&drift))
+    /// The chain of `truth` as dead reckoning measures it: every sequential measurement carries
+    /// `drift`, and the nodes start where the drifting measurements put them.
+    fn drifting_chain(truth: &[Sim3], drift: &Sim3) -> PoseGraph {
+        let sequential: Vec<Sim3> = (0..truth.len() - 1)
+            .map(|k| truth[k].inverse().compose(&truth[k + 1]).compose(drift))
             .collect();
         let mut graph = PoseGraph::new();
         for node in chain(&sequential) {
@@ -499,6 +480,17 @@ mod tests {
         for (k, measurement) in sequential.iter().enumerate() {
             graph.add_edge(k, k + 1, *measurement, 1.0).unwrap();
         }
+        graph
+    }
+
+    #[test]
+    fn closes_a_loop_with_drift() {
+        let count = 24;
+        let truth = circle(count);
+        // Every sequential measurement carries the same small error (0.6° of yaw, 0.3° of
+        // roll, 1% of scale, 5 cm): dead reckoning drifts far from the circle.
+        let drift = Sim3::new(1.01, rotation([0.005, 0.0, 0.01]), [0.05, 0.0, 0.02]);
+        let mut graph = drifting_chain(&truth, &drift);
         // One exact loop closure, measured as the official code does: a common prediction
         // aligned to both ends.
         let common = Sim3::new(0.7, rotation([0.1, 0.2, 0.3]), [1.0, 2.0, 3.0]);
@@ -606,16 +598,7 @@ mod tests {
         let count = 600;
         let truth = circle(count);
         let drift = Sim3::new(1.001, rotation([0.0005, 0.0, 0.001]), [0.005, 0.0, 0.0]);
-        let sequential: Vec<Sim3> = (0..count - 1)
-            .map(|k| truth[k].inverse().compose(&truth[k + 1]).compose(&drift))
-            .collect();
-        let mut graph = PoseGraph::new();
-        for node in chain(&sequential) {
-            graph.add_node(node);
-        }
-        for (k, m) in sequential.iter().enumerate() {
-            graph.add_edge(k, k + 1, *m, 1.0).unwrap();
-        }
+        let mut graph = drifting_chain(&truth, &drift);
         let mut pairs = vec![(count - 1, 0)];
         pairs.extend((1..6).map(|j| (j * 100 + 50, j * 20)));
         for &(a, b) in &pairs {
