@@ -26,6 +26,16 @@ fn write_frames(dir: &Path, count: usize) {
     }
 }
 
+/// What a `--mesh` run leaves in --out-dir, and nothing else (no temporary file).
+const MESH_RUN_FILES: [&str; 6] = [
+    "camera_poses.txt",
+    "intrinsic.txt",
+    "mesh.glb",
+    "mesh.ply",
+    "pcd",
+    "poses.json",
+];
+
 fn numbers(line: &str) -> Vec<f64> {
     line.split_whitespace()
         .map(|v| v.parse().unwrap())
@@ -93,17 +103,7 @@ fn a_folder_streams_to_the_official_layout_and_a_mesh() {
         .unwrap()
         .starts_with(b"ply\n"));
     // Nothing else: no temporary file left.
-    assert_eq!(
-        entries(&out),
-        [
-            "camera_poses.txt",
-            "intrinsic.txt",
-            "mesh.glb",
-            "mesh.ply",
-            "pcd",
-            "poses.json"
-        ]
-    );
+    assert_eq!(entries(&out), MESH_RUN_FILES);
 }
 
 #[test]
@@ -173,6 +173,11 @@ fn bad_input_is_named() {
     let tmp = tempfile::tempdir().unwrap();
     write_frames(&tmp.path().join("frames"), 2);
     std::fs::create_dir(tmp.path().join("empty")).unwrap();
+    // A portrait frame among landscape ones.
+    write_frames(&tmp.path().join("mixed"), 2);
+    image::RgbImage::new(56, 84)
+        .save(tmp.path().join("mixed/frame002.png"))
+        .unwrap();
     let cases: &[(&[&str], &[&str])] = &[
         (
             &["stream", "frames/frame000.png", "--out-dir", "o"],
@@ -223,6 +228,21 @@ fn bad_input_is_named() {
             &["--process-res 5000"],
         ),
         (&["stream", "clip.mp4", "--out-dir", "o"], &["clip.mp4"]),
+        (
+            &[
+                "stream",
+                "mixed",
+                "--out-dir",
+                "o",
+                "--window",
+                "3",
+                "--overlap",
+                "1",
+                "--process-res",
+                "56",
+            ],
+            &["frame002.png"],
+        ),
     ];
     for (args, parts) in cases {
         let run = da3_in(tmp.path(), args);
@@ -283,15 +303,5 @@ fn the_first_ctrl_c_finishes_with_whole_files() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("poses.json")).unwrap()).unwrap();
     assert_eq!(json["views"].as_array().unwrap().len(), frames);
-    assert_eq!(
-        entries(&out),
-        [
-            "camera_poses.txt",
-            "intrinsic.txt",
-            "mesh.glb",
-            "mesh.ply",
-            "pcd",
-            "poses.json"
-        ]
-    );
+    assert_eq!(entries(&out), MESH_RUN_FILES);
 }
