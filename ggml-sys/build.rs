@@ -52,6 +52,9 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=build");
+    // Set by the cc build when it compiles ggml's CPU backend in several variants; declared
+    // in every mode (a prebuilt or CMake ggml never sets it).
+    println!("cargo::rustc-check-cfg=cfg(ggml_sys_cpu_dispatch)");
 
     let gpu_features = util::enabled_gpu_features();
     let headers = if let Some(lib_dir) = util::env_path("GGML_LIB_DIR") {

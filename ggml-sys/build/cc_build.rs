@@ -78,7 +78,6 @@ pub fn build(src: &Source) {
             &arch_flags,
         ));
     }
-    println!("cargo::rustc-check-cfg=cfg(ggml_sys_cpu_dispatch)");
     if variants.len() > 1 {
         println!("cargo:rustc-cfg=ggml_sys_cpu_dispatch");
     }
