@@ -62,7 +62,7 @@ pub use crate::da3::{
     ConvPrecision, DepthUnit, Error, ExecutionPlan, Focal, FocalSource, Image, KnownPose,
     LoadOptions, MetricFocal, Model, NestedModel, NestedSession, Output, PlanOverrides, Pose,
     Prediction, Predictor, RayMap, ReadOptions, RefViewStrategy, Request, ResizeMethod, Session,
-    ToRgbImage, WeightError, DEFAULT_PROCESS_RES,
+    Timings, ToRgbImage, WeightError, DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;

@@ -270,6 +270,7 @@ fn a_predictor_can_be_a_stand_in() {
                 strategy: da3::RefViewStrategy::First,
                 pose_scale: None,
                 metric_scale: None,
+                timings: Default::default(),
             })
         }
         fn device_name(&self) -> String {

@@ -45,7 +45,7 @@ pub use preprocess::{
 };
 #[allow(deprecated)]
 pub use request::MultiPrediction;
-pub use request::{Output, Predictor, Request};
+pub use request::{Output, Predictor, Request, Timings};
 pub use weight_error::WeightError;
 pub use weights::{ConvKernels, LinearPacking, Loader};
 

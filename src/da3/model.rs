@@ -248,6 +248,11 @@ impl Model {
         self.shared.process_res
     }
 
+    /// CPU threads of each session ([`LoadOptions::threads`]; 0: one per physical core).
+    pub fn threads(&self) -> usize {
+        self.shared.threads
+    }
+
     /// Which kernel, in which precision, runs each class of op, and the graph transforms the
     /// weights were loaded for (printed by `da3 info`).
     pub fn plan(&self) -> &ExecutionPlan {

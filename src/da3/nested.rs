@@ -147,7 +147,10 @@ impl Predictor for NestedSession {
             ));
         }
         self.anyview.check_outputs(request)?;
-        let prepared = Prepared::new(request, self.anyview.model().process_res())?;
+        let started = std::time::Instant::now();
+        let model = self.anyview.model();
+        let prepared = Prepared::new(request, model.process_res(), model.threads())?;
+        let preprocessed = std::time::Instant::now();
         let mut scene = self.anyview.run_prepared(&prepared, request)?;
         if !request.raw {
             // The metric branch has no global attention: its views are independent, one batch.
@@ -160,6 +163,10 @@ impl Predictor for NestedSession {
                 view.depth_unit = DepthUnit::Metres;
             }
         }
+        scene.timings = crate::da3::request::Timings {
+            preprocess: preprocessed - started,
+            compute: preprocessed.elapsed(),
+        };
         prepared.attach(&mut scene, request);
         Ok(scene)
     }

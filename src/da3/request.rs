@@ -219,6 +219,19 @@ pub struct Output {
     /// From a nested model: the scale that brought the any-view depth and camera
     /// translations to the metric branch's metres (see [`crate::nested`]).
     pub metric_scale: Option<f64>,
+    /// Where the request's time went.
+    pub timings: Timings,
+}
+
+/// Where a request's time went: preprocessing the images (decoded images in, network input
+/// out), then the network and post-processing (graphs, upload, compute, download, the
+/// official post-processing). `da3 bench` reports the second as the network's time.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timings {
+    /// Resizing and normalising every view (views in parallel).
+    pub preprocess: std::time::Duration,
+    /// Everything after preprocessing.
+    pub compute: std::time::Duration,
 }
 
 /// The former name of [`Output`].

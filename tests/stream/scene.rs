@@ -251,6 +251,7 @@ impl Predictor for ScenePredictor {
             strategy: RefViewStrategy::First,
             pose_scale: None,
             metric_scale: None,
+            timings: Default::default(),
         })
     }
 

@@ -2,7 +2,7 @@
 
 use super::common::{check_outputs, input_files, load_input, DeviceArgs, ModelArgs};
 use da3::atomic_file::write as write_atomically;
-use da3::{LoadOptions, Policy, Prediction, RefViewStrategy, Request, Session};
+use da3::{LoadOptions, Policy, Prediction, RefViewStrategy, Request, Session, Timings};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -97,20 +97,32 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut model = model.session()?;
     let load_s = started.elapsed().as_secs_f64();
     // Timed from the image in memory to the post-processed result (preprocessing included).
-    let predict = |session: &mut Session| -> Result<Prediction, da3::Error> {
+    let predict = |session: &mut Session| -> Result<(Prediction, Timings), da3::Error> {
         let mut scene = session.run(&request)?;
-        Ok(scene.views.swap_remove(0))
+        Ok((scene.views.swap_remove(0), scene.timings))
     };
     let started = Instant::now();
-    let first = predict(&mut model)?;
+    let (first, _) = predict(&mut model)?;
     let first_s = started.elapsed().as_secs_f64();
     let mut times = Vec::with_capacity(args.runs);
+    // The request's own split: preprocessing, then the network with upload, download and
+    // post-processing (what benchmarks of other engines time from a preprocessed tensor).
+    let (mut preprocess_times, mut network_times) = (Vec::new(), Vec::new());
     let mut last = None;
     for _ in 0..args.runs {
         let started = Instant::now();
-        last = Some(predict(&mut model)?);
+        let (prediction, timings) = predict(&mut model)?;
         times.push(started.elapsed().as_secs_f64());
+        preprocess_times.push(timings.preprocess.as_secs_f64());
+        network_times.push(timings.compute.as_secs_f64());
+        last = Some(prediction);
     }
+    preprocess_times.sort_by(f64::total_cmp);
+    network_times.sort_by(f64::total_cmp);
+    let (preprocess_median, network_median) = (
+        percentile(&preprocess_times, 0.5),
+        percentile(&network_times, 0.5),
+    );
     // Reused graphs, allocations and device-side replays must not change the result.
     let last = last.expect("at least one run");
     let drift = first
@@ -188,6 +200,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             args.runs
         );
     }
+    outln!(
+        "split      median preprocessing {:.2} ms, network {:.2} ms ({:.1} views/s: upload, \
+         compute, download, post-processing)",
+        preprocess_median * 1e3,
+        network_median * 1e3,
+        args.views as f64 / network_median
+    );
     outln!("depth      mean {depth_mean:.6}, last run vs first: max abs difference {drift:.3e}");
     if let Some(rss) = rss {
         outln!("peak RSS   {:.1} MiB", rss as f64 / (1u64 << 20) as f64);
@@ -217,6 +236,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "median_ms": median * 1e3,
             "p90_ms": p90 * 1e3,
             "min_ms": min * 1e3,
+            "preprocess_median_ms": preprocess_median * 1e3,
+            "network_median_ms": network_median * 1e3,
             "runs_ms": times.iter().map(|t| t * 1e3).collect::<Vec<_>>(),
             "peak_rss_bytes": rss,
             "device_bytes_used": if total > 0 { Some(free_before.saturating_sub(free_after)) } else { None },

@@ -887,6 +887,8 @@ fn decode_output(payload: &[u8]) -> anyhow::Result<Output> {
         strategy,
         pose_scale,
         metric_scale,
+        // The worker's timings stay in the worker.
+        timings: Default::default(),
     })
 }
 
@@ -952,6 +954,7 @@ mod tests {
             strategy: RefViewStrategy::View(1),
             pose_scale: Some(0.25),
             metric_scale: None,
+            timings: Default::default(),
         };
         let back = decode_output(&encode_output(&output)).unwrap();
         assert_eq!(back.views, output.views);
