@@ -436,6 +436,11 @@ impl Config {
     pub fn validate(&self) -> Result<(), Error> {
         let v = &self.vit;
         let bad = |why: String| Err(Error::Config(why));
+        // Every block declares its tensors before the file is asked for them: a damaged
+        // block count must not make billions of declarations (DA3-giant has 40 blocks).
+        if v.depth == 0 || v.depth > MAX_DEPTH {
+            return bad(format!("depth {} (1 to {MAX_DEPTH} blocks)", v.depth));
+        }
         if v.embed_dim == 0 || v.num_heads == 0 || !v.embed_dim.is_multiple_of(v.num_heads) {
             return bad(format!(
                 "embed_dim {} is not a multiple of num_heads {}",
@@ -471,6 +476,9 @@ impl Config {
         Ok(())
     }
 }
+
+/// The most transformer blocks a file may declare.
+const MAX_DEPTH: usize = 1024;
 
 fn four(values: &[i32], key: &str) -> Result<[usize; 4], Error> {
     match values {
