@@ -169,14 +169,8 @@ impl Model {
 
     /// Loads a model from an open GGUF file.
     pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Model, Error> {
-        if cfg!(debug_assertions) {
-            // A dependent crate's plain `cargo run` builds this crate (and ggml's C code)
-            // unoptimised: about 100 times slower, which looks like a hang.
-            log::warn!(
-                "da3 was built without optimisations (a debug build): it computes about 100 \
-                 times slower. Build with --release, or add to your Cargo.toml: \
-                 [profile.dev.package.\"*\"] opt-level = 3"
-            );
+        if let Some(warning) = unoptimised_build_warning(cfg!(debug_assertions)) {
+            log::warn!("{warning}");
         }
         let config = Config::from_gguf(file)?;
         let device = options.device.resolve()?;
@@ -523,6 +517,17 @@ impl Session {
     }
 }
 
+/// The warning a load logs when this crate was built without optimisations: a dependent
+/// crate's plain `cargo run` builds it (and, without the profile below, ggml's C code)
+/// unoptimised, about 100 times slower, which looks like a hang.
+fn unoptimised_build_warning(debug_build: bool) -> Option<&'static str> {
+    debug_build.then_some(
+        "da3 was built without optimisations (a debug build): it computes about 100 times \
+         slower. Build with --release, or add to your Cargo.toml: \
+         [profile.dev.package.\"*\"] opt-level = 3",
+    )
+}
+
 /// Whether `device` is a GPU (not a remote one, whose server may be a CPU) whose backend
 /// runs ggml's direct convolution with an f16 kernel, asked of a small probe node.
 fn runs_half_convolutions(device: &Device) -> bool {
@@ -537,4 +542,21 @@ fn runs_half_convolutions(device: &Device) -> bool {
         Ok(device.supports_op(&conv))
     };
     probe().unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unoptimised_build_warning;
+
+    #[test]
+    fn an_unoptimised_build_warns_with_the_profile_that_fixes_it() {
+        let warning = unoptimised_build_warning(true).expect("a debug build warns");
+        assert!(
+            warning.contains("without optimisations")
+                && warning.contains("--release")
+                && warning.contains("[profile.dev.package.\"*\"] opt-level = 3"),
+            "{warning}"
+        );
+        assert_eq!(unoptimised_build_warning(false), None);
+    }
 }
