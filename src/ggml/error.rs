@@ -93,6 +93,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A kernel of our own could not compute a node it takes (beside the backend's).
+    #[error("{kernel}: node `{node}`: {reason}")]
+    NodeKernel {
+        /// The kernel ([`NodeKernel::name`](super::NodeKernel::name)).
+        kernel: String,
+        /// The node it was computing.
+        node: String,
+        /// What its library said.
+        reason: String,
+    },
+
     // --- contexts and graphs ----------------------------------------------------------------
     /// The context's memory pool cannot hold another object.
     #[error("context memory pool exhausted: {needed} bytes needed, {available} of {capacity} left (create the context with a larger pool)")]

@@ -1,6 +1,8 @@
 //! A safe layer over ggml: contexts, tensors, ops, graphs, backends, buffers, the graph
 //! allocator, the scheduler and the RPC backend (with the relay that guards its server); the
-//! adapter that runs our CPU kernels (`da3-kernels`) as custom nodes; read-only file maps.
+//! adapter that runs our CPU kernels (`da3-kernels`) as custom nodes; the hook that computes
+//! chosen nodes by kernels of our own between segments of a graph (our CUDA attention,
+//! `da3-cuda`); read-only file maps.
 //! GGUF files are read and written a layer above, in `da3::gguf` (this module knows nothing
 //! of them).
 //!
@@ -28,6 +30,7 @@
 //! ```
 
 mod alloc;
+mod attention_node;
 mod backend;
 mod buffer;
 mod context;
@@ -36,6 +39,7 @@ pub mod dtype;
 mod error;
 mod graph;
 mod mapped;
+mod node_kernel;
 mod ops;
 mod quant;
 pub mod rpc;
@@ -45,6 +49,7 @@ mod shared;
 mod tensor;
 
 pub use alloc::{Allocation, Gallocr, NodeTime};
+pub use attention_node::{fused_attention, FusedAttention};
 pub use backend::{
     cpu_features, default_threads, ggml_version, Backend, Device, DeviceCaps, DeviceKind,
     DeviceSpec,
@@ -59,6 +64,7 @@ pub use dtype::DType;
 pub use error::{Error, Operand, Result};
 pub use graph::Graph;
 pub use mapped::MappedFile;
+pub use node_kernel::NodeKernel;
 pub use ops::{Interpolation, Pool, RopeMode};
 pub use quant::{dequantize, quantize, QUANTIZABLE};
 pub use sched::{Sched, SchedAllocation, MAX_BACKENDS};

@@ -4,8 +4,8 @@ use super::pass::{self, Issue, PassResult};
 use super::report::{Decision, Report};
 use super::{Error, Policy, Strategy};
 use crate::ggml::{
-    Allocation, Backend, BufferUsage, Context, Element, Gallocr, Graph, Sched, SchedAllocation,
-    Tensor, TensorRef, TensorView,
+    Allocation, Backend, BufferUsage, Context, Element, Gallocr, Graph, NodeKernel, Sched,
+    SchedAllocation, Tensor, TensorRef, TensorView,
 };
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, HashSet};
@@ -26,6 +26,9 @@ pub struct Executor {
     logged: HashSet<u64>,
     /// Device copies of non-resident operands, by (tensor, data pointer), reused across graphs.
     mirrors: HashMap<(usize, usize), Tensor>,
+    /// Kernels of our own for some nodes (the execution plan's choice), used where the
+    /// graph runs on the device alone (the allocator's paths, not the scheduler's).
+    node_kernel: Option<Box<dyn NodeKernel>>,
     log: bool,
 }
 
@@ -44,8 +47,19 @@ impl Executor {
             plans: HashMap::new(),
             logged: HashSet::new(),
             mirrors: HashMap::new(),
+            node_kernel: None,
             log: true,
         })
+    }
+    /// Computes the nodes `kernel` takes with it instead of the device's backend (each run
+    /// checks first that every operand of those nodes is in the device's memory).
+    pub fn with_node_kernel(mut self, kernel: Box<dyn NodeKernel>) -> Self {
+        self.node_kernel = Some(kernel);
+        self
+    }
+    /// The kernels of our own this executor computes some nodes with.
+    pub fn node_kernel(&self) -> Option<&dyn NodeKernel> {
+        self.node_kernel.as_deref()
     }
     /// Frees the compute buffers (the graph allocator's and the scheduler's); the next run
     /// allocates them again. Decisions and device copies of operands are kept.
@@ -203,6 +217,7 @@ impl Executor {
                 RunInner::Gallocr {
                     allocation,
                     backend: &self.device,
+                    kernel: self.node_kernel.as_deref(),
                 }
             }
             Decision::Sched { .. } => {
@@ -281,6 +296,7 @@ enum RunInner<'a> {
     Gallocr {
         allocation: Allocation<'a>,
         backend: &'a Backend,
+        kernel: Option<&'a dyn NodeKernel>,
     },
     Sched(SchedAllocation<'a>),
 }
@@ -311,14 +327,31 @@ impl Run<'_> {
             RunInner::Sched(allocation) => allocation.read(tensor)?,
         })
     }
-    /// Computes the graph as the decision says.
+    /// Computes the graph as the decision says. Where kernels of our own take some nodes,
+    /// every operand of those nodes is checked to be in the device's memory first (under
+    /// every policy, `unchecked` included): they are never handed memory they cannot address.
     pub fn compute(&self) -> Result<(), Error> {
         match &self.inner {
             // Under `unchecked` this is where a non-resident operand faults on a GPU.
             RunInner::Gallocr {
                 allocation,
                 backend,
+                kernel: None,
             } => allocation.compute(backend)?,
+            RunInner::Gallocr {
+                allocation,
+                backend,
+                kernel: Some(kernel),
+            } => {
+                let findings = pass::check_kernel_operands(allocation.graph(), *backend, *kernel);
+                if !findings.is_empty() {
+                    return Err(Error::KernelOperands {
+                        kernel: kernel.name(),
+                        findings,
+                    });
+                }
+                allocation.compute_with(backend, *kernel)?
+            }
             RunInner::Sched(allocation) => allocation.compute()?,
         }
         Ok(())

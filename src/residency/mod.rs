@@ -13,7 +13,9 @@ pub mod pass;
 mod report;
 
 pub use executor::{Executor, Run};
-pub use pass::{check, classify, Finding, Issue, PassResult, Residency, Target};
+pub use pass::{
+    check, check_kernel_operands, classify, Finding, Issue, PassResult, Residency, Target,
+};
 pub use report::{Decision, Report};
 
 /// What to do when an operand is not resident on the device.
@@ -98,6 +100,22 @@ pub enum Error {
     /// `strict` found operands the device cannot read.
     #[error("{0}")]
     Refused(Box<Report>),
+    /// A node that a kernel of our own takes has an operand outside the device's memory
+    /// (checked before anything of the graph is computed; the kernel is never called).
+    #[error(
+        "{kernel} would be handed memory it cannot address: {}",
+        findings
+            .iter()
+            .map(|f| format!("`{}` of node `{}` ({})", f.tensor, f.consumer, f.issue))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )]
+    KernelOperands {
+        /// The kernel ([`crate::ggml::NodeKernel::name`]).
+        kernel: String,
+        /// Each operand (or node) outside the device's memory.
+        findings: Vec<Finding>,
+    },
     /// An error of the safe ggml layer (allocation, upload, compute).
     #[error(transparent)]
     Ggml(Box<crate::ggml::Error>),

@@ -1,6 +1,6 @@
 //! The residency pass: for every source of every node, can the target device read it?
 
-use crate::ggml::{Backend, BufferType, Graph, TensorRef, TensorView};
+use crate::ggml::{Backend, BufferType, Graph, NodeKernel, TensorRef, TensorView};
 
 /// What the pass needs to know about the device a graph will run on. [`Backend`] implements
 /// it; tests implement it to play a device with separate memory on a machine without one.
@@ -198,6 +198,50 @@ pub fn check(graph: &Graph, target: &dyn Target) -> PassResult {
         }
     }
     result
+}
+
+/// Checks the nodes that `kernel` takes, and every operand of each, after allocation: a kernel
+/// of our own reads and writes the device's memory directly (it is handed device pointers),
+/// so each must be in a buffer of the device that is not host memory. Plain host pointers,
+/// host buffers (even ones the backend could read) and memory of another device are findings;
+/// a tensor not yet allocated is one too (the kernel would be handed NULL).
+pub fn check_kernel_operands(
+    graph: &Graph,
+    target: &dyn Target,
+    kernel: &dyn NodeKernel,
+) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    for node in graph.nodes().filter(|n| kernel.takes(n)) {
+        let operands = std::iter::once(node).chain(node.sources());
+        for tensor in operands {
+            let owner = tensor.view_source().unwrap_or(tensor);
+            let issue = match classify(&tensor, target) {
+                Residency::Resident => match owner.buffer() {
+                    Some(buffer) if buffer.is_host() => Issue::ForeignBuffer {
+                        buffer_type: buffer.buffer_type().name(),
+                        host_readable: true,
+                    },
+                    _ => continue,
+                },
+                Residency::ToBeAllocated | Residency::NoBuffer => Issue::NoBuffer,
+                Residency::ForeignBuffer {
+                    buffer_type,
+                    host_readable,
+                } => Issue::ForeignBuffer {
+                    buffer_type,
+                    host_readable,
+                },
+            };
+            findings.push(Finding {
+                tensor: owner.name(),
+                consumer: node.name(),
+                consumer_op: node.op_name().to_owned(),
+                issue,
+                input: owner.flags().input,
+            });
+        }
+    }
+    findings
 }
 
 #[cfg(test)]
