@@ -435,6 +435,12 @@ impl Session {
         if !shared.log_decisions {
             executor = executor.quiet();
         }
+        #[cfg(feature = "cuda-kernels")]
+        if let super::plan::CudaAttentionPlan::Cudnn { device, .. } = shared.plan.cuda_attention() {
+            // Per session: cuDNN's handle, stream, graphs and scratch memory are request state.
+            let attention = crate::ggml::CudaAttention::new(*device, None)?;
+            executor = executor.with_node_kernel(Box::new(attention));
+        }
         Ok(Session {
             _open: open,
             layers: Layers {

@@ -29,6 +29,67 @@ pub struct PlanOverrides {
     /// `Some(false)`: QK-normed heads keep LayerNorms off the CPU kernels instead of being
     /// centred by the QKV layer and normalised by RMS norms.
     pub centre_qk_heads: Option<bool>,
+    /// `Some(true)`: on CUDA, our fused attention (cuDNN, `da3-cuda`, in builds with the
+    /// `cuda-kernels` feature) instead of ggml's; off by default until measured faster.
+    pub cuda_attention: Option<bool>,
+}
+
+/// Whether attention runs on our CUDA kernels (`da3-cuda`: cuDNN's fused attention on the
+/// CUDA backend's memory), decided at load.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CudaAttentionPlan {
+    /// Not a CUDA device: nothing to decide.
+    NotCuda,
+    /// On this CUDA device, with the cuDNN of this version.
+    Cudnn {
+        /// The CUDA device's index (`CUDA0` -> 0).
+        device: u32,
+        /// The loaded cuDNN's version (`9.28.1`).
+        version: String,
+    },
+    /// A CUDA device, but ggml's attention: why (not asked for, not built with
+    /// `cuda-kernels`, cuDNN not found).
+    Off(String),
+}
+
+impl CudaAttentionPlan {
+    /// The decision for `device`: ours where asked for, this build has our CUDA kernels and
+    /// cuDNN loads.
+    pub(crate) fn for_device(device: &Device, overrides: &PlanOverrides) -> CudaAttentionPlan {
+        if !is_cuda(device) {
+            return CudaAttentionPlan::NotCuda;
+        }
+        // Opt-in until it is faster end to end: on an H100 its cuDNN kernels took 8 ms of a
+        // 16-view base scene's attention, but the first conversions around them cost 44 ms
+        // (rewritten since, not yet measured on a GPU).
+        if overrides.cuda_attention != Some(true) {
+            return CudaAttentionPlan::Off("off unless asked for (--plan cuda-attention=on)".into());
+        }
+        let name = device.name();
+        let Some(index) = name
+            .strip_prefix("CUDA")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            return CudaAttentionPlan::Off(format!("no device index in `{name}`"));
+        };
+        Self::probe(index)
+    }
+
+    #[cfg(feature = "cuda-kernels")]
+    fn probe(index: u32) -> CudaAttentionPlan {
+        match crate::ggml::CudaAttention::new(index, None) {
+            Ok(attention) => CudaAttentionPlan::Cudnn {
+                device: index,
+                version: attention.cudnn_version(),
+            },
+            Err(e) => CudaAttentionPlan::Off(e.to_string()),
+        }
+    }
+
+    #[cfg(not(feature = "cuda-kernels"))]
+    fn probe(_index: u32) -> CudaAttentionPlan {
+        CudaAttentionPlan::Off("built without the cuda-kernels feature".into())
+    }
 }
 
 /// What runs where for one loaded model. See the module documentation.
@@ -49,11 +110,12 @@ pub struct ExecutionPlan {
     folded_layers: usize,
     vision_rope: bool,
     centred_qk_heads: bool,
+    cuda_attention: CudaAttentionPlan,
 }
 
 /// The decisions taken before the weights are read; [`PlanBuilder::finish`] adds what the
 /// weights turned out to be.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct PlanBuilder {
     pub cpu_set: KernelSet,
     /// Our kernels' configuration, where they run.
@@ -66,6 +128,7 @@ pub(crate) struct PlanBuilder {
     pub fold_affine: bool,
     pub vision_rope: bool,
     pub centre_qk_heads: bool,
+    pub cuda_attention: CudaAttentionPlan,
 }
 
 /// What the loaded weights say about the plan.
@@ -100,6 +163,7 @@ impl PlanBuilder {
             fold_affine: kernels.is_none() && overrides.fold_norms != Some(false),
             vision_rope: overrides.vision_rope != Some(false),
             centre_qk_heads: kernels.is_none() && overrides.centre_qk_heads != Some(false),
+            cuda_attention: CudaAttentionPlan::for_device(device, overrides),
         }
     }
 
@@ -121,6 +185,7 @@ impl PlanBuilder {
             folded_layers: loaded.folded_layers,
             vision_rope: loaded.vision_rope,
             centred_qk_heads: loaded.centred_qk_heads,
+            cuda_attention: self.cuda_attention,
         }
     }
 }
@@ -141,6 +206,11 @@ impl ExecutionPlan {
     /// How attention is computed off our CPU kernels.
     pub(crate) fn attention(&self) -> AttentionKernel {
         self.attention
+    }
+
+    /// Whether our CUDA kernels compute attention.
+    pub fn cuda_attention(&self) -> &CudaAttentionPlan {
+        &self.cuda_attention
     }
 
     /// One line per op class and one for the transforms, as `da3 info` prints them.
@@ -217,7 +287,7 @@ impl ExecutionPlan {
         } else {
             "ggml mul_mat"
         };
-        let attention = match self.attention {
+        let mut attention = match self.attention {
             AttentionKernel::Exact => "ggml mul_mat + soft_max, f32".to_owned(),
             AttentionKernel::FusedHalfKv { convert_in_graph } => format!(
                 "ggml flash_attn_ext, K and V in f16 ({}), f32 sums",
@@ -228,6 +298,16 @@ impl ExecutionPlan {
                 }
             ),
         };
+        match &self.cuda_attention {
+            CudaAttentionPlan::NotCuda => {}
+            CudaAttentionPlan::Cudnn { version, .. } => {
+                attention = format!(
+                    "da3-cuda: cuDNN {version} fused attention, Q, K and V rounded to f16, f32 \
+                     softmax and sums; {attention} for nodes it does not take"
+                )
+            }
+            CudaAttentionPlan::Off(why) => attention = format!("{attention} (da3-cuda: {why})"),
+        }
         let convolution = if self.half_convolutions {
             "ggml conv_2d_direct, f16 kernels, f32 sums"
         } else {

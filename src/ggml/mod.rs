@@ -35,6 +35,8 @@ mod backend;
 mod buffer;
 mod context;
 mod cpu_ops;
+#[cfg(feature = "cuda-kernels")]
+mod cuda_attention;
 pub mod dtype;
 mod error;
 mod graph;
@@ -60,6 +62,8 @@ pub use cpu_ops::{
     pack_linear_panels, pack_linear_panels_bf16, pack_linear_panels_f16, pack_linear_panels_q8,
     Cpu, CpuKernels, KernelConfig, KernelRequest, KernelSet, LINEAR_PANEL, LINEAR_Q8_RECORD,
 };
+#[cfg(feature = "cuda-kernels")]
+pub use cuda_attention::CudaAttention;
 pub use dtype::DType;
 pub use error::{Error, Operand, Result};
 pub use graph::Graph;

@@ -17,6 +17,9 @@ const VARIABLES: [(&str, &str); 9] = [
     ("centre-qk-heads", "DA3_CENTRE_QK_HEADS"),
 ];
 
+/// Settings only a flag sets (they came after the environment variables).
+const FLAG_ONLY: [&str; 1] = ["cuda-attention"];
+
 /// The overrides the environment and then `flags` (each `KEY=VALUE[,KEY=VALUE...]`) ask for.
 pub fn overrides(flags: &[String]) -> anyhow::Result<PlanOverrides> {
     let mut plan = PlanOverrides::default();
@@ -40,6 +43,7 @@ fn keys() -> String {
     VARIABLES
         .iter()
         .map(|(key, _)| *key)
+        .chain(FLAG_ONLY)
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -54,6 +58,7 @@ fn apply(plan: &mut PlanOverrides, key: &str, value: &str) -> Result<(), String>
         "fold-norms" => &mut plan.fold_norms,
         "vision-rope" => &mut plan.vision_rope,
         "centre-qk-heads" => &mut plan.centre_qk_heads,
+        "cuda-attention" => &mut plan.cuda_attention,
         _ => {
             return plan
                 .kernels
@@ -87,6 +92,7 @@ mod tests {
             ("fold-norms", "off"),
             ("vision-rope", "off"),
             ("centre-qk-heads", "on"),
+            ("cuda-attention", "on"),
         ] {
             apply(&mut plan, key, value).unwrap();
         }
@@ -99,6 +105,7 @@ mod tests {
         assert_eq!(plan.fold_norms, Some(false));
         assert_eq!(plan.vision_rope, Some(false));
         assert_eq!(plan.centre_qk_heads, Some(true));
+        assert_eq!(plan.cuda_attention, Some(true));
     }
 
     #[test]
