@@ -412,8 +412,8 @@ fn an_interrupted_batch_leaves_no_partial_or_temporary_file() {
     only_complete_outputs_in(&out, "batch");
 }
 
-/// Every file an interrupted run left in `dir` is complete (PFM, PNG, glb, PLY and GGUF read
-/// back whole), and none is a temporary file.
+/// Every file an interrupted run left in `dir` is complete (PFM, PNG, glb, PLY, GGUF, JSON and
+/// the stream's text files read back whole), and none is a temporary file.
 fn only_complete_outputs_in(dir: &Path, what: &str) {
     let names = names_in(dir);
     assert!(
@@ -432,6 +432,25 @@ fn only_complete_outputs_in(dir: &Path, what: &str) {
             gltf_ok(&path);
         } else if n.ends_with(".gguf") {
             da3::gguf::GgufFile::open(&path).unwrap_or_else(|e| panic!("{what}: {n}: {e}"));
+        } else if n.ends_with(".json") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            serde_json::from_str::<serde_json::Value>(&text)
+                .unwrap_or_else(|e| panic!("{what}: {n}: {e}"));
+        } else if n.ends_with(".txt") {
+            // camera_poses.txt and intrinsic.txt: rows of numbers, each row whole.
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                text.is_empty() || text.ends_with('\n'),
+                "{what}: {n} ends mid-row"
+            );
+            for line in text.lines() {
+                let values: Result<Vec<f64>, _> = line.split_whitespace().map(str::parse).collect();
+                let values = values.unwrap_or_else(|e| panic!("{what}: {n}: `{line}`: {e}"));
+                assert!(
+                    matches!(values.len(), 4 | 9 | 12 | 16),
+                    "{what}: {n}: `{line}`"
+                );
+            }
         } else if n.ends_with(".ply") {
             let mut file = std::fs::File::open(&path).unwrap();
             let parser = ply_rs_bw::parser::Parser::<ply_rs_bw::ply::DefaultElement>::new();
@@ -443,7 +462,8 @@ fn only_complete_outputs_in(dir: &Path, what: &str) {
 }
 
 /// SIGINT and SIGTERM at spread moments of `da3 batch` and `da3 depth` runs writing every
-/// kind of output, and of `da3 quantize` and `da3 convert`, with both cores kept busy: whatever the moment, no
+/// kind of output, and of `da3 quantize`, `da3 convert` and `da3 stream` (a mesh, a cloud,
+/// the camera files), with both cores kept busy: whatever the moment, no
 /// temporary or partial file is left (the window between creating a temporary file and
 /// registering it for the cleanup is closed, and no write starts once the cleanup has run).
 #[test]
@@ -509,6 +529,21 @@ fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
         "--type",
         "q8_0",
     ];
+    // The first SIGINT asks a stream to finish with the frames read: whole files, or none.
+    let stream: Vec<&str> = [
+        "stream",
+        "in",
+        "--out-dir",
+        "out",
+        "--window",
+        "3",
+        "--overlap",
+        "1",
+        "--mesh",
+    ]
+    .into_iter()
+    .chain(common)
+    .collect();
     let busy = Arc::new(AtomicBool::new(true));
     let loops: Vec<_> = (0..2)
         .map(|_| {
@@ -541,12 +576,14 @@ fn interrupts_at_any_moment_leave_no_temporary_or_partial_file() {
         ("depth", &depth),
         ("quantize", &quantize),
         ("convert", &convert),
+        ("stream", &stream),
     ] {
         // One whole run sets the span the interrupts are spread over.
         let started = Instant::now();
         let (mut child, out) = run(args);
         assert!(child.wait().unwrap().success(), "{name} without interrupts");
         let span = started.elapsed();
+        assert!(!names_in(&out).is_empty(), "{name} wrote nothing");
         only_complete_outputs_in(&out, name);
         for i in 0..40u32 {
             seed = seed
