@@ -170,6 +170,37 @@ fn the_fused_mesh_lies_on_the_true_surface() {
     }
 }
 
+/// Windows in metres (the nested pair's metric scale per window, here a stand-in that
+/// returns the true scale): the stream is in metres at the true scale, not at window 0's, and
+/// its files say so.
+#[test]
+fn a_metric_stream_is_in_metres_at_the_true_scale() {
+    let predictor = ScenePredictor {
+        metric: true,
+        ..ScenePredictor::exact()
+    };
+    let (reconstruction, _) = run(predictor, 30, options(12, 4));
+    assert_eq!(reconstruction.depth_unit, da3::DepthUnit::Metres);
+    let world = scene::camera(0).inverse();
+    assert!((world.scale - 1.0).abs() < 1e-12);
+    for frame in &reconstruction.frames {
+        let truth = world.compose(&scene::camera(frame.index));
+        let ours = frame.camera_to_world;
+        let error = (0..3)
+            .map(|i| (ours.translation[i] - truth.translation[i]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        // The room's camera circle has a radius of 1.5 m.
+        assert!(error < 1.5e-3, "frame {}: {error} m off", frame.index);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let poses = dir.path().join("poses.json");
+    reconstruction.save_poses_json(&poses).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&poses).unwrap()).unwrap();
+    assert_eq!(json["depth_unit"], "metres");
+}
+
 #[test]
 fn depth_noise_stays_within_a_stated_bound() {
     let predictor = ScenePredictor {

@@ -6,7 +6,7 @@
 //! their shared frames, so that alignment drifts as it does with a real model.
 
 use da3::geometry::sim3::Sim3;
-use da3::{Image, Output, Pose, Prediction, Predictor, RefViewStrategy, Request};
+use da3::{DepthUnit, Image, Output, Pose, Prediction, Predictor, RefViewStrategy, Request};
 
 pub const WIDTH: usize = 64;
 pub const HEIGHT: usize = 48;
@@ -146,6 +146,9 @@ pub struct ScenePredictor {
     pub requests: usize,
     /// The largest request (views).
     pub largest: usize,
+    /// As the nested pair does: every request in metres (the true scale, depth unit metres,
+    /// the per-request factor reported as the metric scale it took out).
+    pub metric: bool,
 }
 
 impl ScenePredictor {
@@ -155,6 +158,7 @@ impl ScenePredictor {
             depth_noise: 0.0,
             requests: 0,
             largest: 0,
+            metric: false,
         }
     }
 
@@ -215,7 +219,11 @@ impl Predictor for ScenePredictor {
         self.requests += 1;
         self.largest = self.largest.max(views);
         let frames: Vec<usize> = (0..views).map(|v| frame_of(&request.name(v))).collect();
-        let world_to_window = ScenePredictor::world_to_window(frames[0], views);
+        let mut world_to_window = ScenePredictor::world_to_window(frames[0], views);
+        let relative_scale = world_to_window.scale;
+        if self.metric {
+            world_to_window = camera(frames[0]).inverse();
+        }
         let scale = world_to_window.scale;
         let mut out = Vec::with_capacity(views);
         for (v, &f) in frames.iter().enumerate() {
@@ -242,6 +250,11 @@ impl Predictor for ScenePredictor {
                 image: request.images()[v].clone(),
                 input_size: (WIDTH, HEIGHT),
                 name: request.name(v),
+                depth_unit: if self.metric {
+                    DepthUnit::Metres
+                } else {
+                    DepthUnit::Relative
+                },
                 ..Prediction::default()
             });
         }
@@ -250,7 +263,7 @@ impl Predictor for ScenePredictor {
             reference: 0,
             strategy: RefViewStrategy::First,
             pose_scale: None,
-            metric_scale: None,
+            metric_scale: self.metric.then_some(1.0 / relative_scale),
             timings: Default::default(),
         })
     }
