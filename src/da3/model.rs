@@ -170,7 +170,9 @@ impl Model {
     /// Loads a model from an open GGUF file.
     pub fn from_gguf(file: &GgufFile, options: &LoadOptions) -> Result<Model, Error> {
         if let Some(warning) = unoptimised_build_warning(cfg!(debug_assertions)) {
-            log::warn!("{warning}");
+            // Once per process, however many models it loads.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| log::warn!("{warning}"));
         }
         let config = Config::from_gguf(file)?;
         let device = options.device.resolve()?;
