@@ -1,9 +1,9 @@
 //! Where a model's time goes, by op: `cargo run --release --example profile_model -- MODEL.gguf
-//! [threads] [device]` (computes the 640x427 synthetic image one node at a time, on the CPU or
-//! on a device named as `da3 devices` lists it, e.g. CUDA0; each node waits for the device,
-//! and there is computed 20 times in a row so that its launch and wait count once).
+//! [threads] [device] [views]` (computes the 640x427 synthetic image, or a scene of that many
+//! views of it, one node at a time, on the CPU or on a device named as `da3 devices` lists it,
+//! e.g. CUDA0; each node waits for the device, and there is computed 20 times in a row so that
+//! its launch and wait count once).
 
-use da3::ggml::Gallocr;
 use da3::{synthetic, Device, LoadOptions, Model};
 use std::collections::BTreeMap;
 
@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let path = args
         .get(1)
-        .ok_or("usage: profile_model MODEL.gguf [threads] [device]")?;
+        .ok_or("usage: profile_model MODEL.gguf [threads] [device] [views]")?;
     let threads = args.get(2).map_or(Ok(2), |t| t.parse())?;
     let spec: Device = match args.get(3) {
         Some(name) => name.parse()?,
@@ -66,22 +66,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         threads,
         ..Default::default()
     };
+    let views: usize = match args.get(4) {
+        Some(v) => v.parse()?,
+        None => 1,
+    };
     let mut model = Model::load(path, &options)?.session()?;
     let device = model.device().clone();
-    // The graph of a 640x427 photo at the default process resolution.
+    // The graph of a 640x427 photo (or a scene of `views` of them) at the default process
+    // resolution.
     let photo = synthetic::image(640, 427);
     let size = da3::Request::image(&photo).processed_plans(504)?[0];
-    let graph = model.graph(size.width, size.height)?;
-    let input = graph.get("image").ok_or("no input")?;
-    let mut gallocr = Gallocr::for_backend(&device)?;
-    let run = gallocr.alloc(graph)?;
-    // The input tensor is written through its graph reference's name lookup.
-    let _ = input;
-    // One full compute first, so the profile sees warm buffers (no first-touch page faults).
-    run.compute(&device)?;
     // On a device, each node 20 times per call: the launch and the wait count once.
     let repeats = if device.is_cpu() { 1 } else { 20 };
-    let times = run.profile(&device, repeats)?;
+    let times = model.profile_scene(size.width, size.height, views, repeats)?;
     let total: f64 = times.iter().map(|t| t.seconds).sum();
     let mut by_op: BTreeMap<String, (f64, usize, f64)> = BTreeMap::new();
     for t in &times {

@@ -332,3 +332,22 @@ fn a_model_counts_its_open_sessions() {
     drop(second);
     assert_eq!(model.open_sessions(), 0);
 }
+
+/// `Session::profile_scene` times every node of a scene's graph, one at a time, after a whole
+/// compute (what `examples/profile_model` prints by op class on any device).
+#[test]
+fn a_scene_is_profiled_node_by_node() {
+    let mut session = peer_model().session().unwrap();
+    let (width, height, views) = (56, 42, 3);
+    let nodes = session.scene_graph(width, height, views).unwrap().n_nodes();
+    let times = session.profile_scene(width, height, views, 1).unwrap();
+    assert_eq!(times.len(), nodes);
+    assert!(times.iter().all(|t| t.seconds >= 0.0 && !t.op.is_empty()));
+    // A scene of several views has a graph of its own (its local and global blocks).
+    let one_view = session.scene_graph(width, height, 1).unwrap().n_nodes();
+    assert!(
+        nodes > one_view,
+        "{nodes} nodes for 3 views, {one_view} for 1"
+    );
+    assert!(session.scene_graph(width, height, 0).is_err());
+}

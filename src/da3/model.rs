@@ -15,7 +15,7 @@ use super::preprocess::ToRgbImage;
 use super::request::{Predictor, Request};
 use super::weights::{BoundWeights, ConvKernels, LinearPacking, LoadedWeights, Loader};
 use super::Error;
-use crate::ggml::{Backend, Context, DType, Device, DeviceKind, DeviceSpec, Graph};
+use crate::ggml::{Backend, Context, DType, Device, DeviceKind, DeviceSpec, Graph, TensorView};
 use crate::gguf::GgufFile;
 use crate::residency::{Executor, Policy, Report};
 use std::path::Path;
@@ -495,7 +495,61 @@ impl Session {
     }
     /// The graph of one image of a processed size (building it if needed), for inspection.
     pub fn graph(&mut self, width: usize, height: usize) -> Result<&Graph, Error> {
-        Ok(&self.graph_of(Self::image_graph(width, height))?.graph)
+        self.scene_graph(width, height, 1)
+    }
+    /// The graph of a scene of `views` images of one processed size, whole (the reference
+    /// view first, no known cameras, no rays), building it if needed: for inspection and
+    /// profiling (`examples/profile_model`).
+    pub fn scene_graph(
+        &mut self,
+        width: usize,
+        height: usize,
+        views: usize,
+    ) -> Result<&Graph, Error> {
+        if views == 0 {
+            return Err(Error::Input("a scene of 0 views".into()));
+        }
+        let key = graphs::GraphKey {
+            views,
+            ..Self::image_graph(width, height)
+        };
+        Ok(&self.graph_of(key)?.graph)
+    }
+
+    /// Where the time of a scene of `views` images of one processed size goes: its whole
+    /// graph (as [`Session::scene_graph`]) computed once, then one node at a time, each
+    /// `repeats` times in a row (on a GPU the launch and the wait then count once), from a
+    /// grey image with view 0 as the reference.
+    pub fn profile_scene(
+        &mut self,
+        width: usize,
+        height: usize,
+        views: usize,
+        repeats: usize,
+    ) -> Result<Vec<crate::ggml::NodeTime>, Error> {
+        self.scene_graph(width, height, views)?;
+        let key = graphs::GraphKey {
+            views,
+            ..Self::image_graph(width, height)
+        };
+        let graph = &self.graphs[&key];
+        // Profiling recomputes each node from its sources after the whole graph ran: the
+        // inputs' memory must not be reused by later nodes (the camera slots index rows).
+        graph.input.mark_output();
+        if let Some(slots) = &graph.slots {
+            slots.mark_output();
+        }
+        let run = self.executor.run(&graph.graph)?;
+        run.write(
+            &graph.input,
+            &vec![0.0f32; graph.input.nelements() as usize],
+        )?;
+        if let Some(slots) = &graph.slots {
+            run.write(slots, &super::multiview::camera_slots(views, 0))?;
+        }
+        // One whole compute first: the profile sees warm buffers and device state.
+        run.compute()?;
+        Ok(run.profile(repeats)?)
     }
 
     /// The key of the graph of one image, whole, with no known camera and no rays.

@@ -327,6 +327,25 @@ impl Run<'_> {
             RunInner::Sched(allocation) => allocation.read(tensor)?,
         })
     }
+    /// Computes the graph one node at a time and times each ([`Allocation::profile`]),
+    /// `repeats` times per node; on the allocator's paths only (a scheduled graph is an
+    /// error). Nodes a kernel of our own takes are timed as ggml computes them.
+    pub fn profile(&self, repeats: usize) -> Result<Vec<crate::ggml::NodeTime>, Error> {
+        match &self.inner {
+            RunInner::Gallocr {
+                allocation,
+                backend,
+                ..
+            } => Ok(allocation.profile(backend, repeats)?),
+            RunInner::Sched(_) => Err(crate::ggml::Error::InvalidArgument {
+                op: "profile",
+                reason: "the graph is split by the scheduler (an operand is not on the device); \
+                         profile a graph whose operands all are"
+                    .into(),
+            }
+            .into()),
+        }
+    }
     /// Computes the graph as the decision says. Where kernels of our own take some nodes,
     /// every operand of those nodes is checked to be in the device's memory first (under
     /// every policy, `unchecked` included): they are never handed memory they cannot address.
