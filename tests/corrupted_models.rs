@@ -11,8 +11,8 @@ use da3::gguf::GgufFile;
 use std::path::Path;
 
 fn peer_file() -> Vec<u8> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/peer/peer-tiny-seed0-f32.gguf");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/peer/peer-tiny-seed0-f32.gguf");
     std::fs::read(path).unwrap()
 }
 

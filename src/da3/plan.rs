@@ -63,7 +63,9 @@ impl CudaAttentionPlan {
         // 16-view base scene's attention, but the first conversions around them cost 44 ms
         // (rewritten since, not yet measured on a GPU).
         if overrides.cuda_attention != Some(true) {
-            return CudaAttentionPlan::Off("off unless asked for (--plan cuda-attention=on)".into());
+            return CudaAttentionPlan::Off(
+                "off unless asked for (--plan cuda-attention=on)".into(),
+            );
         }
         let name = device.name();
         let Some(index) = name
