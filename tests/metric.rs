@@ -26,7 +26,7 @@ fn tiny(name: &str, dir: &std::path::Path) -> Model {
     let options = LoadOptions {
         device: da3::Device::Cpu,
         threads: 2,
-        process_res: 112,
+        process_res: Some(112),
         ..Default::default()
     };
     Model::load(&path, &options).unwrap()

@@ -111,8 +111,9 @@ typedef struct {
    */
   size_t threads;
   /**
-   * Longest side images are processed at when a run does not say (sides become multiples
-   * of the patch size 14); 0: the official default, 504.
+   * Size images are processed at when a run does not say (sides become multiples of the
+   * patch size 14); 0: the model's official default (DA3: the longest side to 504; DA2:
+   * the shortest side to at least 518).
    */
   size_t process_res;
   /**

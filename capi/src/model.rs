@@ -27,8 +27,9 @@ pub struct Da3LoadOptions {
     /// CPU threads of each session; 0: one per physical core. Several sessions computing at
     /// once each use this many: give each `cores / sessions` to share the CPU.
     pub threads: usize,
-    /// Longest side images are processed at when a run does not say (sides become multiples
-    /// of the patch size 14); 0: the official default, 504.
+    /// Size images are processed at when a run does not say (sides become multiples of the
+    /// patch size 14); 0: the model's official default (DA3: the longest side to 504; DA2:
+    /// the shortest side to at least 518).
     pub process_res: usize,
     /// Load the camera encoder, which only runs with known camera poses
     /// (`da3_run_options.extrinsics`) use; off: smaller and faster to load.
@@ -89,10 +90,7 @@ pub unsafe extern "C" fn da3_model_load(
         let load = da3::LoadOptions {
             device,
             threads: options.threads,
-            process_res: match options.process_res {
-                0 => da3::DEFAULT_PROCESS_RES,
-                res => res,
-            },
+            process_res: Some(options.process_res).filter(|&res| res != 0),
             camera_encoder: options.camera_encoder,
             ..da3::LoadOptions::default()
         };

@@ -97,7 +97,7 @@ fn the_metric_model_writes_metres_and_names_them() {
     let options = da3::LoadOptions {
         device: da3::Device::Cpu,
         threads: 2,
-        process_res: 112,
+        process_res: Some(112),
         ..Default::default()
     };
     let model = da3::Model::load(dir.path().join("m.gguf"), &options).unwrap();

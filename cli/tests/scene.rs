@@ -334,7 +334,7 @@ fn a_nested_pair_gives_metric_depth_for_an_image_and_a_scene() {
     let options = LoadOptions {
         device: Device::Cpu,
         threads: 2,
-        process_res: 112,
+        process_res: Some(112),
         ..Default::default()
     };
     let nested = da3::NestedModel::load(&anyview, metric, &options).unwrap();

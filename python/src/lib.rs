@@ -68,27 +68,28 @@ fn serve_jobs(mut predictor: Box<dyn Predictor>, jobs: mpsc::Receiver<Job>) {
 
 /// A Depth Anything 3 model loaded onto a device.
 ///
-/// `Model(path, device="auto", threads=0, process_res=504, metric_model=None)`: `path` is a
-/// GGUF file (depth-anything.cpp's layout, or `da3 convert`'s); `metric_model` pairs it with
-/// a metric branch (the nested model: depth in metres).
+/// `Model(path, device="auto", threads=0, process_res=None, metric_model=None)`: `path` is
+/// a GGUF file (depth-anything.cpp's layout, or `da3 convert`'s); `process_res` the size
+/// requests default to (None: the model's, 504 for DA3's longest side, 518 for DA2's
+/// shortest); `metric_model` pairs it with a metric branch (the nested model: metres).
 #[pyclass(frozen, module = "da3")]
 struct Model {
     jobs: Mutex<mpsc::Sender<Job>>,
     name: String,
     device: String,
-    process_res: usize,
+    process_res: Option<usize>,
 }
 
 #[pymethods]
 impl Model {
     #[new]
-    #[pyo3(signature = (path, device = "auto", threads = 0, process_res = 504, metric_model = None))]
+    #[pyo3(signature = (path, device = "auto", threads = 0, process_res = None, metric_model = None))]
     fn new(
         py: Python<'_>,
         path: PathBuf,
         device: &str,
         threads: usize,
-        process_res: usize,
+        process_res: Option<usize>,
         metric_model: Option<PathBuf>,
     ) -> PyResult<Model> {
         let device: da3::Device = device
@@ -204,7 +205,7 @@ impl Model {
             images,
             names,
             poses,
-            process_res: Some(process_res.unwrap_or(self.process_res)),
+            process_res: process_res.or(self.process_res),
             resize,
             reference,
             ray_pose: use_ray_pose,

@@ -60,6 +60,42 @@ pub enum HeadKind {
     Dpt,
 }
 
+/// What the head's last convolution goes through: what the network's output means.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DepthActivation {
+    /// `exp`: depth (DA3; up to scale for the any-view and mono models, focal-normalised
+    /// metres for the metric one).
+    Exp,
+    /// ReLU: Depth Anything V2's relative output, an affine-invariant disparity (larger is
+    /// nearer), not a depth.
+    Relu,
+    /// `sigmoid * max_depth`: Depth Anything V2's metric output, depth in metres up to
+    /// `max_depth` (20 for the indoor Hypersim models, 80 for the outdoor VKITTI ones).
+    Sigmoid {
+        /// The depth a sigmoid of 1 stands for, in metres.
+        max_depth: f32,
+    },
+}
+
+/// The model family, which decides the preprocessing and what a request may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Depth Anything 3: the official `InputProcessor` (the request's resize method, the
+    /// longest side to the process resolution, 504 by default).
+    Da3,
+    /// Depth Anything V2: one image at a time, its `image2tensor` (the shortest side to at
+    /// least `input_size`, 518 by default, one bicubic resize of the float image); no camera,
+    /// confidence, sky or multi-view.
+    Da2 {
+        /// The shortest side the image is resized to (at least), as `infer_image`'s
+        /// `input_size`.
+        input_size: usize,
+    },
+}
+
+/// DA2's default `input_size` (`infer_image(raw_image, input_size=518)`).
+pub const DA2_INPUT_SIZE: usize = 518;
+
 /// Backbone (DINOv2 with DA3's camera token, 2D RoPE, QK-norm and alternating attention).
 #[derive(Debug, Clone, PartialEq)]
 pub struct VitConfig {
@@ -133,6 +169,8 @@ pub struct HeadConfig {
     pub sky: bool,
     /// Epsilon of the head's LayerNorm.
     pub ln_eps: f32,
+    /// What the depth channel goes through.
+    pub activation: DepthActivation,
 }
 
 /// A whole model's hyperparameters.
@@ -140,6 +178,8 @@ pub struct HeadConfig {
 pub struct Config {
     /// Preset name ("da3-small", "da3mono-large", ...), or the file's checkpoint name.
     pub name: String,
+    /// Depth Anything 3 or V2.
+    pub family: Family,
     /// The backbone.
     pub vit: VitConfig,
     /// The dense head.
@@ -164,7 +204,26 @@ pub const PRESETS: &[&str] = &[
     "da3mono-large",
     "da3metric-large",
     "da3-tiny",
+    "da2-small",
+    "da2-base",
+    "da2-large",
+    "da2-tiny",
 ];
+
+/// A DualDPT preset's backbone without the DA3 additions (no camera token, RoPE, QK-norm or
+/// alternating attention) and a plain DPT head of one output (no UV embedding or norm).
+fn plain_dpt(mut c: Config) -> Config {
+    c.vit.alt_start = None;
+    c.vit.rope_start = None;
+    c.vit.qknorm_start = None;
+    c.vit.cat_token = false;
+    c.head.kind = HeadKind::Dpt;
+    c.head.output_dim = 1;
+    c.head.pos_embed = false;
+    c.head.norm = false;
+    c.cam_dim = None;
+    c
+}
 
 /// The sizes that tell the DualDPT presets apart.
 #[derive(Clone, Copy)]
@@ -185,6 +244,7 @@ impl Config {
     pub fn preset(name: &str) -> Result<Config, Error> {
         let dual = |d: PresetDims| Config {
             name: name.to_owned(),
+            family: Family::Da3,
             vit: VitConfig {
                 embed_dim: d.embed,
                 depth: d.depth,
@@ -213,6 +273,7 @@ impl Config {
                 norm: true,
                 sky: false,
                 ln_eps: 1e-5,
+                activation: DepthActivation::Exp,
             },
             cam_dim: Some(2 * d.embed),
             mean: IMAGENET_MEAN,
@@ -272,20 +333,56 @@ impl Config {
             }
             "da3mono-large" | "da3metric-large" => {
                 // ViT-L without the DA3 additions, out layers 4/11/17/23, a DPT head with sky.
-                let mut c = dual(PresetDims {
+                let mut c = plain_dpt(dual(PresetDims {
                     out_layers: [4, 11, 17, 23],
                     ..large
-                });
-                c.vit.alt_start = None;
-                c.vit.rope_start = None;
-                c.vit.qknorm_start = None;
-                c.vit.cat_token = false;
-                c.head.kind = HeadKind::Dpt;
-                c.head.output_dim = 1;
-                c.head.pos_embed = false;
-                c.head.norm = false;
+                }));
                 c.head.sky = true;
-                c.cam_dim = None;
+                c
+            }
+            // Depth Anything V2 (its `model_configs` and `intermediate_layer_idx`): DINOv2
+            // with LayerNorm eps 1e-6 throughout, the DPT head without sky, relative (a
+            // metric file says `head.activation` "sigmoid" and its `head.max_depth`).
+            "da2-tiny" | "da2-small" | "da2-base" | "da2-large" => {
+                let dims = match name {
+                    "da2-tiny" => PresetDims {
+                        embed: 64,
+                        depth: 4,
+                        heads: 1,
+                        alt_start: 0,
+                        out_layers: [0, 1, 2, 3],
+                        features: 16,
+                        out_channels: [8, 16, 32, 64],
+                    },
+                    "da2-small" => PresetDims {
+                        embed: 384,
+                        depth: 12,
+                        heads: 6,
+                        alt_start: 0,
+                        out_layers: [2, 5, 8, 11],
+                        features: 64,
+                        out_channels: [48, 96, 192, 384],
+                    },
+                    "da2-base" => PresetDims {
+                        embed: 768,
+                        depth: 12,
+                        heads: 12,
+                        alt_start: 0,
+                        out_layers: [2, 5, 8, 11],
+                        features: 128,
+                        out_channels: [96, 192, 384, 768],
+                    },
+                    _ => PresetDims {
+                        out_layers: [4, 11, 17, 23],
+                        ..large
+                    },
+                };
+                let mut c = plain_dpt(dual(dims));
+                c.family = Family::Da2 {
+                    input_size: DA2_INPUT_SIZE,
+                };
+                c.vit.final_ln_eps = 1e-6;
+                c.head.activation = DepthActivation::Relu;
                 c
             }
             other => {
@@ -301,21 +398,22 @@ impl Config {
     /// `depthanything3.`). Missing keys fall back to the preset named by
     /// `checkpoint_name`; the tensor shapes are checked later, when weights load.
     pub fn from_gguf(file: &GgufFile) -> Result<Config, Error> {
-        let arch = match file.opt_str("general.architecture")? {
-            Some(a) => a.to_owned(),
-            None => file
-                .opt_str("depthanything3.arch")?
-                .map(str::to_owned)
-                .unwrap_or_default(),
-        };
-        if arch != "depthanything3" {
-            let found = if arch.is_empty() {
-                "no architecture key".to_owned()
-            } else {
-                format!("architecture `{arch}`")
+        // depth-anything.cpp writes both families under `general.architecture`
+        // "depthanything3" and tells DA2 apart by `depthanything3.arch`.
+        let general = file.opt_str("general.architecture")?.unwrap_or("");
+        let declared = file.opt_str("depthanything3.arch")?.unwrap_or("");
+        let da2 = general == "depthanything2" || declared == "depthanything2";
+        if !da2
+            && general != "depthanything3"
+            && !(general.is_empty() && declared == "depthanything3")
+        {
+            let found = match (general, declared) {
+                ("", "") => "no architecture key".to_owned(),
+                ("", arch) | (arch, _) => format!("architecture `{arch}`"),
             };
             return Err(Error::Config(format!(
-                "not a Depth Anything 3 model: {found} (expected `depthanything3`; Depth Anything 2 files are not supported)"
+                "not a Depth Anything model: {found} (expected `depthanything3`, or \
+                 depth-anything.cpp's `depthanything2` for Depth Anything V2)"
             )));
         }
         let layout = FileLayout::of(file);
@@ -325,6 +423,8 @@ impl Config {
             .unwrap_or("")
             .to_owned();
         let preset = match layout {
+            // The sizes come from the keys, which depth-anything.cpp writes for every DA2 file.
+            _ if da2 => Some("da2-base"),
             // Its checkpoint name is the nested model's ("...-GIANT-LARGE-metric").
             FileLayout::NestedMetric => Some("da3metric-large"),
             FileLayout::Standard => Self::preset_for_checkpoint(&checkpoint),
@@ -365,6 +465,14 @@ impl Config {
         if let Some(f) = file.opt_f32(&key("vit.interpolate_offset"))? {
             v.interpolate_offset = f;
         }
+        // DA2's DINOv2 uses one LayerNorm epsilon throughout (the final norm's too); DA3's
+        // files write the blocks' and the presets know the rest.
+        if let Some(eps) = file.opt_f32(&key("vit.ln_eps"))? {
+            v.block_ln_eps = eps;
+            if da2 {
+                v.final_ln_eps = eps;
+            }
+        }
         if let Some(ffn) = file.opt_str(&key("vit.ffn_type"))? {
             v.ffn = match ffn {
                 "mlp" => Ffn::Mlp,
@@ -386,6 +494,22 @@ impl Config {
         }
         if let Some(oc) = file.opt_i32_array(&key("head.out_channels"))? {
             config.head.out_channels = four(&oc, "head.out_channels")?;
+        }
+        if let Some(activation) = file.opt_str(&key("head.activation"))? {
+            let max_depth = file.opt_f32(&key("head.max_depth"))?;
+            config.head.activation = depth_activation(activation, max_depth)?;
+        }
+        if let Family::Da2 { input_size } = &mut config.family {
+            if let Some(mode) = file.opt_str(&key("img.resize_mode"))? {
+                if mode != "lower_bound" {
+                    return Err(Error::Config(format!(
+                        "img.resize_mode `{mode}`: Depth Anything V2 resizes by `lower_bound`"
+                    )));
+                }
+            }
+            if let Some(size) = usize_key("img.resize_target")? {
+                *input_size = size;
+            }
         }
         // Preprocessing applies the official ImageNet normalisation; a file asking for another
         // one would silently get wrong depth, so it is refused.
@@ -432,6 +556,17 @@ impl Config {
             && Self::preset_for_checkpoint(&self.name) == Some("da3metric-large")
     }
 
+    /// Whether this is a Depth Anything V2 model.
+    pub fn is_da2(&self) -> bool {
+        matches!(self.family, Family::Da2 { .. })
+    }
+
+    /// Whether the depth maps hold disparity (DA2's relative output: larger is nearer,
+    /// affine-invariant) rather than depth.
+    pub fn predicts_disparity(&self) -> bool {
+        self.head.activation == DepthActivation::Relu
+    }
+
     /// Internal consistency (independent of any weights).
     pub fn validate(&self) -> Result<(), Error> {
         let v = &self.vit;
@@ -474,6 +609,24 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+/// `head.activation` (and `head.max_depth` for a sigmoid) as depth-anything.cpp writes them.
+fn depth_activation(name: &str, max_depth: Option<f32>) -> Result<DepthActivation, Error> {
+    match (name, max_depth) {
+        ("exp", _) => Ok(DepthActivation::Exp),
+        ("relu", _) => Ok(DepthActivation::Relu),
+        ("sigmoid", Some(max_depth)) if max_depth.is_finite() && max_depth > 0.0 => {
+            Ok(DepthActivation::Sigmoid { max_depth })
+        }
+        ("sigmoid", other) => Err(Error::Config(format!(
+            "head.activation `sigmoid` needs a positive head.max_depth (metres), found {}",
+            other.map_or("none".to_owned(), |v| v.to_string())
+        ))),
+        (other, _) => Err(Error::Config(format!(
+            "unknown head.activation `{other}` (exp, relu or sigmoid)"
+        ))),
     }
 }
 
@@ -589,5 +742,50 @@ mod tests {
             Config::preset(name).unwrap().validate().unwrap();
         }
         assert!(Config::preset("da3-huge").is_err());
+    }
+
+    /// Depth Anything V2's `model_configs` and `intermediate_layer_idx`.
+    #[test]
+    fn da2_presets_match_the_official_configs() {
+        for (name, embed, heads, layers, features, channels) in [
+            ("da2-small", 384, 6, [2, 5, 8, 11], 64, [48, 96, 192, 384]),
+            ("da2-base", 768, 12, [2, 5, 8, 11], 128, [96, 192, 384, 768]),
+            (
+                "da2-large",
+                1024,
+                16,
+                [4, 11, 17, 23],
+                256,
+                [256, 512, 1024, 1024],
+            ),
+        ] {
+            let c = Config::preset(name).unwrap();
+            assert!(
+                c.is_da2() && c.predicts_disparity() && !c.is_metric(),
+                "{name}"
+            );
+            assert_eq!((c.vit.embed_dim, c.vit.num_heads), (embed, heads), "{name}");
+            assert_eq!(c.vit.out_layers, layers, "{name}");
+            assert_eq!((c.head.features, c.head.out_channels), (features, channels));
+            assert_eq!((c.vit.block_ln_eps, c.vit.final_ln_eps), (1e-6, 1e-6));
+            assert!(!c.head.sky && !c.head.norm && !c.head.pos_embed && c.cam_dim.is_none());
+            assert_eq!(c.family, Family::Da2 { input_size: 518 });
+        }
+    }
+
+    #[test]
+    fn a_sigmoid_head_needs_its_maximum_depth() {
+        assert_eq!(
+            depth_activation("sigmoid", Some(80.0)).unwrap(),
+            DepthActivation::Sigmoid { max_depth: 80.0 }
+        );
+        for bad in [None, Some(0.0), Some(f32::NAN)] {
+            let e = depth_activation("sigmoid", bad).unwrap_err().to_string();
+            assert!(e.contains("head.max_depth"), "{e}");
+        }
+        assert!(depth_activation("softplus", None)
+            .unwrap_err()
+            .to_string()
+            .contains("softplus"));
     }
 }

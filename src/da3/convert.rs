@@ -1,7 +1,7 @@
 //! Official checkpoints (and synthetic weights) to GGUF files in depth-anything.cpp's layout.
 
 use super::architecture::{tensors, Parts, Role, TensorSpec};
-use super::config::Config;
+use super::config::{Config, DepthActivation, Family};
 use super::Error;
 use crate::ggml::DType;
 use crate::gguf::GgufWriter;
@@ -9,8 +9,10 @@ use std::collections::HashSet;
 use std::path::Path;
 
 mod names;
+mod pth;
 mod quantize;
-pub use names::{gguf_name, official_name};
+pub use names::{gguf_name, gguf_name_in, official_name, official_name_in};
+pub use pth::{read_state_dict, PthTensor, StateDict};
 pub use quantize::{quantize, QuantizeSummary, TypeCount};
 
 /// The architecture's tensors of a file converted for `config` ([`Parts::of_config`]).
@@ -55,8 +57,17 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     let v = &config.vit;
     let k = |s: &str| format!("depthanything3.{s}");
     let start = |s: Option<usize>| s.map_or(-1, |x| x as i32);
+    // depth-anything.cpp's layout: both families under "depthanything3", DA2 told apart by
+    // `depthanything3.arch`.
     w.set("general.architecture", "depthanything3");
-    w.set(k("arch"), "depthanything3");
+    w.set(
+        k("arch"),
+        if config.is_da2() {
+            "depthanything2"
+        } else {
+            "depthanything3"
+        },
+    );
     w.set(k("checkpoint_name"), config.name.as_str());
     w.set(k("patch_size"), v.patch_size as u32);
     w.set(k("vit.embed_dim"), v.embed_dim as u32);
@@ -89,8 +100,16 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     );
     w.set(k("img.mean"), config.mean.to_vec());
     w.set(k("img.std"), config.std.to_vec());
-    w.set(k("img.resize_mode"), "upper_bound_resize");
-    w.set(k("img.resize_target"), 504u32);
+    match config.family {
+        Family::Da3 => {
+            w.set(k("img.resize_mode"), "upper_bound_resize");
+            w.set(k("img.resize_target"), 504u32);
+        }
+        Family::Da2 { input_size } => {
+            w.set(k("img.resize_mode"), "lower_bound");
+            w.set(k("img.resize_target"), input_size as u32);
+        }
+    }
     let h = &config.head;
     w.set(k("head.features"), h.features as u32);
     w.set(
@@ -103,7 +122,18 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     w.set(k("head.output_dim"), h.output_dim as u32);
     w.set(k("head.pos_embed"), h.pos_embed);
     w.set(k("head.norm_type"), if h.norm { "layer" } else { "idt" });
-    w.set(k("head.activation"), "exp");
+    match h.activation {
+        DepthActivation::Exp => {
+            w.set(k("head.activation"), "exp");
+        }
+        DepthActivation::Relu => {
+            w.set(k("head.activation"), "relu");
+        }
+        DepthActivation::Sigmoid { max_depth } => {
+            w.set(k("head.activation"), "sigmoid");
+            w.set(k("head.max_depth"), max_depth);
+        }
+    }
     if let Some(d) = config.cam_dim {
         w.set(k("cam.dim_in"), d as u32);
     }
@@ -252,7 +282,7 @@ pub fn build_gguf(
         write_aux_metadata(&mut w);
     }
     for t in tensors {
-        let data = values(&official_name(&t.name), &t.shape)?;
+        let data = values(&official_name_in(config.family, &t.name), &t.shape)?;
         let ne: Vec<u64> = t.shape.iter().rev().map(|&d| d as u64).collect();
         let dtype = if t.quantised {
             weight_type.for_row(ne[0]).unwrap_or(DType::F32)
@@ -393,6 +423,108 @@ pub fn convert_checkpoint(
             .filter(|(name, _)| !written.contains(*name))
             .map(|(_, (key, _))| key.clone()),
     );
+    skipped.sort();
+    Ok(skipped)
+}
+
+/// The preset of a Depth Anything V2 backbone of width `embed` (its state dict names no size).
+fn da2_preset(embed: usize) -> Option<&'static str> {
+    match embed {
+        64 => Some("da2-tiny"),
+        384 => Some("da2-small"),
+        768 => Some("da2-base"),
+        1024 => Some("da2-large"),
+        _ => None,
+    }
+}
+
+/// The metric models' depth range by their published file names
+/// (`depth_anything_v2_metric_hypersim_vits.pth`: indoor, 20 m; `..._vkitti_...`: outdoor,
+/// 80 m); `None` for a relative model's name, an error for another metric one.
+pub fn da2_max_depth_from_name(name: &str) -> Result<Option<f32>, Error> {
+    let lower = name.to_ascii_lowercase();
+    if lower.contains("hypersim") {
+        Ok(Some(20.0))
+    } else if lower.contains("vkitti") {
+        Ok(Some(80.0))
+    } else if lower.contains("metric") {
+        Err(Error::Config(format!(
+            "{name} looks like a metric model but names neither hypersim (20 m) nor vkitti \
+             (80 m): give its maximum depth"
+        )))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Converts an official Depth Anything V2 checkpoint (`depth_anything_v2_vits.pth`, ...,
+/// PyTorch's zip format, read without Python) to a GGUF file in depth-anything.cpp's DA2
+/// layout. The size comes from the backbone's width; a metric model's `max_depth` (metres)
+/// from the argument, else from the file name ([`da2_max_depth_from_name`]), else the model is
+/// relative. Returns the keys left out (`pretrained.mask_token`, refinenet4's unused unit).
+pub fn convert_da2_checkpoint(
+    checkpoint: &Path,
+    out: &Path,
+    weight_type: WeightType,
+    max_depth: Option<f32>,
+) -> Result<Vec<String>, Error> {
+    let err = |reason: String| Error::Checkpoint {
+        path: checkpoint.to_path_buf(),
+        reason,
+    };
+    let state = read_state_dict(checkpoint).map_err(err)?;
+    let embed = state
+        .iter()
+        .find(|(k, _)| k == "pretrained.cls_token")
+        .and_then(|(_, t)| t.shape.last().copied())
+        .ok_or_else(|| {
+            err("no `pretrained.cls_token`: not a Depth Anything V2 state dict".into())
+        })?;
+    let preset = da2_preset(embed).ok_or_else(|| {
+        err(format!(
+            "a backbone {embed} wide: Depth Anything V2 is 384 (vits), 768 (vitb) or 1024 (vitl)"
+        ))
+    })?;
+    let name = checkpoint
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| preset.to_owned());
+    let max_depth = match max_depth {
+        Some(m) => Some(m),
+        None => da2_max_depth_from_name(&name)?,
+    };
+    let mut config = Config::preset(preset)?;
+    config.name = name;
+    if let Some(max_depth) = max_depth {
+        if !(max_depth.is_finite() && max_depth > 0.0) {
+            return Err(err(format!(
+                "maximum depth {max_depth}: a positive number of metres"
+            )));
+        }
+        config.head.activation = DepthActivation::Sigmoid { max_depth };
+    }
+    let family = config.family;
+    let mut by_gguf: std::collections::HashMap<String, (String, PthTensor)> = state
+        .into_iter()
+        .map(|(key, t)| {
+            let gguf = gguf_name_in(family, &key).unwrap_or_else(|| key.clone());
+            (gguf, (key, t))
+        })
+        .collect();
+    write_gguf(out, &config, weight_type, |official, shape| {
+        let gguf = gguf_name_in(family, official).unwrap_or_else(|| official.to_owned());
+        let (_, t) = by_gguf
+            .remove(&gguf)
+            .ok_or_else(|| err(format!("tensor `{official}` is missing")))?;
+        if t.shape != shape {
+            return Err(err(format!(
+                "tensor `{official}` has shape {:?}, {} expects {shape:?}",
+                t.shape, config.name
+            )));
+        }
+        Ok(t.values)
+    })?;
+    let mut skipped: Vec<String> = by_gguf.into_values().map(|(key, _)| key).collect();
     skipped.sort();
     Ok(skipped)
 }

@@ -2,7 +2,7 @@
 //! `[W, H, C, 1]` (ggml order).
 
 use super::architecture::ray_output_widths;
-use super::config::{HeadConfig, HeadKind};
+use super::config::{DepthActivation, HeadConfig, HeadKind};
 use super::layers::{Conv, ConvTranspose, Linear, Norm};
 use super::ops::Ops;
 use super::preprocess;
@@ -164,6 +164,9 @@ pub struct Head {
 /// The head's outputs, each [W, H] (one view) or [W, H, views] at the processed resolution.
 pub struct HeadOutput {
     pub depth: Tensor,
+    /// The depth channel before its activation (a parity probe: DA2's ReLU zeroes much of
+    /// its output on synthetic weights).
+    pub depth_logits: Tensor,
     pub confidence: Option<Tensor>,
     pub sky: Option<Tensor>,
     /// The four stage maps after `layer{k}_rn` (the input of both fusion chains).
@@ -275,7 +278,14 @@ impl Head {
                 g.view(&logits, &[w, h, views], &[nb[1], nb[3]], offset)?
             })
         };
-        let depth = g.exp(&g.cont(&channel(0)?)?)?.named("depth");
+        let logits0 = g.cont(&channel(0)?)?;
+        let depth = match self.cfg.activation {
+            DepthActivation::Exp => g.exp(&logits0)?,
+            // The official head ends in a ReLU and the model applies another; one is the same.
+            DepthActivation::Relu => g.relu(&logits0)?,
+            DepthActivation::Sigmoid { max_depth } => g.scale(&g.sigmoid(&logits0)?, max_depth)?,
+        }
+        .named("depth");
         let confidence = match self.cfg.kind {
             HeadKind::DualDpt => {
                 let conf = g.exp(&g.cont(&channel(1)?)?)?;
@@ -297,6 +307,7 @@ impl Head {
         };
         Ok(HeadOutput {
             depth,
+            depth_logits: logits0,
             confidence,
             sky,
             stages: rn,

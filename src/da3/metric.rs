@@ -101,6 +101,9 @@ pub enum DepthUnit {
     Metres,
     /// The units of the known cameras' translations (any-view models aligned to them).
     KnownCameras,
+    /// Not a depth: Depth Anything V2's relative output, a disparity (larger is nearer) known
+    /// up to a scale and a shift.
+    Disparity,
 }
 
 impl DepthUnit {
@@ -110,6 +113,7 @@ impl DepthUnit {
             DepthUnit::Relative => "relative",
             DepthUnit::Metres => "metres",
             DepthUnit::KnownCameras => "known_cameras",
+            DepthUnit::Disparity => "relative_disparity",
         }
     }
 }

@@ -31,7 +31,7 @@ mod weight_error;
 mod weights;
 
 pub use architecture::{Role, TensorSpec};
-pub use config::{Config, Ffn, HeadKind, PRESETS};
+pub use config::{Config, DepthActivation, Family, Ffn, HeadKind, DA2_INPUT_SIZE, PRESETS};
 pub use metric::{DepthUnit, Focal, FocalSource, MetricFocal};
 pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::RefViewStrategy;

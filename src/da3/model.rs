@@ -7,7 +7,7 @@
 
 use super::architecture::{self, Parts, CAMERA_ENCODER_PROBE};
 use super::backbone::{Backbone, CameraEncoder};
-use super::config::Config;
+use super::config::{Config, Family};
 use super::head::{CameraDecoder, Head, RayHead};
 use super::outputs::Prediction;
 use super::plan::{ExecutionPlan, LoadedFacts, PlanBuilder, PlanOverrides};
@@ -36,9 +36,11 @@ pub struct LoadOptions {
     /// warning is logged when a second such session opens); give each
     /// `cores / N` (`da3::ggml::default_threads()` is the core count) to divide the CPU.
     pub threads: usize,
-    /// Longest side of the processed image for [`Session::predict`] (the official default
-    /// 504; sides become multiples of the patch size 14).
-    pub process_res: usize,
+    /// The processed image's size for requests that do not give theirs (sides become
+    /// multiples of the patch size 14). `None`: the model's own, the official defaults: the
+    /// longest side to 504 for Depth Anything 3, the shortest side to (at least) the file's
+    /// input size, 518, for Depth Anything V2.
+    pub process_res: Option<usize>,
     /// What the planner does with operands the device cannot read.
     pub policy: Policy,
     /// Tensors to keep in plain host memory with no buffer. Only for reproducing the engine
@@ -85,7 +87,7 @@ impl Default for LoadOptions {
         LoadOptions {
             device: DeviceSpec::Auto,
             threads: 0,
-            process_res: DEFAULT_PROCESS_RES,
+            process_res: None,
             policy: Policy::default(),
             host_only: Vec::new(),
             probes: false,
@@ -221,13 +223,17 @@ impl Model {
             },
         );
         log::debug!("execution plan {plan}");
+        let process_res = options.process_res.unwrap_or(match config.family {
+            Family::Da3 => DEFAULT_PROCESS_RES,
+            Family::Da2 { input_size } => input_size,
+        });
         Ok(Model {
             shared: Arc::new(ModelShared {
                 config,
                 device,
                 threads: options.threads,
                 open_sessions: Default::default(),
-                process_res: options.process_res,
+                process_res,
                 policy: options.policy,
                 probes: options.probes,
                 log_decisions: options.log_decisions,
@@ -239,7 +245,8 @@ impl Model {
         })
     }
 
-    /// The longest side images are processed at ([`LoadOptions::process_res`]).
+    /// The size requests are processed at unless they say ([`LoadOptions::process_res`]): the
+    /// longest side for Depth Anything 3, the shortest side's bound for V2.
     pub fn process_res(&self) -> usize {
         self.shared.process_res
     }

@@ -20,6 +20,7 @@
 //! files: the any-view one in the standard layout, the metric one under `m_vit.` / `m_head.`
 //! (read by every loader here, see [`crate::da3::config::FileLayout`]).
 
+use super::config::Family;
 use super::metric::{DepthUnit, FOCAL_UNIT};
 use super::model::{Model, Prepared, Session};
 use super::multiview::RefViewStrategy;
@@ -149,7 +150,7 @@ impl Predictor for NestedSession {
         self.anyview.check_outputs(request)?;
         let started = std::time::Instant::now();
         let model = self.anyview.model();
-        let prepared = Prepared::new(request, model.process_res(), model.threads())?;
+        let prepared = Prepared::new(request, Family::Da3, model.process_res(), model.threads())?;
         let preprocessed = std::time::Instant::now();
         let mut scene = self.anyview.run_prepared(&prepared, request)?;
         if !request.raw {

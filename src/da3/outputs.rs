@@ -116,14 +116,16 @@ impl Prediction {
         write_pfm(path.as_ref(), &self.depth, self.width, self.height)
     }
 
-    /// Writes the depth as an 8-bit PNG, scaled to its range, near = bright.
+    /// Writes the depth as an 8-bit PNG, scaled to its range, near = bright (for a
+    /// disparity, [`DepthUnit::Disparity`], the largest values are the nearest).
     pub fn save_png(&self, path: impl AsRef<Path>, colormap: Colormap) -> Result<(), Error> {
-        write_png(
+        write_png_oriented(
             path.as_ref(),
             &self.depth,
             self.width,
             self.height,
             colormap,
+            self.depth_unit != DepthUnit::Disparity,
         )
     }
 
@@ -396,6 +398,19 @@ pub fn write_png(
     height: usize,
     colormap: Colormap,
 ) -> Result<(), Error> {
+    write_png_oriented(path, values, width, height, colormap, true)
+}
+
+/// [`write_png`], the smallest values bright where `small_is_near` (depth), else the
+/// largest (disparity).
+fn write_png_oriented(
+    path: &Path,
+    values: &[f32],
+    width: usize,
+    height: usize,
+    colormap: Colormap,
+    small_is_near: bool,
+) -> Result<(), Error> {
     let (lo, hi) = values
         .iter()
         .filter(|v| v.is_finite())
@@ -405,7 +420,12 @@ pub fn write_png(
     let span = if hi > lo { hi - lo } else { 1.0 };
     let level = |v: f32| {
         if v.is_finite() {
-            1.0 - ((v - lo) / span).clamp(0.0, 1.0)
+            let x = ((v - lo) / span).clamp(0.0, 1.0);
+            if small_is_near {
+                1.0 - x
+            } else {
+                x
+            }
         } else {
             0.0
         }

@@ -16,7 +16,9 @@
 
 use std::path::PathBuf;
 
+mod da2;
 mod decode;
+pub use da2::{da2_processed_size, preprocess_da2};
 pub use decode::{
     decode_image, decode_image_with, load_image, load_image_with, ReadOptions, MAX_DECODE_BYTES,
     MAX_IMAGE_FILE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE,
@@ -427,6 +429,15 @@ fn cubic_float_taps(src_len: usize, dst_len: usize) -> Vec<FloatTap> {
 
 /// The IPP-equivalent cubic: separable, exact up to `f64` rounding, rounded half to even.
 fn cubic_float(src: &RgbImage8, width: usize, height: usize) -> Vec<u8> {
+    cubic_values(src, width, height)
+        .into_iter()
+        .map(|v| v.round_ties_even().clamp(0.0, 255.0) as u8)
+        .collect()
+}
+
+/// The separable cubic (a = -0.75, pixel-centre sampling, replicated border) of an 8-bit
+/// image in `f64`, neither rounded nor clamped: OpenCV's INTER_CUBIC on a float image.
+fn cubic_values(src: &RgbImage8, width: usize, height: usize) -> Vec<f64> {
     let xtaps = cubic_float_taps(src.width, width);
     let ytaps = cubic_float_taps(src.height, height);
     let row_len = width * CN;
@@ -452,10 +463,7 @@ fn cubic_float(src: &RgbImage8, width: usize, height: usize) -> Vec<u8> {
                 *a += w[j] * h;
             }
         }
-        out.extend(
-            acc.iter()
-                .map(|&v| v.round_ties_even().clamp(0.0, 255.0) as u8),
-        );
+        out.extend_from_slice(&acc);
     }
     out
 }

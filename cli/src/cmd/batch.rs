@@ -42,9 +42,10 @@ pub struct Args {
     fps: f64,
     #[command(flatten)]
     settings: Settings,
-    /// Longest side of the processed image, 14 to 2048.
-    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
-    process_res: usize,
+    /// Size of the processed image, 14 to 2048: the longest side for Depth Anything 3
+    /// (default 504), the shortest side's lower bound for Depth Anything V2 (default 518).
+    #[arg(long)]
+    process_res: Option<usize>,
     /// What to do with operands the device cannot read: auto, route, mirror, strict.
     #[arg(long, default_value = "auto")]
     policy: Policy,
@@ -173,8 +174,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     // Sizes are checked before the model is loaded.
-    da3::Request::check_process_res(args.process_res)
-        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
+    if let Some(res) = args.process_res {
+        da3::Request::check_process_res(res)
+            .map_err(|e| anyhow::anyhow!("--process-res {res}: {e}"))?;
+    }
     std::fs::create_dir_all(&args.out_dir)
         .with_context(|| format!("--out-dir {}", args.out_dir.display()))?;
     let summary_path = args.out_dir.join("summary.json");
@@ -500,7 +503,7 @@ struct Writing {
     settings: Settings,
     /// No output may be one of the inputs (an input inside --out-dir named like an output).
     input_ids: HashSet<(u64, u64)>,
-    process_res: usize,
+    process_res: Option<usize>,
     read_options: da3::ReadOptions,
 }
 

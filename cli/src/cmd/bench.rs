@@ -91,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model = args.model.load(&LoadOptions {
         policy: args.policy,
         host_only,
-        process_res: args.process_res,
+        process_res: Some(args.process_res),
         ..load_options
     })?;
     let mut model = model.session()?;

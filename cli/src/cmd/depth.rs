@@ -104,10 +104,11 @@ pub struct Args {
     /// view and scales, each view's sizes, depth range and camera, and the files written.
     #[arg(long)]
     json: bool,
-    /// Longest side of the processed image, 14 to 2048 (a multiple of 14 is reached by
-    /// resizing).
-    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
-    process_res: usize,
+    /// Size of the processed image, 14 to 2048 (multiples of 14 are reached by resizing):
+    /// the longest side for Depth Anything 3 (default 504), the shortest side's lower bound
+    /// for Depth Anything V2 (default 518).
+    #[arg(long)]
+    process_res: Option<usize>,
     /// What to do with operands the device cannot read: auto (mirror constant weights once,
     /// route anything else), route, mirror, strict.
     #[arg(long, default_value = "auto")]
@@ -150,6 +151,12 @@ impl From<ViewMap> for OutputKind {
 }
 
 impl Args {
+    /// The process resolution the sizes are checked at before the model is loaded (DA3's
+    /// rule; a DA2 model checks its own when it preprocesses).
+    fn process_res_checked(&self) -> usize {
+        self.process_res.unwrap_or(da3::DEFAULT_PROCESS_RES)
+    }
+
     fn read_options(&self) -> da3::ReadOptions {
         da3::ReadOptions {
             apply_orientation: !self.ignore_exif_orientation,
@@ -221,8 +228,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     };
     // Sizes are checked before the model is loaded or anything is allocated for them.
     job.request()
-        .processed_plans(args.process_res)
-        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
+        .processed_plans(args.process_res_checked())
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res_checked()))?;
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
@@ -240,12 +247,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let (lo, hi) = prediction.depth_range();
     if !args.json {
         outln!(
-            "{}x{} -> {}x{} on {}: depth {lo:.4} .. {hi:.4} ({})",
+            "{}x{} -> {}x{} on {}: {} {lo:.4} .. {hi:.4} ({})",
             image.width,
             image.height,
             prediction.width,
             prediction.height,
             predictor.device_name(),
+            match prediction.depth_unit {
+                DepthUnit::Disparity => "disparity",
+                _ => "depth",
+            },
             prediction.depth_unit
         );
         if let Some(line) = metric_line(prediction) {
@@ -362,8 +373,8 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     };
     scene
         .request()
-        .processed_plans(args.process_res)
-        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?;
+        .processed_plans(args.process_res_checked())
+        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res_checked()))?;
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,

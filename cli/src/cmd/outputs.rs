@@ -204,6 +204,14 @@ pub fn check_model(
     exports: &Exports,
     settings: &Settings,
 ) -> anyhow::Result<()> {
+    if config.predicts_disparity() && exports.any() {
+        bail!(
+            "--ply/--glb/--npz/--colmap: {} is a relative Depth Anything V2 model, whose output \
+             is a disparity known only up to a scale and a shift: it places no points (a DA2 \
+             metric model with --fov does, or a DA3 model)",
+            config.name
+        );
+    }
     let has_pose = config.cam_dim.is_some();
     // The metric model's camera is the pinhole of the focal length its metres take.
     let has_camera = has_pose || config.is_metric();

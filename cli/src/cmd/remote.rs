@@ -67,7 +67,7 @@ pub struct WorkerArgs {
     #[arg(long)]
     policy: String,
     #[arg(long)]
-    process_res: usize,
+    process_res: Option<usize>,
     #[arg(long)]
     camera_encoder: bool,
     #[arg(long)]
@@ -142,7 +142,9 @@ impl WorkerArgs {
             flag("--plan", plan.into());
         }
         flag("--policy", self.policy.clone().into());
-        flag("--process-res", self.process_res.to_string().into());
+        if let Some(res) = self.process_res {
+            flag("--process-res", res.to_string().into());
+        }
         if self.camera_encoder {
             line.push("--camera-encoder".into());
         }
@@ -175,7 +177,8 @@ fn policy_name(policy: Policy) -> &'static str {
 pub struct Job<'a> {
     pub images: &'a [Image],
     pub names: Vec<String>,
-    pub process_res: usize,
+    /// `None`: the model's own.
+    pub process_res: Option<usize>,
     pub reference: RefViewStrategy,
     pub ray_pose: bool,
     pub poses: Option<&'a [KnownPose]>,
@@ -191,11 +194,13 @@ impl Job<'_> {
     }
 
     pub fn request(&self) -> Request<'_> {
-        let request = Request::new(self.images)
-            .process_res(self.process_res)
+        let mut request = Request::new(self.images)
             .names(self.names.clone())
             .reference(self.reference)
             .ray_pose(self.ray_pose);
+        if let Some(res) = self.process_res {
+            request = request.process_res(res);
+        }
         match self.poses {
             Some(poses) => request.poses(poses),
             None => request,
@@ -665,7 +670,8 @@ impl Decoder<'_> {
 
 fn encode_job(job: &Job) -> Vec<u8> {
     let mut e = Encoder::default();
-    e.u64(job.process_res);
+    // 0 for the model's own: a process resolution is at least 14.
+    e.u64(job.process_res.unwrap_or(0));
     e.str(&match job.reference {
         RefViewStrategy::View(view) => view.to_string(),
         named => named.name().to_owned(),
@@ -694,7 +700,7 @@ type DecodedJob = (Vec<Image>, Option<Vec<KnownPose>>, Job<'static>);
 
 fn decode_job(payload: &[u8]) -> anyhow::Result<DecodedJob> {
     let mut d = Decoder(payload);
-    let process_res = d.u64()?;
+    let process_res = Some(d.u64()?).filter(|&r| r != 0);
     let reference: RefViewStrategy = d.str()?.parse()?;
     let ray_pose = d.flag()?;
     let views = d.u64()?;
@@ -826,6 +832,7 @@ fn decode_output(payload: &[u8]) -> anyhow::Result<Output> {
             "relative" => DepthUnit::Relative,
             "metres" => DepthUnit::Metres,
             "known_cameras" => DepthUnit::KnownCameras,
+            "relative_disparity" => DepthUnit::Disparity,
             other => bail!("a depth unit `{other}`"),
         };
         let metric_focal = match d.flag()? {
@@ -984,7 +991,7 @@ mod tests {
         let job = Job {
             images: &images,
             names: vec!["a.png".into()],
-            process_res: 112,
+            process_res: Some(112),
             reference: RefViewStrategy::Middle,
             ray_pose: false,
             poses: Some(&poses),
@@ -993,7 +1000,7 @@ mod tests {
         assert_eq!(back_images, images);
         assert_eq!(back_poses.unwrap(), poses);
         assert_eq!(back.names, job.names);
-        assert_eq!(back.process_res, 112);
+        assert_eq!(back.process_res, Some(112));
         assert_eq!(back.reference, RefViewStrategy::Middle);
     }
 

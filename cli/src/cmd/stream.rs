@@ -245,7 +245,7 @@ pub fn run(args: Args, stop: Arc<AtomicBool>) -> anyhow::Result<ExitCode> {
 
     args.model.warn_if_builtin();
     let load = LoadOptions {
-        process_res: args.process_res.unwrap_or(da3::DEFAULT_PROCESS_RES),
+        process_res: args.process_res,
         ..args.device.options()?
     };
     let loaded = Loaded::load(&args.model, args.metric_model.as_deref(), &load)?;

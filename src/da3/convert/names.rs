@@ -14,6 +14,8 @@
 //! declares, so a conversion leaves them out; so does any key outside the parts below (the
 //! 3DGS head, `gs_*`).
 
+use crate::da3::config::Family;
+
 /// One part of the model: its official prefix, its GGUF prefix, and renamings of name
 /// fragments after the prefix as (official, GGUF), applied in this order in either direction.
 struct Part {
@@ -38,11 +40,50 @@ const BLOCK_FIELDS: &[(&str, &str)] = &[
     ("mlp.w3", "mlp_w3"),
 ];
 
+/// The DPT / DualDPT head's names after its prefix.
+const HEAD_RENAMES: &[(&str, &str)] = &[
+    ("projects.", "proj."),
+    ("resize_layers.", "resize."),
+    ("scratch.output_conv1.", "scratch.out1."),
+    ("scratch.output_conv2.0.", "scratch.out2a."),
+    ("scratch.output_conv2.2.", "scratch.out2b."),
+    ("scratch.sky_output_conv2.0.", "scratch.sky_out2a."),
+    ("scratch.sky_output_conv2.2.", "scratch.sky_out2b."),
+    ("scratch.output_conv1_aux.3.", "scratch.out1_aux."),
+    ("scratch.output_conv2_aux.3.0.", "scratch.out2a_aux."),
+    ("scratch.output_conv2_aux.3.5.", "scratch.out2b_aux."),
+    // One LayerNorm module serves every level (`ln_seq` is built once): one tensor,
+    // level 0's backwards (the first of these to match).
+    ("scratch.output_conv2_aux.0.2.", "scratch.out2_aux_ln."),
+    ("scratch.output_conv2_aux.1.2.", "scratch.out2_aux_ln."),
+    ("scratch.output_conv2_aux.2.2.", "scratch.out2_aux_ln."),
+    ("scratch.output_conv2_aux.3.2.", "scratch.out2_aux_ln."),
+    // The coarser levels, which the official forward computes and drops.
+    ("scratch.output_conv1_aux.", "scratch.out1_aux_unused."),
+    ("scratch.output_conv2_aux.", "scratch.out2_aux_unused."),
+    ("refinenet1.", "rn1."),
+    ("refinenet2.", "rn2."),
+    ("refinenet3.", "rn3."),
+    ("refinenet4.", "rn4."),
+    ("refinenet1_aux.", "rn1_aux."),
+    ("refinenet2_aux.", "rn2_aux."),
+    ("refinenet3_aux.", "rn3_aux."),
+    ("refinenet4_aux.", "rn4_aux."),
+    (".resConfUnit", ".rc"),
+    (".conv1.", ".c1."),
+    (".conv2.", ".c2."),
+    (".out_conv.", ".out."),
+];
+
+/// The DINOv2 backbone's names after its prefix.
+const BACKBONE_RENAMES: &[(&str, &str)] =
+    &[("patch_embed.proj.", "patch_embed."), ("blocks.", "blk.")];
+
 const PARTS: &[Part] = &[
     Part {
         official: "backbone.pretrained.",
         gguf: "vit.",
-        renames: &[("patch_embed.proj.", "patch_embed."), ("blocks.", "blk.")],
+        renames: BACKBONE_RENAMES,
         blocks: true,
     },
     Part {
@@ -54,39 +95,7 @@ const PARTS: &[Part] = &[
     Part {
         official: "head.",
         gguf: "head.",
-        renames: &[
-            ("projects.", "proj."),
-            ("resize_layers.", "resize."),
-            ("scratch.output_conv1.", "scratch.out1."),
-            ("scratch.output_conv2.0.", "scratch.out2a."),
-            ("scratch.output_conv2.2.", "scratch.out2b."),
-            ("scratch.sky_output_conv2.0.", "scratch.sky_out2a."),
-            ("scratch.sky_output_conv2.2.", "scratch.sky_out2b."),
-            ("scratch.output_conv1_aux.3.", "scratch.out1_aux."),
-            ("scratch.output_conv2_aux.3.0.", "scratch.out2a_aux."),
-            ("scratch.output_conv2_aux.3.5.", "scratch.out2b_aux."),
-            // One LayerNorm module serves every level (`ln_seq` is built once): one tensor,
-            // level 0's backwards (the first of these to match).
-            ("scratch.output_conv2_aux.0.2.", "scratch.out2_aux_ln."),
-            ("scratch.output_conv2_aux.1.2.", "scratch.out2_aux_ln."),
-            ("scratch.output_conv2_aux.2.2.", "scratch.out2_aux_ln."),
-            ("scratch.output_conv2_aux.3.2.", "scratch.out2_aux_ln."),
-            // The coarser levels, which the official forward computes and drops.
-            ("scratch.output_conv1_aux.", "scratch.out1_aux_unused."),
-            ("scratch.output_conv2_aux.", "scratch.out2_aux_unused."),
-            ("refinenet1.", "rn1."),
-            ("refinenet2.", "rn2."),
-            ("refinenet3.", "rn3."),
-            ("refinenet4.", "rn4."),
-            ("refinenet1_aux.", "rn1_aux."),
-            ("refinenet2_aux.", "rn2_aux."),
-            ("refinenet3_aux.", "rn3_aux."),
-            ("refinenet4_aux.", "rn4_aux."),
-            (".resConfUnit", ".rc"),
-            (".conv1.", ".c1."),
-            (".conv2.", ".c2."),
-            (".out_conv.", ".out."),
-        ],
+        renames: HEAD_RENAMES,
         blocks: false,
     },
     Part {
@@ -102,13 +111,38 @@ const PARTS: &[Part] = &[
     },
 ];
 
+/// Depth Anything V2's checkpoints (`depth_anything_v2_vits.pth`, ...): the backbone under
+/// `pretrained.`, the DPT head under `depth_head.`, named inside as DA3's are.
+const DA2_PARTS: &[Part] = &[
+    Part {
+        official: "pretrained.",
+        gguf: "vit.",
+        renames: BACKBONE_RENAMES,
+        blocks: true,
+    },
+    Part {
+        official: "depth_head.",
+        gguf: "head.",
+        renames: HEAD_RENAMES,
+        blocks: false,
+    },
+];
+
+/// The parts of a family's checkpoints.
+fn parts(family: Family) -> &'static [Part] {
+    match family {
+        Family::Da3 => PARTS,
+        Family::Da2 { .. } => DA2_PARTS,
+    }
+}
+
 /// `name` renamed official to GGUF (`to_gguf`) or back; None outside every part.
-fn rename(name: &str, to_gguf: bool) -> Option<String> {
+fn rename(family: Family, name: &str, to_gguf: bool) -> Option<String> {
     let side = |pair: (&'static str, &'static str)| match to_gguf {
         true => pair,
         false => (pair.1, pair.0),
     };
-    PARTS.iter().find_map(|part| {
+    parts(family).iter().find_map(|part| {
         let (from, to) = side((part.official, part.gguf));
         let rest = name.strip_prefix(from)?;
         let fields: &[(&str, &str)] = if part.blocks { BLOCK_FIELDS } else { &[] };
@@ -127,13 +161,23 @@ fn rename(name: &str, to_gguf: bool) -> Option<String> {
 /// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
 /// tensors of no part the files hold (the 3DGS head).
 pub fn gguf_name(key: &str) -> Option<String> {
-    rename(key, true)
+    rename(Family::Da3, key, true)
 }
 
 /// The official key of a GGUF name (the inverse of [`gguf_name`] on the tensors the
 /// architecture declares); a name of no part comes back as it is.
 pub fn official_name(gguf: &str) -> String {
-    rename(gguf, false).unwrap_or_else(|| gguf.to_owned())
+    official_name_in(Family::Da3, gguf)
+}
+
+/// [`official_name`] in the checkpoints of `family` (DA2's `pretrained.*` / `depth_head.*`).
+pub fn official_name_in(family: Family, gguf: &str) -> String {
+    rename(family, gguf, false).unwrap_or_else(|| gguf.to_owned())
+}
+
+/// [`gguf_name`] of a key of `family`'s checkpoints.
+pub fn gguf_name_in(family: Family, key: &str) -> Option<String> {
+    rename(family, key, true)
 }
 
 #[cfg(test)]
@@ -149,8 +193,9 @@ mod tests {
             let config = Config::preset(preset).unwrap();
             for t in tensors(&config, &Parts::of_config(&config)).unwrap() {
                 // As the converter maps it: a name of no part is its own GGUF name.
-                let official = official_name(&t.name);
-                let back = gguf_name(&official).unwrap_or_else(|| official.clone());
+                let official = official_name_in(config.family, &t.name);
+                let back =
+                    gguf_name_in(config.family, &official).unwrap_or_else(|| official.clone());
                 assert_eq!(back, t.name);
             }
         }
@@ -194,5 +239,33 @@ mod tests {
             Some("head.scratch.out1_aux_unused.0.0.weight")
         );
         assert_eq!(gguf_name("gs_head.x"), None);
+        // Depth Anything V2's checkpoints, as its `DepthAnythingV2` module names them.
+        let da2 = Config::preset("da2-small").unwrap().family;
+        for (official, gguf) in [
+            (
+                "pretrained.blocks.11.mlp.fc2.bias",
+                "vit.blk.11.mlp_fc2.bias",
+            ),
+            (
+                "pretrained.patch_embed.proj.weight",
+                "vit.patch_embed.weight",
+            ),
+            (
+                "depth_head.scratch.refinenet4.resConfUnit2.conv1.weight",
+                "head.scratch.rn4.rc2.c1.weight",
+            ),
+            (
+                "depth_head.scratch.output_conv2.2.bias",
+                "head.scratch.out2b.bias",
+            ),
+            ("depth_head.resize_layers.3.weight", "head.resize.3.weight"),
+        ] {
+            assert_eq!(gguf_name_in(da2, official).as_deref(), Some(gguf));
+            assert_eq!(official_name_in(da2, gguf), official);
+        }
+        assert_eq!(
+            gguf_name_in(da2, "pretrained.mask_token"),
+            Some("vit.mask_token".into())
+        );
     }
 }

@@ -330,6 +330,11 @@ impl Session {
                 outputs.push(conf.clone());
                 built.rays = Some((ray, conf));
             }
+            if shared.probes {
+                built
+                    .probes
+                    .push(("depth_logits".to_owned(), out.depth_logits.clone()));
+            }
             outputs.push(out.depth.clone());
             outputs.extend(out.confidence.iter().cloned());
             outputs.extend(out.sky.iter().cloned());

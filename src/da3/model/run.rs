@@ -3,6 +3,7 @@
 
 use super::graphs::{GraphKey, Part};
 use super::{EncoderLoad, Session};
+use crate::da3::config::{DepthActivation, Family};
 use crate::da3::head::RAY_CHANNELS;
 use crate::da3::metric;
 use crate::da3::multiview::{
@@ -10,7 +11,7 @@ use crate::da3::multiview::{
 };
 use crate::da3::outputs::{fill_sky, Pose, Prediction, RayMap};
 use crate::da3::poses::{self, KnownPose};
-use crate::da3::preprocess::{self, ProcessedImage, ResizePlan};
+use crate::da3::preprocess::{self, ProcessedImage, ResizeMethod, ResizePlan};
 use crate::da3::request::{Output, Predictor, Request, Timings};
 use crate::da3::Error;
 use crate::ggml::TensorView;
@@ -31,14 +32,39 @@ impl Prepared {
     /// an error naming the views when they reach different sizes.
     pub fn new(
         request: &Request<'_>,
+        family: Family,
         default_res: usize,
         threads: usize,
     ) -> Result<Prepared, Error> {
         let res = request.process_res_or(default_res);
-        let plans = request.processed_plans(default_res)?;
-        let images = preprocess_views(request.images(), threads, |im| {
-            preprocess::preprocess_by(im, res, request.resize)
-        })?;
+        let (plans, images) = match family {
+            Family::Da3 => {
+                let plans = request.processed_plans(default_res)?;
+                let images = preprocess_views(request.images(), threads, |im| {
+                    preprocess::preprocess_by(im, res, request.resize)
+                })?;
+                (plans, images)
+            }
+            Family::Da2 { .. } => {
+                if request.resize != ResizeMethod::default() {
+                    return Err(Error::Input(format!(
+                        "Depth Anything V2 has one preprocessing (the shortest side to at \
+                         least the process resolution, one bicubic resize); resize method `{}` \
+                         is DA3's",
+                        request.resize
+                    )));
+                }
+                let plans = request
+                    .images()
+                    .iter()
+                    .map(|im| da2_plan(im.width, im.height, res))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let images = preprocess_views(request.images(), threads, |im| {
+                    preprocess::preprocess_da2(im, res)
+                })?;
+                (plans, images)
+            }
+        };
         for (i, (input, processed)) in request.images().iter().zip(&images).enumerate() {
             let growth = processed.width as f64 / input.width as f64;
             if growth > MAX_QUIET_UPSCALE {
@@ -99,6 +125,22 @@ impl Request<'_> {
     }
 }
 
+/// DA2's preprocessing as a [`ResizePlan`]: one bicubic step to the processed size.
+fn da2_plan(width: usize, height: usize, res: usize) -> Result<ResizePlan, Error> {
+    let (w, h) = preprocess::da2_processed_size(width, height, res)?;
+    Ok(ResizePlan {
+        bound: ((w, h) != (width, height)).then_some(preprocess::ResizeStep {
+            width: w,
+            height: h,
+            interpolation: preprocess::Interpolation::Cubic,
+        }),
+        patch: None,
+        crop: None,
+        width: w,
+        height: h,
+    })
+}
+
 /// `preprocess` of each image, in order, spread over up to `threads` scoped threads (0: one
 /// per core): a scene's views are independent, and one view of DA3's input takes a few
 /// milliseconds of one core, which a 16-view scene on a GPU would otherwise wait for in turn.
@@ -141,7 +183,12 @@ impl Predictor for Session {
         request.check()?;
         self.check_outputs(request)?;
         let started = std::time::Instant::now();
-        let prepared = Prepared::new(request, self.model.process_res(), self.model.threads())?;
+        let prepared = Prepared::new(
+            request,
+            self.model.shared.config.family,
+            self.model.process_res(),
+            self.model.threads(),
+        )?;
         let preprocessed = std::time::Instant::now();
         let mut output = self.run_prepared(&prepared, request)?;
         output.timings = Timings {
@@ -165,6 +212,25 @@ impl Session {
     /// Refuses what this model cannot compute: rays without a ray branch, known poses
     /// without a camera encoder.
     pub(crate) fn check_outputs(&self, request: &Request<'_>) -> Result<(), Error> {
+        if self.model.shared.config.is_da2() {
+            let refused = if request.images().len() > 1 {
+                Some(format!(
+                    "{} images as one scene: Depth Anything V2 predicts one image at a time \
+                     (no multi-view); give one image, or each in a request of its own (`da3 \
+                     batch`)",
+                    request.images().len()
+                ))
+            } else if request.poses.is_some() {
+                Some("known camera poses: Depth Anything V2 has no camera branch".to_owned())
+            } else if request.rays || request.ray_pose {
+                Some("rays or ray pose: Depth Anything V2 has no ray branch".to_owned())
+            } else {
+                None
+            };
+            if let Some(what) = refused {
+                return Err(Error::Input(what));
+            }
+        }
         if request.rays && self.layers.rays.is_none() {
             return Err(Error::Input(
                 "this model file has no ray branch (`head.scratch.*_aux` tensors; DualDPT \
@@ -222,6 +288,17 @@ impl Session {
             }
         };
         self.check_finite(&output)?;
+        // DA2's outputs say what they are whatever the request: disparity or metres.
+        let unit = match self.model.shared.config.head.activation {
+            DepthActivation::Exp => None,
+            DepthActivation::Relu => Some(metric::DepthUnit::Disparity),
+            DepthActivation::Sigmoid { .. } => Some(metric::DepthUnit::Metres),
+        };
+        if let Some(unit) = unit {
+            for view in &mut output.views {
+                view.depth_unit = unit;
+            }
+        }
         if !request.raw {
             for view in &mut output.views {
                 postprocess(view);

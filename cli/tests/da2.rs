@@ -1,0 +1,236 @@
+//! `da3 depth` and `da3 batch` with Depth Anything V2 models (synthetic da2-tiny files in
+//! depth-anything.cpp's DA2 layout): the disparity of the relative model and the metres of
+//! the metric one named as such, the DA2 preprocessing size, and what DA2 cannot do refused
+//! by name before anything is computed.
+
+mod common;
+
+use common::{assert_clean_failure, da3_in, entries};
+use da3::convert::{write_synthetic, WeightType};
+use da3::{Config, DepthActivation};
+use std::path::Path;
+
+fn write_da2(path: &Path, activation: DepthActivation) {
+    let mut config = Config::preset("da2-tiny").unwrap();
+    config.head.activation = activation;
+    write_synthetic(path, &config, WeightType::F32).unwrap();
+}
+
+fn photo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/peer/test-640x480.png")
+}
+
+#[test]
+fn a_relative_model_writes_disparity_named_so_at_the_da2_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("da2.gguf");
+    write_da2(&model, DepthActivation::Relu);
+    let photo = photo();
+    let run = da3_in(
+        dir.path(),
+        &[
+            "depth",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            photo.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--process-res",
+            "196",
+            "--pfm",
+            "d.pfm",
+            "--png16",
+            "d16.png",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    // DA2's lower bound: the short side 480 -> 196, the long one 261.3 -> 19 patches = 266.
+    assert!(
+        run.stdout.contains("640x480 -> 266x196 on CPU: disparity"),
+        "{}",
+        run.context()
+    );
+    assert!(
+        run.stdout.contains("(relative_disparity)"),
+        "{}",
+        run.context()
+    );
+    let png16 = std::fs::read(dir.path().join("d16.png")).unwrap();
+    let text = String::from_utf8_lossy(&png16);
+    assert!(
+        text.contains("relative_disparity"),
+        "the PNG names its unit"
+    );
+    // Without --process-res: DA2's own 518 (the file's input size), not DA3's 504.
+    let run = da3_in(
+        dir.path(),
+        &[
+            "depth",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            photo.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--pfm",
+            "d518.pfm",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(run.stdout.contains("-> 686x518"), "{}", run.context());
+}
+
+#[test]
+fn a_metric_model_writes_metres() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("da2-metric.gguf");
+    write_da2(&model, DepthActivation::Sigmoid { max_depth: 20.0 });
+    let photo = photo();
+    let run = da3_in(
+        dir.path(),
+        &[
+            "depth",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            photo.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--process-res",
+            "196",
+            "--pfm",
+            "d.pfm",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(run.stdout.contains(": depth "), "{}", run.context());
+    assert!(run.stdout.contains("(metres)"), "{}", run.context());
+}
+
+#[test]
+fn what_da2_cannot_do_is_refused_by_name_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("da2.gguf");
+    write_da2(&model, DepthActivation::Relu);
+    let photo = photo();
+    let (model, photo) = (model.to_str().unwrap(), photo.to_str().unwrap());
+    let base = [
+        "depth", "--model", model, "--input", photo, "--device", "cpu",
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let cases: [(&[&str], &[&str]); 4] = [
+        (
+            &["--ply", "c.ply"],
+            &["--ply", "disparity", "scale and a shift"],
+        ),
+        (&["--conf", "c.pfm"], &["--conf", "no confidence"]),
+        (
+            &["--input", photo, "--out-dir", "scene"],
+            &["2 images as one scene", "one image at a time"],
+        ),
+        (&["--pfm", "d.pfm", "--ray-pose"], &["ray"]),
+    ];
+    for (extra, parts) in cases {
+        let run = da3_in(dir.path(), &with(extra));
+        assert_clean_failure(&run, parts);
+    }
+    // The scene's --out-dir is created before the model is read (as for every model), and
+    // stays empty.
+    assert_eq!(entries(dir.path()), vec!["da2.gguf", "scene"]);
+    assert!(entries(&dir.path().join("scene")).is_empty());
+}
+
+#[test]
+fn batch_computes_each_image_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("da2.gguf");
+    write_da2(&model, DepthActivation::Relu);
+    let inputs = dir.path().join("in");
+    std::fs::create_dir(&inputs).unwrap();
+    for name in ["a.png", "b.png"] {
+        std::fs::copy(photo(), inputs.join(name)).unwrap();
+    }
+    let run = da3_in(
+        dir.path(),
+        &[
+            "batch",
+            "in",
+            "--model",
+            model.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--process-res",
+            "196",
+            "--out-dir",
+            "out",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let out = entries(&dir.path().join("out"));
+    assert!(out.contains(&"a.pfm".to_string()) || out.iter().any(|n| n.starts_with("a.")));
+    assert!(out.contains(&"summary.json".to_string()), "{out:?}");
+}
+
+#[test]
+fn convert_reads_the_official_pth_and_names_what_it_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let pth = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/da2-tiny/depth_anything_v2_tiny.pth");
+    let run = da3_in(
+        dir.path(),
+        &["convert", pth.to_str().unwrap(), "-o", "tiny.gguf"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(
+        run.stdout.contains("pretrained.mask_token"),
+        "{}",
+        run.context()
+    );
+    let photo = photo();
+    let run = da3_in(
+        dir.path(),
+        &[
+            "depth",
+            "--model",
+            "tiny.gguf",
+            "--input",
+            photo.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--process-res",
+            "196",
+            "--pfm",
+            "d.pfm",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(run.stdout.contains("disparity"), "{}", run.context());
+
+    // As a metric model: the depth range given, metres out.
+    let run = da3_in(
+        dir.path(),
+        &[
+            "convert",
+            pth.to_str().unwrap(),
+            "-o",
+            "metric.gguf",
+            "--max-depth",
+            "20",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let config = da3::gguf::GgufFile::open(dir.path().join("metric.gguf")).unwrap();
+    assert_eq!(
+        da3::Config::from_gguf(&config).unwrap().head.activation,
+        DepthActivation::Sigmoid { max_depth: 20.0 }
+    );
+
+    // Not a checkpoint: named, nothing written.
+    std::fs::write(dir.path().join("bad.pth"), b"not a zip").unwrap();
+    let run = da3_in(dir.path(), &["convert", "bad.pth", "-o", "bad.gguf"]);
+    assert_clean_failure(&run, &["bad.pth", "not a PyTorch zip checkpoint"]);
+    assert!(!dir.path().join("bad.gguf").exists());
+}
