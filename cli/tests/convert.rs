@@ -312,3 +312,101 @@ fn misshapen_tensor_is_named_with_both_shapes() {
         &format!("{expected:?}"),
     ]);
 }
+
+/// The nested model's checkpoint in the layout of the 1.1 release
+/// (`depth-anything/DA3NESTED-GIANT-LARGE-1.1`: `config.json` with `model_name` and the full
+/// `config` the hub mixin writes, the two branches under `model.da3.` and `model.da3_metric.`),
+/// at test size (`da3nested-tiny`): two files, each holding exactly its branch's tensors
+/// (values keyed by the full checkpoint key, so branches swapped would show), named after
+/// the folder, and paired by `da3 depth --metric-model` into depth in metres.
+#[test]
+fn nested_checkpoint_in_the_1_1_layout_converts_to_its_two_branches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("DA3NESTED-TINY-1.1");
+    let branch = |preset: &str, prefix: &str| -> Vec<Entry> {
+        let config = Config::preset(preset).unwrap();
+        da3::convert::expected_tensors(&config)
+            .unwrap()
+            .into_iter()
+            .map(|(gguf, shape)| {
+                let key = format!("{prefix}{}", da3::convert::official_name(&gguf));
+                Entry {
+                    values: synthetic::weight_values(&key, &shape),
+                    key,
+                    shape,
+                }
+            })
+            .collect()
+    };
+    let mut entries = branch("da3-tiny", "model.da3.");
+    entries.extend(branch("da3metric-tiny", "model.da3_metric."));
+    entries.push(Entry {
+        key: "model.da3.gs_head.something".into(),
+        shape: vec![2],
+        values: vec![1.0, 2.0],
+    });
+    let config_json = r#"{"model_name": "da3nested-tiny", "config": {"__object__":
+        {"path": "depth_anything_3.model.da3", "name": "NestedDepthAnything3Net"},
+        "anyview": {"net": {"name": "vitg"}}, "metric": {"net": {"name": "vitl"}}}}"#;
+    write_checkpoint(&ckpt, Some(config_json), &entries, Dtype::F32);
+    let run = da3_in(
+        dir.path(),
+        &["convert", "DA3NESTED-TINY-1.1", "-o", "nested.gguf"],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    for (file, preset, prefix, name) in [
+        (
+            "nested.gguf",
+            "da3-tiny",
+            "model.da3.",
+            "DA3NESTED-TINY-1.1",
+        ),
+        (
+            "nested-metric.gguf",
+            "da3metric-tiny",
+            "model.da3_metric.",
+            "DA3NESTED-TINY-1.1-metric",
+        ),
+    ] {
+        let gguf = GgufFile::open(dir.path().join(file)).unwrap();
+        let config = Config::from_gguf(&gguf).unwrap();
+        assert_eq!(config.name, name);
+        let expected = da3::convert::expected_tensors(&Config::preset(preset).unwrap()).unwrap();
+        assert_eq!(gguf.tensors().len(), expected.len(), "{file}");
+        for (tensor, shape) in expected {
+            let key = format!("{prefix}{}", da3::convert::official_name(&tensor));
+            assert_eq!(
+                tensor_f32(&gguf, &tensor),
+                synthetic::weight_values(&key, &shape),
+                "{file}: {tensor}"
+            );
+        }
+    }
+    assert!(
+        run.stdout.contains("left out 1 tensors"),
+        "the 3DGS head: {}",
+        run.context()
+    );
+    let photo =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/peer/test-640x480.png");
+    let run = da3_in(
+        dir.path(),
+        &[
+            "depth",
+            "--model",
+            "nested.gguf",
+            "--metric-model",
+            "nested-metric.gguf",
+            "--input",
+            photo.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--process-res",
+            "112",
+            "--pfm",
+            "d.pfm",
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    assert!(run.stdout.contains("(metres)"), "{}", run.context());
+}

@@ -204,6 +204,7 @@ pub const PRESETS: &[&str] = &[
     "da3mono-large",
     "da3metric-large",
     "da3-tiny",
+    "da3metric-tiny",
     "da2-small",
     "da2-base",
     "da2-large",
@@ -224,6 +225,17 @@ fn plain_dpt(mut c: Config) -> Config {
     c.cam_dim = None;
     c
 }
+
+/// The test-size DPT models (`da3metric-tiny`, `da2-tiny`): a 64-wide, 4-block backbone.
+const TINY_DPT: PresetDims = PresetDims {
+    embed: 64,
+    depth: 4,
+    heads: 1,
+    alt_start: 0,
+    out_layers: [0, 1, 2, 3],
+    features: 16,
+    out_channels: [8, 16, 32, 64],
+};
 
 /// The sizes that tell the DualDPT presets apart.
 #[derive(Clone, Copy)]
@@ -340,20 +352,19 @@ impl Config {
                 c.head.sky = true;
                 c
             }
+            // The metric architecture at test size (the metric branch of `da3nested-tiny`,
+            // the shape of depth-anything.cpp's tiny nested fixture).
+            "da3metric-tiny" => {
+                let mut c = plain_dpt(dual(TINY_DPT));
+                c.head.sky = true;
+                c
+            }
             // Depth Anything V2 (its `model_configs` and `intermediate_layer_idx`): DINOv2
             // with LayerNorm eps 1e-6 throughout, the DPT head without sky, relative (a
             // metric file says `head.activation` "sigmoid" and its `head.max_depth`).
             "da2-tiny" | "da2-small" | "da2-base" | "da2-large" => {
                 let dims = match name {
-                    "da2-tiny" => PresetDims {
-                        embed: 64,
-                        depth: 4,
-                        heads: 1,
-                        alt_start: 0,
-                        out_layers: [0, 1, 2, 3],
-                        features: 16,
-                        out_channels: [8, 16, 32, 64],
-                    },
+                    "da2-tiny" => TINY_DPT,
                     "da2-small" => PresetDims {
                         embed: 384,
                         depth: 12,

@@ -319,8 +319,60 @@ pub fn builtin_model_file() -> Result<crate::gguf::GgufFile, Error> {
     Ok(crate::gguf::GgufFile::from_bytes(bytes)?)
 }
 
+/// The nested models' two branches: (`model_name`, any-view preset, metric preset).
+/// `da3nested-tiny` is the test-size pair, as `da3-tiny` is for single models.
+const NESTED: &[(&str, &str, &str)] = &[
+    ("da3nested-giant-large", "da3-giant", "da3metric-large"),
+    ("da3nested-tiny", "da3-tiny", "da3metric-tiny"),
+];
+
+/// Where the metric branch of a nested checkpoint converted to `out` goes: beside it, named
+/// `<stem>-metric.gguf` (depth-anything.cpp names its own `...-nested-metric.gguf`).
+pub fn nested_metric_path(out: &Path) -> std::path::PathBuf {
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    out.with_file_name(format!("{stem}-metric.gguf"))
+}
+
+/// The `model_name` of a checkpoint directory's `config.json`.
+fn checkpoint_model_name(dir: &Path) -> Result<String, Error> {
+    let config_path = dir.join("config.json");
+    let err = |reason: String| Error::Checkpoint {
+        path: config_path.clone(),
+        reason,
+    };
+    let text = std::fs::read_to_string(&config_path).map_err(|e| err(e.to_string()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| err(format!("not JSON: {e}")))?;
+    json.get("model_name")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| err("no \"model_name\" string".into()))
+}
+
+/// The files [`convert_checkpoint`] of `dir` to `out` writes: `out`, and for a nested model
+/// its metric branch ([`nested_metric_path`]).
+pub fn checkpoint_outputs(dir: &Path, out: &Path) -> Result<Vec<std::path::PathBuf>, Error> {
+    let model_name = checkpoint_model_name(dir)?;
+    let mut files = vec![out.to_path_buf()];
+    if NESTED.iter().any(|(name, ..)| *name == model_name) {
+        files.push(nested_metric_path(out));
+    }
+    Ok(files)
+}
+
 /// Converts an official checkpoint directory (`config.json` naming a preset as
 /// `{"model_name": "da3-small"}`, `model.safetensors` with `model.`-prefixed keys).
+///
+/// The nested model (`da3nested-giant-large`, keys under `model.da3.` and
+/// `model.da3_metric.`) becomes two files: the any-view branch at `out`, the metric branch at
+/// [`nested_metric_path`], which `da3 depth --model OUT --metric-model OUT-metric` pairs.
+/// The 1.1 checkpoints (DA3-LARGE-1.1, DA3-GIANT-1.1, DA3NESTED-GIANT-LARGE-1.1) are the same
+/// architectures retrained, under the same `model_name`s; a folder named after its model (as
+/// Hugging Face downloads are) gives the file its checkpoint name, so `da3 info` tells a 1.1
+/// file from a 1.0 one. Returns the checkpoint keys left out.
 pub fn convert_checkpoint(
     dir: &Path,
     out: &Path,
@@ -331,28 +383,78 @@ pub fn convert_checkpoint(
         reason,
     };
     let config_path = dir.join("config.json");
-    let text =
-        std::fs::read_to_string(&config_path).map_err(|e| err(&config_path, e.to_string()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| err(&config_path, format!("not JSON: {e}")))?;
-    let model_name = json
-        .get("model_name")
-        .and_then(|v| v.as_str())
-        .ok_or_else(|| err(&config_path, "no \"model_name\" string".into()))?;
-    let config = Config::preset(model_name).map_err(|e| err(&config_path, e.to_string()))?;
+    let model_name = checkpoint_model_name(dir)?;
+    let model_name = model_name.as_str();
+    let nested = NESTED.iter().find(|(name, ..)| *name == model_name);
+    let branches: Vec<(&str, &str, std::path::PathBuf)> = match nested {
+        Some((_, anyview, metric)) => vec![
+            ("model.da3.", anyview, out.to_path_buf()),
+            ("model.da3_metric.", metric, nested_metric_path(out)),
+        ],
+        None => vec![("model.", model_name, out.to_path_buf())],
+    };
+    // The folder's name where it names this model ("DA3-LARGE-1.1"), else the model_name.
+    let folder = dir
+        .canonicalize()
+        .ok()
+        .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let checkpoint_name = folder
+        .filter(|f| {
+            let of = |n: &str| Config::preset_for_checkpoint(n);
+            of(f).is_some() && of(f) == of(model_name)
+        })
+        .unwrap_or_else(|| model_name.to_owned());
 
     let st_path = dir.join("model.safetensors");
     let file = std::fs::File::open(&st_path).map_err(|e| err(&st_path, e.to_string()))?;
-    // SAFETY-free read: the checkpoint is read into memory (checkpoints of the presets fit).
+    // The checkpoint is read into memory (checkpoints of the presets fit).
     let mut bytes = Vec::new();
     std::io::Read::read_to_end(&mut std::io::BufReader::new(file), &mut bytes)
         .map_err(|e| err(&st_path, e.to_string()))?;
     let tensors = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| err(&st_path, format!("not a safetensors file: {e}")))?;
+    let mut skipped: Vec<String> = tensors
+        .names()
+        .into_iter()
+        .filter(|k| !branches.iter().any(|(prefix, ..)| k.starts_with(prefix)))
+        .map(str::to_owned)
+        .collect();
+    for (prefix, preset, path) in &branches {
+        let mut config = Config::preset(preset).map_err(|e| err(&config_path, e.to_string()))?;
+        config.name = match (nested.is_some(), *prefix == "model.da3_metric.") {
+            (true, true) => format!("{checkpoint_name}-metric"),
+            _ => checkpoint_name.clone(),
+        };
+        skipped.extend(write_branch(
+            &tensors,
+            prefix,
+            &config,
+            path,
+            weight_type,
+            &st_path,
+        )?);
+    }
+    skipped.sort();
+    Ok(skipped)
+}
+
+/// Writes the model of `config` from the keys of `tensors` under `prefix` to `out`; returns
+/// the keys under `prefix` it left out.
+fn write_branch(
+    tensors: &safetensors::SafeTensors<'_>,
+    prefix: &str,
+    config: &Config,
+    out: &Path,
+    weight_type: WeightType,
+    st_path: &Path,
+) -> Result<Vec<String>, Error> {
+    let err = |reason: String| Error::Checkpoint {
+        path: st_path.to_path_buf(),
+        reason,
+    };
     // A tensor the architecture declares under its official name needs no rename entry:
     // adding a tensor to the architecture table is enough for the converter to carry it.
-    let declared: std::collections::HashSet<String> = expected_tensors(&config)
-        .map_err(|e| err(&config_path, e.to_string()))?
+    let declared: std::collections::HashSet<String> = expected_tensors(config)?
         .into_iter()
         .map(|(name, _)| name)
         .collect();
@@ -362,7 +464,9 @@ pub fn convert_checkpoint(
     let mut by_gguf = std::collections::HashMap::new();
     let mut skipped = Vec::new();
     for (key, view) in tensors.tensors() {
-        let bare = key.strip_prefix("model.").unwrap_or(&key);
+        let Some(bare) = key.strip_prefix(prefix) else {
+            continue;
+        };
         match to_gguf(bare) {
             Some(name) => {
                 by_gguf.insert(name, (key.clone(), view));
@@ -371,26 +475,19 @@ pub fn convert_checkpoint(
         }
     }
     let mut written = std::collections::HashSet::new();
-    write_gguf(out, &config, weight_type, |official, shape| {
-        let name = to_gguf(official).ok_or_else(|| {
-            err(
-                &st_path,
-                format!("`{official}` has no GGUF name (a converter bug)"),
-            )
-        })?;
+    write_gguf(out, config, weight_type, |official, shape| {
+        let name = to_gguf(official)
+            .ok_or_else(|| err(format!("`{official}` has no GGUF name (a converter bug)")))?;
         written.insert(name.clone());
         let (_, view) = by_gguf
             .get(&name)
-            .ok_or_else(|| err(&st_path, format!("tensor `model.{official}` is missing")))?;
+            .ok_or_else(|| err(format!("tensor `{prefix}{official}` is missing")))?;
         if view.shape() != shape {
-            return Err(err(
-                &st_path,
-                format!(
-                    "tensor `model.{official}` has shape {:?}, {} expects {shape:?}",
-                    view.shape(),
-                    config.name
-                ),
-            ));
+            return Err(err(format!(
+                "tensor `{prefix}{official}` has shape {:?}, {} expects {shape:?}",
+                view.shape(),
+                config.name
+            )));
         }
         let data = view.data();
         Ok(match view.dtype() {
@@ -407,12 +504,9 @@ pub fn convert_checkpoint(
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
             other => {
-                return Err(err(
-                    &st_path,
-                    format!(
-                        "tensor `model.{official}` has type {other:?}; expected f32, f16 or bf16"
-                    ),
-                ))
+                return Err(err(format!(
+                    "tensor `{prefix}{official}` has type {other:?}; expected f32, f16 or bf16"
+                )))
             }
         })
     })?;
@@ -423,7 +517,6 @@ pub fn convert_checkpoint(
             .filter(|(name, _)| !written.contains(*name))
             .map(|(_, (key, _))| key.clone()),
     );
-    skipped.sort();
     Ok(skipped)
 }
 

@@ -51,6 +51,9 @@ Other uses:
     $PY $R $O vits --check   # copies == da3_reference.py, finite outputs, zero fraction
     $PY $R $O vits --tiny --save-checkpoint /tmp/da2-tiny-seeded  # depth_anything_v2_tiny.pth,
         # input of tests/reference/peer_da2_tiny.py (depth-anything.cpp's converter -> GGUF)
+    $PY $R $O vits --timing $F/official_da2_timings.json   # also vitb; --threads 2 --runs 5
+        # CPU wall-clock time of the official forward and of infer_image (see `timing`),
+        # merged into the JSON under "da2-{encoder}[-metric|-tiny]-{input_size}"
 """
 
 from __future__ import annotations
@@ -60,8 +63,12 @@ import contextlib
 import hashlib
 import json
 import math
+import os
+import platform
 import re
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -706,6 +713,112 @@ def check(args, net) -> None:
             )
 
 
+def machine_description() -> dict:
+    """As da3_reference.py's (CPU model and flags from /proc/cpuinfo, versions)."""
+    cpu = ""
+    flags = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not cpu:
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "avx2": "avx2" in flags,
+        "avx512f": "avx512f" in flags,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+    }
+
+
+def timing(args, net) -> None:
+    """Median wall time of (1) DepthAnythingV2.forward on image2tensor's tensor (the network
+    alone) and (2) the official end-to-end infer_image(raw_bgr, input_size) (image2tensor +
+    forward + the bilinear resize back), on make_image at the first --images size (default
+    640x427). Each run times one forward then one infer_image, so both see the same load;
+    --warmup runs are discarded."""
+    import cv2
+
+    torch.set_num_threads(args.threads)
+    cv2.setNumThreads(args.threads)  # image2tensor's cvtColor / resize
+    w, h = args.images[0]
+    raw_bgr = np.ascontiguousarray(make_image(w, h)[:, :, ::-1])
+    x, _ = net.image2tensor(raw_bgr, args.input_size)
+    assert x.dtype == torch.float32 and x.device.type == "cpu"
+    runs = []
+    load_before = os.getloadavg()
+    with torch.inference_mode(), torch.autocast("cpu", enabled=False):
+        for i in range(args.warmup + args.runs):
+            c0, t0 = time.process_time(), time.perf_counter()
+            net.forward(x)
+            t1, c1 = time.perf_counter(), time.process_time()
+            out = net.infer_image(raw_bgr, args.input_size)
+            t2, c2 = time.perf_counter(), time.process_time()
+            assert out.shape == (h, w)
+            if i >= args.warmup:
+                runs.append(
+                    {
+                        "forward_s": t1 - t0,
+                        "forward_cpu_s": c1 - c0,
+                        "infer_image_s": t2 - t1,
+                        "infer_image_cpu_s": c2 - c1,
+                    }
+                )
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    name = "da2-" + ("tiny" if args.tiny else args.encoder)
+    name += ("-metric" if args.metric else "") + f"-{args.input_size}"
+    record = {
+        "model": "depth-anything-v2",
+        "encoder": args.encoder,
+        **({"variant": "tiny"} if args.tiny else {}),
+        "metric": bool(args.metric),
+        "input_size": args.input_size,
+        "image": f"{w}x{h}",
+        "processed": f"{x.shape[-1]}x{x.shape[-2]}",
+        "parameters": int(sum(t.numel() for t in net.state_dict().values())),
+        "threads": args.threads,
+        "runs": args.runs,
+        "warmup": args.warmup,
+        "median": med,
+        "min_forward_s": min(r["forward_s"] for r in runs),
+        "min_infer_image_s": min(r["infer_image_s"] for r in runs),
+        "runs_forward_s": [r["forward_s"] for r in runs],
+        "runs_infer_image_s": [r["infer_image_s"] for r in runs],
+        # Other work on the machine inflates the times; the load average shows how much.
+        "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]],
+    }
+    path = Path(args.timing)
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data["machine"] = machine_description()
+    data["method"] = (
+        "official Depth-Anything-V2 DepthAnythingV2 (depth_anything_v2/dpt.py; metric_depth's "
+        "for -metric), seeded weights, float32, autocast off, torch.inference_mode, "
+        "torch.set_num_threads(threads) and cv2.setNumThreads(threads), plain PyTorch "
+        "attention (no xFormers), CPU, wall-clock seconds (perf_counter); forward_s: "
+        "net.forward on image2tensor's [1, 3, H, W] tensor (the network alone); "
+        "infer_image_s: the official net.infer_image(raw_bgr, input_size) end to end "
+        "(image2tensor preprocessing + forward + bilinear resize to the original size); "
+        "*_cpu_s: process CPU time (all threads); each run times forward then infer_image; "
+        "warmup runs discarded; medians over runs"
+    )
+    data.setdefault("results", {})[name] = record
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump_json(data))
+    print(
+        f"{name} {w}x{h} -> {record['processed']}, {args.threads} threads, {args.runs} runs: "
+        f"forward median {med['forward_s'] * 1e3:.1f} ms (min {record['min_forward_s'] * 1e3:.1f})"
+    )
+    print(
+        f"{name} {w}x{h} -> {record['processed']}, {args.threads} threads, {args.runs} runs: "
+        f"infer_image median {med['infer_image_s'] * 1e3:.1f} ms "
+        f"(min {record['min_infer_image_s'] * 1e3:.1f})"
+    )
+
+
 def parse_size(text: str) -> tuple[int, int]:
     w, h = text.lower().split("x")
     return int(w), int(h)
@@ -753,7 +866,14 @@ def main() -> None:
         metavar="DIR",
         help="save the seeded state dict as the official .pth and as model.safetensors",
     )
+    p.add_argument(
+        "--timing",
+        metavar="JSON",
+        help="time forward and infer_image on the first --images size, merge into JSON",
+    )
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--runs", type=int, default=5, help="timed runs (--timing)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (--timing)")
     p.add_argument("--check", action="store_true", help="print sanity checks")
     args = p.parse_args()
 
@@ -776,6 +896,8 @@ def main() -> None:
         check(args, net)
     if args.out:
         generate(args, net)
+    if args.timing:
+        timing(args, net)
 
 
 if __name__ == "__main__":

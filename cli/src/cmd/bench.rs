@@ -24,8 +24,10 @@ pub struct Args {
     /// The reference-view strategy of a scene (--views 3 and more select).
     #[arg(long, value_name = "STRATEGY", default_value = "saddle_balanced")]
     ref_view: RefViewStrategy,
-    #[arg(long, default_value_t = da3::DEFAULT_PROCESS_RES)]
-    process_res: usize,
+    /// Size of the processed image: the longest side for Depth Anything 3 (default 504), the
+    /// shortest side's lower bound for Depth Anything V2 (default 518).
+    #[arg(long)]
+    process_res: Option<usize>,
     #[arg(long, default_value = "auto")]
     policy: Policy,
     /// Load with the crashing engine's layout (camera token and final norm in host memory,
@@ -68,13 +70,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let image = load_input(args.input.as_ref(), &Default::default())?;
     // One image, or the same image as every view of a scene (through the scene graph).
     let images = vec![image.clone(); args.views];
-    let request = Request::new(&images)
-        .process_res(args.process_res)
-        .reference(args.ref_view);
-    // Sizes are checked before the model is loaded or anything is allocated for them.
-    let processed = request
-        .processed_plans(args.process_res)
-        .map_err(|e| anyhow::anyhow!("--process-res {}: {e}", args.process_res))?[0];
+    let mut request = Request::new(&images).reference(args.ref_view);
+    if let Some(res) = args.process_res {
+        request = request.process_res(res);
+    }
+    // Sizes are checked before the model is loaded or anything is allocated for them (by
+    // DA3's rule; a DA2 model checks its own when it preprocesses).
+    let res = args.process_res.unwrap_or(da3::DEFAULT_PROCESS_RES);
+    request
+        .processed_plans(res)
+        .map_err(|e| anyhow::anyhow!("--process-res {res}: {e}"))?;
     let load_options = args.device.options()?;
     let device = args.device.device.resolve()?;
     let device_name = device.name();
@@ -91,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let model = args.model.load(&LoadOptions {
         policy: args.policy,
         host_only,
-        process_res: Some(args.process_res),
+        process_res: args.process_res,
         ..load_options
     })?;
     let mut model = model.session()?;
@@ -125,6 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     );
     // Reused graphs, allocations and device-side replays must not change the result.
     let last = last.expect("at least one run");
+    let processed = (last.width, last.height);
     let drift = first
         .depth
         .iter()
@@ -152,8 +158,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "device     {device_name}, {threads} threads, {}x{} -> {}x{}",
         image.width,
         image.height,
-        processed.width,
-        processed.height
+        processed.0,
+        processed.1
     );
     outln!("ggml cpu   {}", da3::ggml::cpu_features());
     outln!("plan       {}", model.model().plan());
@@ -230,7 +236,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "plan": model.model().plan().to_json(),
             "input": [image.width, image.height],
             "views": args.views,
-            "processed": [processed.width, processed.height],
+            "processed": [processed.0, processed.1],
             "load_ms": load_s * 1e3,
             "first_ms": first_s * 1e3,
             "median_ms": median * 1e3,

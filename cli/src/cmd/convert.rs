@@ -2,7 +2,7 @@
 //! file) to a GGUF file.
 
 use anyhow::Context as _;
-use da3::convert::{convert_checkpoint, convert_da2_checkpoint, WeightType};
+use da3::convert::{checkpoint_outputs, convert_checkpoint, convert_da2_checkpoint, WeightType};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -44,9 +44,23 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ("the checkpoint's weights", &weights),
         ],
     )?;
+    let files = checkpoint_outputs(&args.checkpoint, &args.output)
+        .with_context(|| format!("converting {}", args.checkpoint.display()))?;
+    // A nested model's metric branch goes beside --output.
+    if let Some(metric) = files.get(1) {
+        super::common::check_outputs(&[("the metric branch's file", metric.as_path())], &[])?;
+    }
     let skipped = convert_checkpoint(&args.checkpoint, &args.output, args.weight_type)
         .with_context(|| format!("converting {}", args.checkpoint.display()))?;
     outln!("wrote {}", args.output.display());
+    if let Some(metric) = files.get(1) {
+        outln!(
+            "wrote {} (the metric branch: da3 depth --model {} --metric-model {})",
+            metric.display(),
+            args.output.display(),
+            metric.display()
+        );
+    }
     if !skipped.is_empty() {
         outln!(
             "left out {} tensors single-image depth does not use (ray branch, camera encoder, ...)",
