@@ -313,16 +313,9 @@ fn misshapen_tensor_is_named_with_both_shapes() {
     ]);
 }
 
-/// The nested model's checkpoint in the layout of the 1.1 release
-/// (`depth-anything/DA3NESTED-GIANT-LARGE-1.1`: `config.json` with `model_name` and the full
-/// `config` the hub mixin writes, the two branches under `model.da3.` and `model.da3_metric.`),
-/// at test size (`da3nested-tiny`): two files, each holding exactly its branch's tensors
-/// (values keyed by the full checkpoint key, so branches swapped would show), named after
-/// the folder, and paired by `da3 depth --metric-model` into depth in metres.
-#[test]
-fn nested_checkpoint_in_the_1_1_layout_converts_to_its_two_branches() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("DA3NESTED-TINY-1.1");
+/// The state dict of `da3nested-tiny`: both branches, values keyed by the full key, and one
+/// key of the 3DGS head.
+fn nested_entries() -> Vec<Entry> {
     let branch = |preset: &str, prefix: &str| -> Vec<Entry> {
         let config = Config::preset(preset).unwrap();
         da3::convert::expected_tensors(&config)
@@ -345,6 +338,20 @@ fn nested_checkpoint_in_the_1_1_layout_converts_to_its_two_branches() {
         shape: vec![2],
         values: vec![1.0, 2.0],
     });
+    entries
+}
+
+/// The nested model's checkpoint in the layout of the 1.1 release
+/// (`depth-anything/DA3NESTED-GIANT-LARGE-1.1`: `config.json` with `model_name` and the full
+/// `config` the hub mixin writes, the two branches under `model.da3.` and `model.da3_metric.`),
+/// at test size (`da3nested-tiny`): two files, each holding exactly its branch's tensors
+/// (values keyed by the full checkpoint key, so branches swapped would show), named after
+/// the folder, and paired by `da3 depth --metric-model` into depth in metres.
+#[test]
+fn nested_checkpoint_in_the_1_1_layout_converts_to_its_two_branches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("DA3NESTED-TINY-1.1");
+    let entries = nested_entries();
     let config_json = r#"{"model_name": "da3nested-tiny", "config": {"__object__":
         {"path": "depth_anything_3.model.da3", "name": "NestedDepthAnything3Net"},
         "anyview": {"net": {"name": "vitg"}}, "metric": {"net": {"name": "vitl"}}}}"#;
@@ -409,4 +416,23 @@ fn nested_checkpoint_in_the_1_1_layout_converts_to_its_two_branches() {
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
     assert!(run.stdout.contains("(metres)"), "{}", run.context());
+}
+
+/// A nested checkpoint whose metric branch lacks a tensor: an error naming it, and neither
+/// file (the any-view branch was written first and is taken back).
+#[test]
+fn a_nested_checkpoint_missing_a_metric_tensor_writes_neither_file() {
+    let ws = Workspace::new();
+    let missing = "model.da3_metric.head.scratch.output_conv1.weight";
+    let entries: Vec<Entry> = nested_entries()
+        .into_iter()
+        .filter(|e| e.key != missing)
+        .collect();
+    write_checkpoint(
+        &ws.checkpoint(),
+        Some(r#"{"model_name": "da3nested-tiny"}"#),
+        &entries,
+        Dtype::F32,
+    );
+    ws.assert_convert_fails(&[missing]);
 }

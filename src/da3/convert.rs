@@ -419,20 +419,24 @@ pub fn convert_checkpoint(
         .filter(|k| !branches.iter().any(|(prefix, ..)| k.starts_with(prefix)))
         .map(str::to_owned)
         .collect();
+    let mut written: Vec<&Path> = Vec::new();
     for (prefix, preset, path) in &branches {
         let mut config = Config::preset(preset).map_err(|e| err(&config_path, e.to_string()))?;
         config.name = match (nested.is_some(), *prefix == "model.da3_metric.") {
             (true, true) => format!("{checkpoint_name}-metric"),
             _ => checkpoint_name.clone(),
         };
-        skipped.extend(write_branch(
-            &tensors,
-            prefix,
-            &config,
-            path,
-            weight_type,
-            &st_path,
-        )?);
+        match write_branch(&tensors, prefix, &config, path, weight_type, &st_path) {
+            Ok(left_out) => skipped.extend(left_out),
+            Err(e) => {
+                // A conversion that fails writes nothing, not one branch of two.
+                for done in written {
+                    let _ = std::fs::remove_file(done);
+                }
+                return Err(e);
+            }
+        }
+        written.push(path);
     }
     skipped.sort();
     Ok(skipped)
