@@ -530,11 +530,21 @@ impl<'f> Loader<'f> {
             .filter(|n| !used.contains(n) && !self.left_out.iter().any(|p| n.starts_with(p)))
             .collect();
         unused.sort();
-        if !unused.is_empty() {
+        // The coarsest fusion block's lateral unit: official DPT checkpoints (and
+        // depth-anything.cpp's DA2 files) carry it, and no forward computes with it.
+        let unexpected: Vec<&String> = unused
+            .iter()
+            .filter(|n| !n.starts_with("head.scratch.rn4.rc1."))
+            .collect();
+        if !unexpected.is_empty() {
             log::warn!(
                 "{} tensors of the file are no part of the architecture, left unused: {}",
-                unused.len(),
-                unused.join(", ")
+                unexpected.len(),
+                unexpected
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
         let int8_products = pending.iter().any(|p| p.packed == Some(Packing::Q8));

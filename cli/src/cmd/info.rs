@@ -5,6 +5,7 @@ use anyhow::Context as _;
 use da3::da3::architecture::{self, Parts, Role};
 use da3::gguf::GgufFile;
 use da3::{convert, Model};
+use da3::{DepthActivation, Family};
 use std::collections::BTreeMap;
 use std::process::ExitCode;
 
@@ -66,6 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let facts = serde_json::json!({
             "model": args.model.describe(),
             "name": c.name,
+            "family": if c.is_da2() { "depthanything2" } else { "depthanything3" },
             "ggml": da3::ggml::ggml_version(),
             "ggml_cpu": da3::ggml::cpu_features(),
             "gguf_version": file.version(),
@@ -87,6 +89,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "features": c.head.features,
                 "out_channels": c.head.out_channels,
                 "sky": c.head.sky,
+                "activation": format!("{:?}", c.head.activation),
             },
             "parameters": params,
             "tensors": file.tensors().len(),
@@ -111,8 +114,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     outln!("model        {}", args.model.describe());
     outln!("ggml cpu     {}", da3::ggml::cpu_features());
     outln!("plan         {}", model.plan());
+    let family = match (c.family, c.head.activation) {
+        (Family::Da3, _) => "depthanything3".to_owned(),
+        (Family::Da2 { input_size }, DepthActivation::Sigmoid { max_depth }) => format!(
+            "depthanything2, metric (metres up to {max_depth}), shortest side >= {input_size}"
+        ),
+        (Family::Da2 { input_size }, _) => {
+            format!("depthanything2, relative (disparity), shortest side >= {input_size}")
+        }
+    };
     outln!(
-        "architecture depthanything3 ({}), GGUF v{}",
+        "architecture {family} ({}), GGUF v{}",
         c.name,
         file.version()
     );
