@@ -312,7 +312,7 @@ fn bad_inputs_are_refused_without_writing() {
         &llama,
         &out,
         WeightType::Q4K,
-        &["not a Depth Anything 3 model", "`llama`"],
+        &["not a Depth Anything model", "`llama`"],
     );
 
     let q8 = dir.path().join("q8.gguf");

@@ -216,7 +216,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     fails(
         &["da2.gguf", "out.gguf", "q4_k"],
         1,
-        &["not a Depth Anything 3 model", "`depthanything2`"],
+        &["a Depth Anything V2 file", "vit.alt_start"],
     );
 
     let run = da3_in(d, &["quantize", "tiny.gguf", "q8.gguf", "q8_0"]);

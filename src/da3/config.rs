@@ -510,18 +510,6 @@ impl Config {
             let max_depth = file.opt_f32(&key("head.max_depth"))?;
             config.head.activation = depth_activation(activation, max_depth)?;
         }
-        if let Family::Da2 { input_size } = &mut config.family {
-            if let Some(mode) = file.opt_str(&key("img.resize_mode"))? {
-                if mode != "lower_bound" {
-                    return Err(Error::Config(format!(
-                        "img.resize_mode `{mode}`: Depth Anything V2 resizes by `lower_bound`"
-                    )));
-                }
-            }
-            if let Some(size) = usize_key("img.resize_target")? {
-                *input_size = size;
-            }
-        }
         // Preprocessing applies the official ImageNet normalisation; a file asking for another
         // one would silently get wrong depth, so it is refused.
         if let Some(mean) = file.opt_f32_array(&key("img.mean"))? {
@@ -533,6 +521,20 @@ impl Config {
         // `cam.dim_in` is written as 1536 for every variant; the weights decide (see loading).
         config.cam_dim = config.cam_dim.map(|_| config.vit.feature_dim());
         config.validate()?;
+        if let Family::Da2 { input_size } = &mut config.family {
+            if let Some(mode) = file.opt_str(&key("img.resize_mode"))? {
+                if mode != "lower_bound" {
+                    return Err(Error::Config(format!(
+                        "img.resize_mode `{mode}`: Depth Anything V2 resizes by `lower_bound`"
+                    )));
+                }
+            }
+            if let Some(size) = usize_key("img.resize_target")? {
+                crate::da3::preprocess::check_process_res(size)
+                    .map_err(|e| Error::Config(format!("img.resize_target: {e}")))?;
+                *input_size = size;
+            }
+        }
         Ok(config)
     }
 
@@ -612,6 +614,27 @@ impl Config {
         }
         if !self.head.features.is_multiple_of(2) || self.head.features == 0 {
             return bad(format!("head features {} must be even", self.head.features));
+        }
+        if self.is_da2() {
+            let v = &self.vit;
+            let da3_parts = [
+                (v.alt_start.is_some(), "vit.alt_start"),
+                (v.rope_start.is_some(), "vit.rope_start"),
+                (v.qknorm_start.is_some(), "vit.qknorm_start"),
+                (v.cat_token, "vit.cat_token"),
+                (self.head.kind != HeadKind::Dpt, "a DualDPT head"),
+                (self.head.pos_embed, "head.pos_embed"),
+                (self.head.norm, "head.norm_type"),
+                (
+                    self.head.activation == DepthActivation::Exp,
+                    "head.activation exp",
+                ),
+            ];
+            if let Some((_, what)) = da3_parts.iter().find(|(set, _)| *set) {
+                return bad(format!(
+                    "a Depth Anything V2 file (depthanything2) with Depth Anything 3's {what}"
+                ));
+            }
         }
         if self.head.kind == HeadKind::DualDpt && self.head.output_dim != 2 {
             return bad(format!(
