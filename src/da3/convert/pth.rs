@@ -390,7 +390,7 @@ impl<'a> Unpickler<'a> {
     }
 
     fn set_items(&mut self, pairs: Vec<Value>) -> Result<(), String> {
-        if pairs.len() % 2 != 0 {
+        if !pairs.len().is_multiple_of(2) {
             return Err("SETITEMS with an odd number of values".into());
         }
         let Value::Dict(items) = self.top()? else {
