@@ -100,6 +100,24 @@ def test_a_scene_with_known_cameras_and_the_exports(model, tmp_path):
     assert (tmp_path / "sparse" / "images.txt").is_file()
 
 
+def test_depth_anything_v2_at_its_own_size_equals_the_cli(tmp_path):
+    # A DA2 file written by depth-anything.cpp's DA2 converter: the model's own input size
+    # (518, the shortest side) when the call names none, the CLI's numbers, and no scene.
+    da2 = da3.Model(str(PEER / "peer-da2-tiny-seed0-f32.gguf"), device="cpu", threads=2)
+    p = da2.inference(str(PHOTO))
+    assert p.depth.shape == (1, 518, 686)
+    assert p.conf is None and p.sky is None and p.extrinsics is None
+    pfm = tmp_path / "d.pfm"
+    subprocess.run(
+        [str(DA3_BIN), "-q", "depth", "--model", str(PEER / "peer-da2-tiny-seed0-f32.gguf"),
+         "--input", str(PHOTO), "--device", "cpu", "--threads", "2", "--pfm", str(pfm)],
+        check=True,
+    )
+    np.testing.assert_array_equal(p.depth[0], read_pfm(pfm))
+    with pytest.raises(ValueError, match="one image at a time"):
+        da2.inference([str(PHOTO), str(PHOTO)])
+
+
 def test_known_cameras_need_a_model_with_an_encoder(model):
     extrinsics = np.tile(np.eye(4)[:3], (1, 1, 1))
     intrinsics = np.array([[[500.0, 0, 320], [0, 500.0, 240], [0, 0, 1]]])
