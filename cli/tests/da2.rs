@@ -20,22 +20,31 @@ fn photo() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/peer/test-640x480.png")
 }
 
+/// `da3 depth --model MODEL --input <the test photo> --device cpu EXTRA...` in `dir`.
+fn depth(dir: &Path, model: &str, extra: &[&str]) -> common::Run {
+    let photo = photo();
+    let mut args = vec![
+        "depth",
+        "--model",
+        model,
+        "--input",
+        photo.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    da3_in(dir, &args)
+}
+
 #[test]
 fn a_relative_model_writes_disparity_named_so_at_the_da2_size() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("da2.gguf");
     write_da2(&model, DepthActivation::Relu);
-    let photo = photo();
-    let run = da3_in(
+    let run = depth(
         dir.path(),
+        model.to_str().unwrap(),
         &[
-            "depth",
-            "--model",
-            model.to_str().unwrap(),
-            "--input",
-            photo.to_str().unwrap(),
-            "--device",
-            "cpu",
             "--process-res",
             "196",
             "--pfm",
@@ -63,20 +72,7 @@ fn a_relative_model_writes_disparity_named_so_at_the_da2_size() {
         "the PNG names its unit"
     );
     // Without --process-res: DA2's own 518 (the file's input size), not DA3's 504.
-    let run = da3_in(
-        dir.path(),
-        &[
-            "depth",
-            "--model",
-            model.to_str().unwrap(),
-            "--input",
-            photo.to_str().unwrap(),
-            "--device",
-            "cpu",
-            "--pfm",
-            "d518.pfm",
-        ],
-    );
+    let run = depth(dir.path(), model.to_str().unwrap(), &["--pfm", "d518.pfm"]);
     assert_eq!(run.code, Some(0), "{}", run.context());
     assert!(run.stdout.contains("-> 686x518"), "{}", run.context());
 }
@@ -86,22 +82,10 @@ fn a_metric_model_writes_metres() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("da2-metric.gguf");
     write_da2(&model, DepthActivation::Sigmoid { max_depth: 20.0 });
-    let photo = photo();
-    let run = da3_in(
+    let run = depth(
         dir.path(),
-        &[
-            "depth",
-            "--model",
-            model.to_str().unwrap(),
-            "--input",
-            photo.to_str().unwrap(),
-            "--device",
-            "cpu",
-            "--process-res",
-            "196",
-            "--pfm",
-            "d.pfm",
-        ],
+        model.to_str().unwrap(),
+        &["--process-res", "196", "--pfm", "d.pfm"],
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
     assert!(run.stdout.contains(": depth "), "{}", run.context());
@@ -169,9 +153,22 @@ fn batch_computes_each_image_alone() {
         ],
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
-    let out = entries(&dir.path().join("out"));
-    assert!(out.contains(&"a.pfm".to_string()) || out.iter().any(|n| n.starts_with("a.")));
-    assert!(out.contains(&"summary.json".to_string()), "{out:?}");
+    assert_eq!(
+        entries(&dir.path().join("out")),
+        ["a.pfm", "a.png", "b.pfm", "b.png", "summary.json"]
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("out/summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["ok"], 2, "{summary}");
+    for result in summary["results"].as_array().unwrap() {
+        // DA2's own size at --process-res 196, not DA3's longest-side rule (196x147 -> 196x154).
+        assert_eq!(
+            result["processed_size"],
+            serde_json::json!([266, 196]),
+            "{result}"
+        );
+    }
 }
 
 #[test]
@@ -189,22 +186,10 @@ fn convert_reads_the_official_pth_and_names_what_it_left_out() {
         "{}",
         run.context()
     );
-    let photo = photo();
-    let run = da3_in(
+    let run = depth(
         dir.path(),
-        &[
-            "depth",
-            "--model",
-            "tiny.gguf",
-            "--input",
-            photo.to_str().unwrap(),
-            "--device",
-            "cpu",
-            "--process-res",
-            "196",
-            "--pfm",
-            "d.pfm",
-        ],
+        "tiny.gguf",
+        &["--process-res", "196", "--pfm", "d.pfm"],
     );
     assert_eq!(run.code, Some(0), "{}", run.context());
     assert!(run.stdout.contains("disparity"), "{}", run.context());

@@ -112,6 +112,11 @@ pub struct Parts {
     pub ray_head: bool,
 }
 
+/// Tensors that official DPT checkpoints (and depth-anything.cpp's DA2 files) carry and no
+/// forward computes with: the coarsest fusion block's lateral unit, which has no lateral input.
+/// The table leaves them out; a file that holds them loads with them unused, unwarned.
+pub(crate) const UNCOMPUTED_IN_CHECKPOINTS: &[&str] = &["head.scratch.rn4.rc1."];
+
 /// A tensor every camera encoder has.
 pub const CAMERA_ENCODER_PROBE: &str = "cam_enc.token_norm.weight";
 /// A tensor every camera decoder has; its width is the decoder's.

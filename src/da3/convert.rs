@@ -442,6 +442,22 @@ pub fn convert_checkpoint(
     Ok(skipped)
 }
 
+/// A checkpoint's tensor `key` that the architecture needs and the checkpoint lacks.
+fn missing(key: &str) -> String {
+    format!("tensor `{key}` is missing")
+}
+
+/// The checkpoint's tensor `key` has the `expected` shape of `model`'s architecture.
+fn check_shape(key: &str, found: &[usize], expected: &[usize], model: &str) -> Result<(), String> {
+    if found == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "tensor `{key}` has shape {found:?}, {model} expects {expected:?}"
+        ))
+    }
+}
+
 /// Writes the model of `config` from the keys of `tensors` under `prefix` to `out`; returns
 /// the keys under `prefix` it left out.
 fn write_branch(
@@ -483,16 +499,9 @@ fn write_branch(
         let name = to_gguf(official)
             .ok_or_else(|| err(format!("`{official}` has no GGUF name (a converter bug)")))?;
         written.insert(name.clone());
-        let (_, view) = by_gguf
-            .get(&name)
-            .ok_or_else(|| err(format!("tensor `{prefix}{official}` is missing")))?;
-        if view.shape() != shape {
-            return Err(err(format!(
-                "tensor `{prefix}{official}` has shape {:?}, {} expects {shape:?}",
-                view.shape(),
-                config.name
-            )));
-        }
+        let key = format!("{prefix}{official}");
+        let (_, view) = by_gguf.get(&name).ok_or_else(|| err(missing(&key)))?;
+        check_shape(&key, view.shape(), shape, &config.name).map_err(err)?;
         let data = view.data();
         Ok(match view.dtype() {
             safetensors::Dtype::F32 => data
@@ -612,16 +621,42 @@ pub fn convert_da2_checkpoint(
         let gguf = gguf_name_in(family, official).unwrap_or_else(|| official.to_owned());
         let (_, t) = by_gguf
             .remove(&gguf)
-            .ok_or_else(|| err(format!("tensor `{official}` is missing")))?;
-        if t.shape != shape {
-            return Err(err(format!(
-                "tensor `{official}` has shape {:?}, {} expects {shape:?}",
-                t.shape, config.name
-            )));
-        }
+            .ok_or_else(|| err(missing(official)))?;
+        check_shape(official, &t.shape, shape, &config.name).map_err(err)?;
         Ok(t.values)
     })?;
     let mut skipped: Vec<String> = by_gguf.into_values().map(|(key, _)| key).collect();
     skipped.sort();
     Ok(skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The published DA2 file names say which metric model they are.
+    #[test]
+    fn a_da2_file_name_gives_its_metric_range() {
+        let of = |n: &str| da2_max_depth_from_name(n).map_err(|e| e.to_string());
+        assert_eq!(of("depth_anything_v2_vits"), Ok(None));
+        assert_eq!(of("depth_anything_v2_metric_hypersim_vitb"), Ok(Some(20.0)));
+        assert_eq!(of("Depth_Anything_V2_Metric_VKITTI_vitl"), Ok(Some(80.0)));
+        let unknown = of("depth_anything_v2_metric_custom_vits").unwrap_err();
+        assert!(
+            unknown.contains("hypersim") && unknown.contains("vkitti"),
+            "{unknown}"
+        );
+        assert_eq!(da2_preset(384), Some("da2-small"));
+        assert_eq!(da2_preset(1536), None, "no giant DA2 is published");
+    }
+
+    #[test]
+    fn a_misshapen_tensor_names_both_shapes() {
+        assert!(check_shape("k", &[2, 3], &[2, 3], "m").is_ok());
+        let e = check_shape("model.x", &[3, 2], &[2, 3], "da3-tiny").unwrap_err();
+        assert_eq!(
+            e,
+            "tensor `model.x` has shape [3, 2], da3-tiny expects [2, 3]"
+        );
+    }
 }

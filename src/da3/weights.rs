@@ -4,7 +4,7 @@
 //! plan chose ([`super::transforms`]) onto the device. Sessions bind the loaded tensors by
 //! name into graph contexts of their own ([`BoundWeights`]).
 
-use super::architecture::{CentredOutputs, Fold, Role, TensorSpec};
+use super::architecture::{self, CentredOutputs, Fold, Role, TensorSpec};
 use super::config::FileLayout;
 use super::transforms::{
     check_finite, check_row_order, derived_values, reordered, storage, to_f32, write_values,
@@ -530,11 +530,13 @@ impl<'f> Loader<'f> {
             .filter(|n| !used.contains(n) && !self.left_out.iter().any(|p| n.starts_with(p)))
             .collect();
         unused.sort();
-        // The coarsest fusion block's lateral unit: official DPT checkpoints (and
-        // depth-anything.cpp's DA2 files) carry it, and no forward computes with it.
         let unexpected: Vec<&String> = unused
             .iter()
-            .filter(|n| !n.starts_with("head.scratch.rn4.rc1."))
+            .filter(|n| {
+                !architecture::UNCOMPUTED_IN_CHECKPOINTS
+                    .iter()
+                    .any(|p| n.starts_with(p))
+            })
             .collect();
         if !unexpected.is_empty() {
             log::warn!(

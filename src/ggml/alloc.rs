@@ -332,11 +332,8 @@ impl Allocation<'_> {
                 });
                 status
             };
-            if status != sys::GGML_STATUS_SUCCESS {
-                result = Err(Error::Compute {
-                    backend: backend.name(),
-                    status,
-                });
+            if let Err(e) = compute_status(backend, status) {
+                result = Err(e);
                 break;
             }
         }
@@ -356,6 +353,11 @@ pub(crate) fn compute_on(backend: &Backend, graph: &Graph) -> Result<()> {
     }
     // SAFETY: live backend and allocated graph whose ops the backend supports.
     let status = unsafe { sys::ggml_backend_graph_compute(backend.as_ptr(), graph.as_ptr()) };
+    compute_status(backend, status)
+}
+
+/// A compute call's status as a result naming `backend`.
+pub(crate) fn compute_status(backend: &Backend, status: sys::ggml_status) -> Result<()> {
     if status == sys::GGML_STATUS_SUCCESS {
         Ok(())
     } else {

@@ -5,7 +5,7 @@
 //! before it, the kernel writes the node's memory, the backend goes on after it. Which nodes a
 //! kernel takes is the execution plan's decision, made when a model is loaded.
 
-use super::alloc::Allocation;
+use super::alloc::{compute_status, Allocation};
 use super::backend::Backend;
 use super::error::{Error, Result};
 use super::tensor::{TensorRef, TensorView};
@@ -139,14 +139,7 @@ impl ScratchGraph {
             }
             sys::ggml_backend_graph_compute(backend.as_ptr(), graph)
         };
-        if status == sys::GGML_STATUS_SUCCESS {
-            Ok(())
-        } else {
-            Err(Error::Compute {
-                backend: backend.name(),
-                status,
-            })
-        }
+        compute_status(backend, status)
     }
 }
 
