@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,19 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from da2_reference import build_net, fill_weights, import_official, make_image  # noqa: E402
-
-
-def time_session(session, x: np.ndarray, runs: int, warmup: int) -> dict:
-    name = session.get_inputs()[0].name
-    times = []
-    for i in range(warmup + runs):
-        t0 = time.perf_counter()
-        session.run(None, {name: x})
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    s = sorted(times)
-    return {"median_ms": statistics.median(s) * 1e3, "min_ms": s[0] * 1e3,
-            "runs_ms": [t * 1e3 for t in times]}
+from onnx_speed import time_session  # noqa: E402
 
 
 def main() -> None:
