@@ -161,6 +161,11 @@ fn main() {
         .define("NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING", None)
         .flag("-std=c++17")
         .flag("-O3")
+        // cc-rs turns the profile's debug info (the workspace's release profile keeps line
+        // tables) into nvcc's `-G`, which compiles device code unoptimised: our kernels ran at
+        // a tenth of the card's bandwidth. Line tables for the profilers, never `-G`.
+        .debug(false)
+        .flag("-lineinfo")
         // The frontend's headers drop a [[nodiscard]] result (warning 2810) many times over.
         .flag("-diag-suppress=2810")
         .warnings(false);

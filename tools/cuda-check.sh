@@ -52,22 +52,22 @@ export LD_LIBRARY_PATH=$GB/ggml/src:$GB/ggml/src/ggml-cuda:$GB/ggml/src/ggml-rpc
 synthetic() { # PRESET-TYPE: writes $W/PRESET-TYPE.gguf once
   [ -f "$W/$1.gguf" ] || "$B/write_synthetic" "${1%-*}" "$W/$1.gguf" "${1##*-}" >/dev/null
 }
-synthetic base-f16 || exit 1
-"$B/da3" info --model "$W/base-f16.gguf" --device CUDA0 --plan cuda-attention=on 2>&1 | grep -i -A2 "attention" | head -8
+synthetic da3-base-f16 || exit 1
+"$B/da3" info --model "$W/da3-base-f16.gguf" --device CUDA0 --plan cuda-attention=on 2>&1 | grep -i -A2 "attention" | head -8
 
 if [[ $WHAT == *bench* ]]; then
   for n in $VIEWS; do
     for p in $PLANS; do
       echo "== base f16, $n view(s), cuda-attention=$p"
-      "$B/da3" bench --model "$W/base-f16.gguf" --device CUDA0 --views "$n" --runs 10 \
+      "$B/da3" bench --model "$W/da3-base-f16.gguf" --device CUDA0 --views "$n" --runs 10 \
         --plan cuda-attention="$p" 2>&1 | grep -iE "median|error"
     done
   done
   if [ "$LARGE" = 1 ]; then
-    synthetic large-f16
+    synthetic da3-large-f16
     for p in $PLANS; do
       echo "== large f16, 1 image, cuda-attention=$p"
-      "$B/da3" bench --model "$W/large-f16.gguf" --device CUDA0 --runs 10 \
+      "$B/da3" bench --model "$W/da3-large-f16.gguf" --device CUDA0 --runs 10 \
         --plan cuda-attention="$p" 2>&1 | grep -iE "median|error"
     done
   fi
@@ -90,9 +90,9 @@ PY
   for run in cpu:off CUDA0:off CUDA0:on; do
     dev=${run%:*} p=${run#*:}
     mkdir -p "$W/o-$dev-$p"
-    "$B/da3" -q depth --model "$W/base-f16.gguf" --device "$dev" --plan cuda-attention="$p" \
+    "$B/da3" -q depth --model "$W/da3-base-f16.gguf" --device "$dev" --plan cuda-attention="$p" \
       --pfm "$W/o-$dev-$p/one.pfm" >/dev/null || echo "one image failed on $dev ($p)"
-    "$B/da3" -q depth --model "$W/base-f16.gguf" --device "$dev" --plan cuda-attention="$p" \
+    "$B/da3" -q depth --model "$W/da3-base-f16.gguf" --device "$dev" --plan cuda-attention="$p" \
       "${inputs[@]}" --out-dir "$W/o-$dev-$p/scene" --view-maps pfm >/dev/null ||
       echo "scene failed on $dev ($p)"
   done
@@ -120,7 +120,7 @@ fi
 if [[ $WHAT == *ncu* ]]; then
   for p in ${NCU_PLANS:-on}; do
     ncu --metrics gpu__time_duration.sum --csv --target-processes all \
-      "$B/da3" bench --model "$W/base-f16.gguf" --device CUDA0 --views 16 --runs 1 \
+      "$B/da3" bench --model "$W/da3-base-f16.gguf" --device CUDA0 --views 16 --runs 1 \
       --plan cuda-attention="$p" >"$OUT/ncu-$p.csv" 2>"$OUT/ncu-$p.err"
     python3 - "$OUT/ncu-$p.csv" <<'PY'
 import collections, csv, sys
@@ -131,8 +131,8 @@ ms = collections.defaultdict(float)
 count = collections.Counter()
 for r in rows[1:]:
     v = float(r[value].replace(",", ""))
-    v = v / 1e6 if r[unit] == "nsecond" else v / 1e3 if r[unit] == "usecond" else v
-    k = r[name].split("(")[0].split("<")[0][:60]
+    v /= {"nsecond": 1e6, "ns": 1e6, "usecond": 1e3, "us": 1e3}.get(r[unit], 1.0)
+    k = r[name].replace("<unnamed>::", "").split("(")[0].split("<")[0][:60]
     ms[k] += v
     count[k] += 1
 total = sum(ms.values())
@@ -166,7 +166,7 @@ for i in range(1000):
     if i < 100:
         frame.save(f"{w}/frames100/f{i:04d}.jpg", quality=90)
 PY
-  for m in ${STREAM_MODELS:-small-f16 base-f16}; do
+  for m in ${STREAM_MODELS:-da3-small-f16 da3-base-f16}; do
     synthetic "$m"
     "$B/da3" -q bench --model "$W/$m.gguf" --device CUDA0 --views 12 --runs 5 2>&1 | grep -i median
     for n in ${FRAMES:-100 1000}; do
@@ -177,7 +177,7 @@ PY
 t = time.time(); rc = subprocess.run(sys.argv[1:]).returncode
 print(f"wall {time.time() - t:.1f} s, exit {rc}, peak RSS {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")' \
         "$B/da3" stream "$W/frames$n" --model "$W/$m.gguf" --device CUDA0 --out-dir "$W/s-$m-$n" \
-        --mesh --loop-closure 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -4
+        --mesh --loop-closure 2>&1 | tr '\r' '\n' | grep -v '^\s*$' | tail -8
       kill "$sampler"
       echo "peak GPU memory in use $(sort -n "$W/gpumem.txt" | tail -1) MiB (the whole card)"
     done
