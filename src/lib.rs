@@ -57,12 +57,13 @@ pub use crate::da3::synthetic;
 #[allow(deprecated)]
 pub use crate::da3::MultiPrediction;
 pub use crate::da3::{
-    convert, decode_image, decode_image_with, export, load_image, load_image_with, metric,
-    multiview, nested, outputs, poses, preprocess, ray_pose, stream, Colormap, Config,
+    convert, decode_image, decode_image_with, export, gaussians, load_image, load_image_with,
+    metric, multiview, nested, outputs, poses, preprocess, ray_pose, stream, Colormap, Config,
     ConvPrecision, DepthActivation, DepthUnit, Error, ExecutionPlan, Family, Focal, FocalSource,
-    Image, KnownPose, LoadOptions, MetricFocal, Model, NestedModel, NestedSession, Output,
-    PlanOverrides, Pose, Prediction, Predictor, RayMap, ReadOptions, RefViewStrategy, Request,
-    ResizeMethod, Session, Timings, ToRgbImage, WeightError, DA2_INPUT_SIZE, DEFAULT_PROCESS_RES,
+    GaussianConfig, Gaussians, Image, KnownPose, LoadOptions, MetricFocal, Model, NestedModel,
+    NestedSession, Output, PlanOverrides, Pose, Prediction, Predictor, RayMap, ReadOptions,
+    RefViewStrategy, Request, ResizeMethod, Session, Timings, ToRgbImage, WeightError,
+    DA2_INPUT_SIZE, DEFAULT_PROCESS_RES,
 };
 pub use crate::ggml::DeviceSpec as Device;
 pub use crate::residency::Policy;

@@ -271,6 +271,7 @@ fn a_predictor_can_be_a_stand_in() {
                 pose_scale: None,
                 metric_scale: None,
                 timings: Default::default(),
+                gaussians: None,
             })
         }
         fn device_name(&self) -> String {

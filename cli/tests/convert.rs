@@ -436,3 +436,81 @@ fn a_nested_checkpoint_missing_a_metric_tensor_writes_neither_file() {
     );
     ws.assert_convert_fails(&[missing]);
 }
+
+/// A checkpoint with the giant's 3D Gaussian head (`gs_head.*`, at test size) converts with
+/// it, and `da3 depth --gs-ply` writes the Gaussians of a scene as a 3DGS PLY file; the same
+/// flag on a model without the head fails before computing, naming the model.
+#[test]
+fn gaussian_head_converts_and_writes_a_gaussian_ply() {
+    let ws = Workspace::new();
+    write_checkpoint(
+        &ws.checkpoint(),
+        Some(r#"{"model_name": "da3-tiny-gs"}"#),
+        &official_entries("da3-tiny-gs", &["model.gs_adapter.sh_mask"]),
+        Dtype::F32,
+    );
+    let run = ws.convert("gs.gguf", &[]);
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let file = GgufFile::open(ws.out("gs.gguf")).unwrap();
+    for name in [
+        "gs.merger.2.weight",
+        "gs.proj.0.bias",
+        "gs.scratch.out2b.weight",
+    ] {
+        assert!(file.tensor(name).is_some(), "{name} missing");
+    }
+    let ply = ws.out("scene.gs.ply");
+    let run = da3_in(
+        ws.dir.path(),
+        &[
+            "depth".as_ref(),
+            "--model".as_ref(),
+            ws.out("gs.gguf").as_os_str(),
+            "--process-res".as_ref(),
+            "112".as_ref(),
+            "--out-dir".as_ref(),
+            ws.out("scene").as_os_str(),
+            "--gs-ply".as_ref(),
+            ply.as_os_str(),
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let bytes = std::fs::read(&ply).unwrap();
+    let header = String::from_utf8_lossy(&bytes[..bytes.len().min(600)]).into_owned();
+    assert!(
+        header.starts_with("ply\nformat binary_little_endian 1.0\n"),
+        "{header}"
+    );
+    for property in ["f_dc_0", "opacity", "scale_2", "rot_3"] {
+        assert!(
+            header.contains(&format!("property float {property}\n")),
+            "{header}"
+        );
+    }
+    let count: usize = header
+        .lines()
+        .find_map(|l| l.strip_prefix("element vertex "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The built-in 640x427 image at 112: 112x70 Gaussians before pruning.
+    assert!(count > 0 && count < 112 * 70, "{count}");
+    let end = header.find("end_header\n").unwrap() + "end_header\n".len();
+    assert_eq!(bytes.len(), end + count * 17 * 4);
+
+    // The synthetic da3-tiny has no Gaussian head.
+    let tiny = synthetic_file(ws.dir.path());
+    let run = da3_in(
+        ws.dir.path(),
+        &[
+            "depth".as_ref(),
+            "--model".as_ref(),
+            tiny.as_os_str(),
+            "--gs-ply".as_ref(),
+            ws.out("none.ply").as_os_str(),
+        ],
+    );
+    assert_eq!(run.code, Some(1), "{}", run.context());
+    assert!(run.stderr.contains("--gs-ply") && run.stderr.contains("no 3D Gaussian head"));
+    assert!(!ws.out("none.ply").exists());
+}

@@ -7,7 +7,7 @@
 //! of exactly these tensors, storing them as [`TensorSpec::quantised`] and [`Role::ConvKernel`]
 //! say, and `da3 quantize` and `da3 info` read the same roles.
 
-use super::config::{Config, Ffn, FileLayout, HeadKind, VitConfig};
+use super::config::{Config, Ffn, FileLayout, GaussianConfig, HeadKind, VitConfig};
 use super::head::RAY_CHANNELS;
 use super::weight_error::WeightError;
 use super::Error;
@@ -110,12 +110,15 @@ pub struct Parts {
     pub camera_encoder: bool,
     /// The DualDPT ray branch.
     pub ray_head: bool,
+    /// The 3D Gaussian head ([`Config::gaussians`]).
+    pub gaussian_head: bool,
 }
 
 /// Tensors that official DPT checkpoints (and depth-anything.cpp's DA2 files) carry and no
 /// forward computes with: the coarsest fusion block's lateral unit, which has no lateral input.
 /// The table leaves them out; a file that holds them loads with them unused, unwarned.
-pub(crate) const UNCOMPUTED_IN_CHECKPOINTS: &[&str] = &["head.scratch.rn4.rc1."];
+pub(crate) const UNCOMPUTED_IN_CHECKPOINTS: &[&str] =
+    &["head.scratch.rn4.rc1.", "gs.scratch.rn4.rc1."];
 
 /// A tensor every camera encoder has.
 pub const CAMERA_ENCODER_PROBE: &str = "cam_enc.token_norm.weight";
@@ -123,11 +126,13 @@ pub const CAMERA_ENCODER_PROBE: &str = "cam_enc.token_norm.weight";
 const CAMERA_DECODER_PROBE: &str = "cam.bb0.weight";
 /// A tensor every ray branch has.
 const RAY_HEAD_PROBE: &str = "head.scratch.rn1_aux.rc2.c1.weight";
+/// A tensor every 3D Gaussian head has.
+pub const GAUSSIAN_HEAD_PROBE: &str = "gs.scratch.out2b.weight";
 
 impl Parts {
     /// The parts a file converted for `config` holds: for DualDPT models the ray branch, and
     /// with a camera decoder (`cam_dim`) the camera encoder too (the official models with one
-    /// have the other).
+    /// have the other), and the 3D Gaussian head where the architecture has one.
     pub fn of_config(config: &Config) -> Parts {
         let dual = config.head.kind == HeadKind::DualDpt;
         let camera_decoder = config.cam_dim.filter(|_| dual);
@@ -135,6 +140,7 @@ impl Parts {
             camera_decoder,
             camera_encoder: camera_decoder.is_some(),
             ray_head: dual,
+            gaussian_head: dual && config.gaussians.is_some(),
         }
     }
 
@@ -142,7 +148,13 @@ impl Parts {
     /// `camera_encoder` asks for it (and the model has a camera token for it). The camera
     /// decoder's width comes from its weights: files write `cam.dim_in` as 1536 for every
     /// variant.
-    pub fn of_file(file: &GgufFile, config: &Config, camera_encoder: bool) -> Result<Parts, Error> {
+    /// The 3D Gaussian head likewise, where `gaussian_head` asks for it.
+    pub fn of_file(
+        file: &GgufFile,
+        config: &Config,
+        camera_encoder: bool,
+        gaussian_head: bool,
+    ) -> Result<Parts, Error> {
         let layout = FileLayout::of(file);
         // PyTorch's order, outermost first.
         let shape = |name: &str| {
@@ -187,6 +199,10 @@ impl Parts {
             camera_decoder,
             camera_encoder: encoder_shape.is_some(),
             ray_head: dual && shape(RAY_HEAD_PROBE).is_some(),
+            gaussian_head: gaussian_head
+                && dual
+                && config.gaussians.is_some()
+                && shape(GAUSSIAN_HEAD_PROBE).is_some(),
         })
     }
 }
@@ -234,6 +250,9 @@ pub fn tensors(config: &Config, parts: &Parts) -> Result<Vec<TensorSpec>, Error>
     }
     if parts.ray_head {
         t.ray_head(config.head.features);
+    }
+    if let (true, Some(gs)) = (parts.gaussian_head, &config.gaussians) {
+        t.gaussian_head(config.vit.feature_dim(), gs);
     }
     let v = &config.vit;
     let n_pos = v.pos_embed_grid * v.pos_embed_grid + 1;
@@ -390,20 +409,30 @@ impl Table {
 
     fn head(&mut self, config: &Config) {
         let cfg = &config.head;
-        let (f, oc) = (cfg.features, cfg.out_channels);
         let dim_in = config.vit.feature_dim();
         if cfg.norm {
             self.norm("head.norm", dim_in, None);
         }
-        for (s, &channels) in oc.iter().enumerate() {
-            self.conv(&format!("head.proj.{s}"), dim_in, channels, 1, true);
+        self.dpt("head", dim_in, cfg.features, cfg.out_channels);
+        if cfg.sky {
+            let f = cfg.features;
+            self.conv("head.scratch.sky_out2a", f / 2, 32, 3, true);
+            self.conv("head.scratch.sky_out2b", 32, 1, 1, true);
         }
-        self.conv_transpose("head.resize.0", oc[0], oc[0], 4);
-        self.conv_transpose("head.resize.1", oc[1], oc[1], 2);
-        self.conv("head.resize.3", oc[3], oc[3], 3, true);
+        self.dpt_output("head", cfg.features, cfg.output_dim);
+    }
+
+    /// A DPT's projections, resizes and fusion chain under `p`, from features of `dim_in`.
+    fn dpt(&mut self, p: &str, dim_in: usize, f: usize, oc: [usize; 4]) {
+        for (s, &channels) in oc.iter().enumerate() {
+            self.conv(&format!("{p}.proj.{s}"), dim_in, channels, 1, true);
+        }
+        self.conv_transpose(&format!("{p}.resize.0"), oc[0], oc[0], 4);
+        self.conv_transpose(&format!("{p}.resize.1"), oc[1], oc[1], 2);
+        self.conv(&format!("{p}.resize.3"), oc[3], oc[3], 3, true);
         for (s, &channels) in oc.iter().enumerate() {
             self.conv(
-                &format!("head.scratch.layer{}_rn", s + 1),
+                &format!("{p}.scratch.layer{}_rn", s + 1),
                 channels,
                 f,
                 3,
@@ -411,15 +440,29 @@ impl Table {
             );
         }
         for k in 1..=4 {
-            self.fusion(&format!("head.scratch.rn{k}"), k, f);
+            self.fusion(&format!("{p}.scratch.rn{k}"), k, f);
         }
-        if cfg.sky {
-            self.conv("head.scratch.sky_out2a", f / 2, 32, 3, true);
-            self.conv("head.scratch.sky_out2b", 32, 1, 1, true);
+    }
+
+    /// A DPT's output convolutions under `p`: `f` -> `f / 2` -> 32 -> `output_dim`.
+    fn dpt_output(&mut self, p: &str, f: usize, output_dim: usize) {
+        self.conv(&format!("{p}.scratch.out1"), f, f / 2, 3, true);
+        self.conv(&format!("{p}.scratch.out2a"), f / 2, 32, 3, true);
+        self.conv(&format!("{p}.scratch.out2b"), 32, output_dim, 1, true);
+    }
+
+    /// The 3D Gaussian head (`GSDPT`): a DPT without a norm over the backbone's features, and
+    /// three convolutions of the image (3 -> f/8 -> f/4 -> f/2) added to its upsampled map.
+    fn gaussian_head(&mut self, dim_in: usize, g: &GaussianConfig) {
+        let f = g.features;
+        self.dpt("gs", dim_in, f, g.out_channels);
+        for (i, (n_in, n_out)) in [(3, f / 8), (f / 8, f / 4), (f / 4, f / 2)]
+            .into_iter()
+            .enumerate()
+        {
+            self.conv(&format!("gs.merger.{i}"), n_in, n_out, 3, true);
         }
-        self.conv("head.scratch.out1", f, f / 2, 3, true);
-        self.conv("head.scratch.out2a", f / 2, 32, 3, true);
-        self.conv("head.scratch.out2b", 32, cfg.output_dim, 1, true);
+        self.dpt_output("gs", f, g.output_dim());
     }
 
     /// Fusion block `k` (the coarsest, 4, has no lateral unit) of width `f` under `p`.
@@ -533,6 +576,7 @@ mod tests {
             assert_eq!(has(RAY_HEAD_PROBE), dual, "{preset}");
             assert_eq!(has(CAMERA_DECODER_PROBE), config.cam_dim.is_some() && dual);
             assert_eq!(has(CAMERA_ENCODER_PROBE), config.cam_dim.is_some() && dual);
+            assert_eq!(has(GAUSSIAN_HEAD_PROBE), config.gaussians.is_some());
         }
     }
 

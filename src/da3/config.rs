@@ -173,6 +173,58 @@ pub struct HeadConfig {
     pub activation: DepthActivation,
 }
 
+/// The 3D Gaussian head (DA3-GIANT's `gs_head`, a DPT of its own over the backbone's features
+/// and the image) and what its raw output means (the official `GaussianAdapter`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GaussianConfig {
+    /// Channel width of its fusion layers.
+    pub features: usize,
+    /// Channels of its four projected feature maps.
+    pub out_channels: [usize; 4],
+    /// Degree of each colour channel's spherical harmonics (2: nine coefficients).
+    pub sh_degree: usize,
+    /// Whether the first two raw channels move each Gaussian off its pixel centre (in pixels).
+    pub offset_xy: bool,
+    /// Whether the last raw channel is added to the depth.
+    pub offset_depth: bool,
+    /// The range a sigmoid maps the three scale channels to (before depth and focal).
+    pub scale_min: f32,
+    pub scale_max: f32,
+}
+
+impl GaussianConfig {
+    /// DA3-GIANT's (`configs/da3-giant.yaml`).
+    pub const GIANT: GaussianConfig = GaussianConfig {
+        features: 256,
+        out_channels: [256, 512, 1024, 1024],
+        sh_degree: 2,
+        offset_xy: true,
+        offset_depth: true,
+        scale_min: 1e-5,
+        scale_max: 30.0,
+    };
+
+    /// Spherical-harmonic coefficients per colour channel.
+    pub fn sh_coefficients(&self) -> usize {
+        (self.sh_degree + 1) * (self.sh_degree + 1)
+    }
+
+    /// The raw channels before the opacity: xy offset, 3 scales, a quaternion, 3 x the SH
+    /// coefficients, depth offset (the official adapter's `d_in`).
+    pub fn raw_channels(&self) -> usize {
+        2 * self.offset_xy as usize
+            + 3
+            + 4
+            + 3 * self.sh_coefficients()
+            + self.offset_depth as usize
+    }
+
+    /// The head's output channels: the raw ones and the opacity logit.
+    pub fn output_dim(&self) -> usize {
+        self.raw_channels() + 1
+    }
+}
+
 /// A whole model's hyperparameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -186,6 +238,9 @@ pub struct Config {
     pub head: HeadConfig,
     /// Camera decoder width (DualDPT models), for pose.
     pub cam_dim: Option<usize>,
+    /// The 3D Gaussian head of the architecture (DA3-GIANT's); whether a file holds it is
+    /// [`super::architecture::Parts::gaussian_head`].
+    pub gaussians: Option<GaussianConfig>,
     /// Per-channel normalisation mean, RGB, for pixel values in 0..1.
     pub mean: [f32; 3],
     /// Per-channel normalisation standard deviation, RGB, for pixel values in 0..1.
@@ -204,6 +259,7 @@ pub const PRESETS: &[&str] = &[
     "da3mono-large",
     "da3metric-large",
     "da3-tiny",
+    "da3-tiny-gs",
     "da3metric-tiny",
     "da2-small",
     "da2-base",
@@ -223,6 +279,7 @@ fn plain_dpt(mut c: Config) -> Config {
     c.head.pos_embed = false;
     c.head.norm = false;
     c.cam_dim = None;
+    c.gaussians = None;
     c
 }
 
@@ -288,6 +345,7 @@ impl Config {
                 activation: DepthActivation::Exp,
             },
             cam_dim: Some(2 * d.embed),
+            gaussians: None,
             mean: IMAGENET_MEAN,
             std: IMAGENET_STD,
         };
@@ -300,16 +358,28 @@ impl Config {
             features: 256,
             out_channels: [256, 512, 1024, 1024],
         };
+        let tiny = PresetDims {
+            embed: 128,
+            depth: 4,
+            heads: 2,
+            alt_start: 2,
+            out_layers: [0, 1, 2, 3],
+            features: 32,
+            out_channels: [16, 32, 64, 128],
+        };
         Ok(match name {
-            "da3-tiny" => dual(PresetDims {
-                embed: 128,
-                depth: 4,
-                heads: 2,
-                alt_start: 2,
-                out_layers: [0, 1, 2, 3],
-                features: 32,
-                out_channels: [16, 32, 64, 128],
-            }),
+            "da3-tiny" => dual(tiny),
+            // da3-tiny with the giant's 3D Gaussian head at da3-tiny's head widths (the
+            // committed Gaussian fixtures' model, `tests/reference/da3_gs_reference.py`).
+            "da3-tiny-gs" => {
+                let mut c = dual(tiny);
+                c.gaussians = Some(GaussianConfig {
+                    features: tiny.features,
+                    out_channels: tiny.out_channels,
+                    ..GaussianConfig::GIANT
+                });
+                c
+            }
             "da3-small" => dual(PresetDims {
                 embed: 384,
                 depth: 12,
@@ -341,6 +411,7 @@ impl Config {
                 c.vit.ffn = Ffn::SwiGlu;
                 // DINOv2's fused SwiGLU: hidden = round_up(int(4 * embed * 2 / 3), 8).
                 c.vit.mlp_hidden = (4 * 1536 * 2 / 3usize).div_ceil(8) * 8;
+                c.gaussians = Some(GaussianConfig::GIANT);
                 c
             }
             "da3mono-large" | "da3metric-large" => {
@@ -518,6 +589,7 @@ impl Config {
         if let Some(std) = file.opt_f32_array(&key("img.std"))? {
             config.std = normalisation(std, "img.std", IMAGENET_STD)?;
         }
+        config.gaussians = gaussian_config(file, &key, config.gaussians)?;
         // `cam.dim_in` is written as 1536 for every variant; the weights decide (see loading).
         config.cam_dim = config.cam_dim.map(|_| config.vit.feature_dim());
         config.validate()?;
@@ -547,6 +619,7 @@ impl Config {
         let table = [
             ("mono", "da3mono-large"),
             ("metric", "da3metric-large"),
+            ("tiny-gs", "da3-tiny-gs"),
             ("giant", "da3-giant"),
             ("large", "da3-large"),
             ("base", "da3-base"),
@@ -644,6 +717,68 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The 3D Gaussian head's keys (`gs.*`, as depth-anything.cpp writes them), over `preset`'s
+/// values; a file with none of them has the preset's head (or none).
+fn gaussian_config(
+    file: &GgufFile,
+    key: &dyn Fn(&str) -> String,
+    preset: Option<GaussianConfig>,
+) -> Result<Option<GaussianConfig>, Error> {
+    let Some(features) = file.opt_u32(&key("gs.features"))? else {
+        return Ok(preset);
+    };
+    let mut g = preset.unwrap_or(GaussianConfig::GIANT);
+    g.features = features as usize;
+    if let Some(oc) = file.opt_i32_array(&key("gs.out_channels"))? {
+        g.out_channels = four(&oc, "gs.out_channels")?;
+    }
+    if let Some(degree) = file.opt_u32(&key("gs.sh_degree"))? {
+        g.sh_degree = degree as usize;
+    }
+    if let Some(v) = file.opt_f32(&key("gs.scale_min"))? {
+        g.scale_min = v;
+    }
+    if let Some(v) = file.opt_f32(&key("gs.scale_max"))? {
+        g.scale_max = v;
+    }
+    if let Some(v) = file.opt_bool(&key("gs.pred_offset_depth"))? {
+        g.offset_depth = v;
+    }
+    if let Some(v) = file.opt_bool(&key("gs.pred_offset_xy"))? {
+        g.offset_xy = v;
+    }
+    if file.opt_bool(&key("gs.pred_color"))? == Some(true) {
+        return Err(Error::Config(
+            "gs.pred_color: a Gaussian head that predicts colours instead of spherical \
+             harmonics (no official model does) is not supported"
+                .into(),
+        ));
+    }
+    if g.features == 0 || !g.features.is_multiple_of(8) || g.sh_degree > 2 {
+        return Err(Error::Config(format!(
+            "gs.features {} (a positive multiple of 8) or gs.sh_degree {} (0 to 2)",
+            g.features, g.sh_degree
+        )));
+    }
+    if !(g.scale_min.is_finite() && g.scale_max.is_finite() && 0.0 <= g.scale_min)
+        || g.scale_min > g.scale_max
+    {
+        return Err(Error::Config(format!(
+            "gs.scale_min {} and gs.scale_max {}: a finite, non-negative range",
+            g.scale_min, g.scale_max
+        )));
+    }
+    if let Some(dim) = file.opt_u32(&key("gs.output_dim"))? {
+        if dim as usize != g.output_dim() {
+            return Err(Error::Config(format!(
+                "gs.output_dim {dim} does not match the {} channels its other gs.* keys give",
+                g.output_dim()
+            )));
+        }
+    }
+    Ok(Some(g))
 }
 
 /// `head.activation` (and `head.max_depth` for a sigmoid) as depth-anything.cpp writes them.

@@ -137,6 +137,23 @@ pub fn write_metadata(w: &mut GgufWriter<'_>, config: &Config) {
     if let Some(d) = config.cam_dim {
         w.set(k("cam.dim_in"), d as u32);
     }
+    if let Some(g) = config.gaussians {
+        w.set(k("gs.output_dim"), g.output_dim() as u32);
+        w.set(k("gs.features"), g.features as u32);
+        w.set(
+            k("gs.out_channels"),
+            g.out_channels
+                .iter()
+                .map(|&x| x as i32)
+                .collect::<Vec<i32>>(),
+        );
+        w.set(k("gs.sh_degree"), g.sh_degree as u32);
+        w.set(k("gs.scale_min"), g.scale_min);
+        w.set(k("gs.scale_max"), g.scale_max);
+        w.set(k("gs.pred_offset_depth"), g.offset_depth);
+        w.set(k("gs.pred_offset_xy"), g.offset_xy);
+        w.set(k("gs.pred_color"), false);
+    }
 }
 
 /// The keys depth-anything.cpp's `--with-aux` files carry with the ray branch: present, 6 ray

@@ -1,8 +1,8 @@
 //! The DPT and DualDPT heads (depth, confidence, sky) and the camera decoder. Maps are
 //! `[W, H, C, 1]` (ggml order).
 
-use super::architecture::ray_output_widths;
-use super::config::{DepthActivation, HeadConfig, HeadKind};
+use super::architecture::{ray_output_widths, GAUSSIAN_HEAD_PROBE};
+use super::config::{DepthActivation, GaussianConfig, HeadConfig, HeadKind};
 use super::layers::{Conv, ConvTranspose, Linear, Norm};
 use super::ops::Ops;
 use super::preprocess;
@@ -176,6 +176,11 @@ pub struct HeadOutput {
 impl Head {
     /// The head of `cfg` (`head.*`).
     pub fn bind(w: &BoundWeights<'_>, cfg: &HeadConfig) -> Result<Self, Error> {
+        Self::bind_at(w, "head", cfg)
+    }
+
+    /// A DPT head of `cfg` whose tensors are under `p`.
+    fn bind_at(w: &BoundWeights<'_>, p: &str, cfg: &HeadConfig) -> Result<Self, Error> {
         let stages = |name: &dyn Fn(usize) -> String| {
             (0..4)
                 .map(|s| Conv::bind(w, &name(s)))
@@ -184,23 +189,23 @@ impl Head {
         Ok(Head {
             cfg: cfg.clone(),
             norm: match cfg.norm {
-                true => Some(Norm::bind(w, "head.norm", cfg.ln_eps)?),
+                true => Some(Norm::bind(w, &format!("{p}.norm"), cfg.ln_eps)?),
                 false => None,
             },
-            proj: stages(&|s| format!("head.proj.{s}"))?,
+            proj: stages(&|s| format!("{p}.proj.{s}"))?,
             resize: vec![
-                Resize::Up(ConvTranspose::bind(w, "head.resize.0")?),
-                Resize::Up(ConvTranspose::bind(w, "head.resize.1")?),
+                Resize::Up(ConvTranspose::bind(w, &format!("{p}.resize.0"))?),
+                Resize::Up(ConvTranspose::bind(w, &format!("{p}.resize.1"))?),
                 Resize::Identity,
-                Resize::Down(Conv::bind_strided(w, "head.resize.3", 2)?),
+                Resize::Down(Conv::bind_strided(w, &format!("{p}.resize.3"), 2)?),
             ],
-            layer_rn: stages(&|s| format!("head.scratch.layer{}_rn", s + 1))?,
+            layer_rn: stages(&|s| format!("{p}.scratch.layer{}_rn", s + 1))?,
             fusion: (1..=4)
-                .map(|k| Fusion::bind(w, &format!("head.scratch.rn{k}"), k))
+                .map(|k| Fusion::bind(w, &format!("{p}.scratch.rn{k}"), k))
                 .collect::<Result<Vec<_>, _>>()?,
-            out1: Conv::bind(w, "head.scratch.out1")?,
-            out2a: Conv::bind(w, "head.scratch.out2a")?,
-            out2b: Conv::bind(w, "head.scratch.out2b")?,
+            out1: Conv::bind(w, &format!("{p}.scratch.out1"))?,
+            out2a: Conv::bind(w, &format!("{p}.scratch.out2a"))?,
+            out2b: Conv::bind(w, &format!("{p}.scratch.out2b"))?,
             sky: match cfg.sky {
                 true => Some((
                     Conv::bind(w, "head.scratch.sky_out2a")?,
@@ -221,6 +226,31 @@ impl Head {
         size: (i64, i64),
         c: &HeadConstants,
     ) -> Result<HeadOutput, Error> {
+        let (fused, rn) = self.fuse(g, features, grid, c)?;
+        let out = self.out1.forward(g, &fused)?;
+        let [_, _, ch, n] = out.ne();
+        let out = match (self.cfg.pos_embed, &c.output_uv) {
+            (true, Some(uv)) => uv.resize_and_add(g, &out)?,
+            _ => g.interpolate(
+                &out,
+                [size.0, size.1, ch, n],
+                Interpolation::Bilinear {
+                    align_corners: true,
+                },
+            )?,
+        };
+        self.outputs(g, &out, size, rn)
+    }
+
+    /// The projected, resized stages (`layer{k}_rn`) and the map the fusion chain makes of
+    /// them, at the finest stage's size.
+    fn fuse(
+        &self,
+        g: &Ops,
+        features: &[Tensor],
+        grid: (i64, i64),
+        c: &HeadConstants,
+    ) -> Result<(Tensor, Vec<Tensor>), Error> {
         let (gw, gh) = grid;
         let mut rn = Vec::with_capacity(4);
         for (s, feature) in features.iter().enumerate() {
@@ -252,21 +282,20 @@ impl Head {
         let out = self.fusion[0]
             .forward(g, &out, Some(&rn[0]), None)?
             .named("fused");
-        let out = self.out1.forward(g, &out)?;
-        let [_, _, ch, n] = out.ne();
-        let out = match (self.cfg.pos_embed, &c.output_uv) {
-            (true, Some(uv)) => uv.resize_and_add(g, &out)?,
-            _ => g.interpolate(
-                &out,
-                [size.0, size.1, ch, n],
-                Interpolation::Bilinear {
-                    align_corners: true,
-                },
-            )?,
-        };
+        Ok((out, rn))
+    }
+
+    /// Depth, confidence and sky from `out`, the map at the output size.
+    fn outputs(
+        &self,
+        g: &Ops,
+        out: &Tensor,
+        size: (i64, i64),
+        rn: Vec<Tensor>,
+    ) -> Result<HeadOutput, Error> {
         let logits = self
             .out2b
-            .forward_of_relu(g, &self.out2a.forward(g, &out)?)?;
+            .forward_of_relu(g, &self.out2a.forward(g, out)?)?;
         let (w, h) = size;
         let views = logits.ne()[3];
         let channel = |i: i64| -> Result<Tensor, Error> {
@@ -295,7 +324,7 @@ impl Head {
         };
         let sky = match &self.sky {
             Some((a, b)) => {
-                let s = b.forward_of_relu(g, &a.forward(g, &out)?)?;
+                let s = b.forward_of_relu(g, &a.forward(g, out)?)?;
                 let shape = if views == 1 {
                     vec![w, h]
                 } else {
@@ -312,6 +341,72 @@ impl Head {
             sky,
             stages: rn,
         })
+    }
+}
+
+/// The 3D Gaussian head (the official `GSDPT`): a DPT over the backbone's features whose
+/// upsampled map gets three GELU convolutions of the normalised image added, then the UV
+/// embedding, before its output convolutions.
+pub struct GaussianHead {
+    dpt: Head,
+    merger: [Conv; 3],
+}
+
+impl GaussianHead {
+    /// The head (`gs.*`), where the model has it loaded.
+    pub fn bind(w: &BoundWeights<'_>, g: &GaussianConfig) -> Result<Option<Self>, Error> {
+        if !w.has(GAUSSIAN_HEAD_PROBE) {
+            return Ok(None);
+        }
+        // The official GSDPT: no norm (`norm_type` "idt"), UV embeddings, one output conv
+        // stack of `output_dim` channels, no sky.
+        let cfg = HeadConfig {
+            kind: HeadKind::Dpt,
+            features: g.features,
+            out_channels: g.out_channels,
+            output_dim: g.output_dim(),
+            pos_embed: true,
+            norm: false,
+            sky: false,
+            ln_eps: 1e-5,
+            activation: DepthActivation::Exp,
+        };
+        let merger = |i: usize| Conv::bind(w, &format!("gs.merger.{i}"));
+        Ok(Some(GaussianHead {
+            dpt: Head::bind_at(w, "gs", &cfg)?,
+            merger: [merger(0)?, merger(1)?, merger(2)?],
+        }))
+    }
+
+    /// `features` as [`Head::forward`] takes them, `image` the normalised input `[W, H, 3,
+    /// views]`; `c` must hold UV embeddings of `features / 2` channels (the depth head's
+    /// width, which the official giant's Gaussian head shares). Returns the head's output
+    /// `[W, H, output_dim, views]`: the raw Gaussian channels and the opacity logit last.
+    pub fn forward(
+        &self,
+        g: &Ops,
+        features: &[Tensor],
+        image: &Tensor,
+        grid: (i64, i64),
+        c: &HeadConstants,
+    ) -> Result<Tensor, Error> {
+        let (fused, _) = self.dpt.fuse(g, features, grid, c)?;
+        let out = self.dpt.out1.forward(g, &fused)?;
+        let uv = c.output_uv.as_ref().ok_or_else(|| {
+            Error::Input("the Gaussian head needs the output UV embedding".to_owned())
+        })?;
+        let out = uv.resize_and_add(g, &out)?;
+        let mut merged = image.clone();
+        for conv in &self.merger {
+            merged = g.gelu_erf(&conv.forward(g, &merged)?)?;
+        }
+        let out = g.add(&out, &merged)?;
+        let y = self.dpt.out2a.forward(g, &out)?;
+        Ok(self
+            .dpt
+            .out2b
+            .forward_of_relu(g, &y)?
+            .named("gaussians_raw"))
     }
 }
 

@@ -11,6 +11,7 @@ mod colormaps;
 pub mod config;
 pub mod convert;
 pub mod export;
+pub mod gaussians;
 mod head;
 mod layers;
 pub mod metric;
@@ -31,7 +32,10 @@ mod weight_error;
 mod weights;
 
 pub use architecture::{Role, TensorSpec};
-pub use config::{Config, DepthActivation, Family, Ffn, HeadKind, DA2_INPUT_SIZE, PRESETS};
+pub use config::{
+    Config, DepthActivation, Family, Ffn, GaussianConfig, HeadKind, DA2_INPUT_SIZE, PRESETS,
+};
+pub use gaussians::Gaussians;
 pub use metric::{DepthUnit, Focal, FocalSource, MetricFocal};
 pub use model::{ConvPrecision, LoadOptions, Model, Session, DEFAULT_PROCESS_RES};
 pub use multiview::RefViewStrategy;

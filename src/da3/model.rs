@@ -5,10 +5,10 @@
 //! one computation at a time needs (a backend stream, graphs per processed resolution, their
 //! allocations, the residency executor) and is single-threaded by type (`!Send`).
 
-use super::architecture::{self, Parts, CAMERA_ENCODER_PROBE};
+use super::architecture::{self, Parts, CAMERA_ENCODER_PROBE, GAUSSIAN_HEAD_PROBE};
 use super::backbone::{Backbone, CameraEncoder};
 use super::config::{Config, Family};
-use super::head::{CameraDecoder, Head, RayHead};
+use super::head::{CameraDecoder, GaussianHead, Head, RayHead};
 use super::outputs::Prediction;
 use super::plan::{ExecutionPlan, LoadedFacts, PlanBuilder, PlanOverrides};
 use super::preprocess::ToRgbImage;
@@ -59,6 +59,10 @@ pub struct LoadOptions {
     /// transformer of its own (about 110 MiB of f32 weights for da3-base, a fifth of the
     /// model) that every other request would carry.
     pub camera_encoder: bool,
+    /// Load the 3D Gaussian head (`gs.*`, DA3-GIANT's), which only requests for Gaussians use
+    /// ([`crate::Request::gaussians`]). Off by default: a second DPT head over the backbone's
+    /// features.
+    pub gaussians: bool,
     /// What the convolutions (the heads' and the camera decoder's) compute in.
     pub conv_precision: ConvPrecision,
     /// Departures from the default execution plan (kernel set, products, transforms), to
@@ -94,6 +98,7 @@ impl Default for LoadOptions {
             log_decisions: true,
             ggml_ops_only: false,
             camera_encoder: false,
+            gaussians: false,
             conv_precision: ConvPrecision::Auto,
             plan: PlanOverrides::default(),
         }
@@ -126,7 +131,9 @@ struct ModelShared {
     /// Which kernel runs each op class, and the transforms the weights were loaded for.
     plan: ExecutionPlan,
     /// What was loaded of the camera encoder.
-    camera_encoder: EncoderLoad,
+    camera_encoder: PartLoad,
+    /// What was loaded of the 3D Gaussian head.
+    gaussian_head: PartLoad,
     /// `vit.pos_embed` on the host, [tokens, embed] (cls first), for the per-resolution resample.
     pos_embed: Vec<f32>,
     weights: LoadedWeights,
@@ -151,6 +158,8 @@ struct Layers {
     camera_encoder: Option<CameraEncoder>,
     /// The DualDPT ray branch, when the file has it.
     rays: Option<RayHead>,
+    /// The 3D Gaussian head, when loaded.
+    gaussians: Option<GaussianHead>,
     /// Holds the imported handles (and keeps the shared weights alive).
     _weights: Context,
     /// This session's copies of host-only weights (the crash layout), if any.
@@ -196,17 +205,19 @@ impl Model {
             .centre_qk_heads(planned.centre_qk_heads)
             .half_linears_bf16(planned.half_linears_bf16)
             .conv_kernels(conv_kernels);
-        let camera_encoder = match (
-            options.camera_encoder,
-            file.tensor(CAMERA_ENCODER_PROBE).is_some(),
-        ) {
-            (_, false) => EncoderLoad::NotInFile,
-            (true, true) => EncoderLoad::Loaded,
-            (false, true) => EncoderLoad::LeftOut,
-        };
-        let parts = Parts::of_file(file, &config, camera_encoder == EncoderLoad::Loaded)?;
-        if camera_encoder == EncoderLoad::LeftOut {
+        let camera_encoder = PartLoad::of(options.camera_encoder, file, CAMERA_ENCODER_PROBE);
+        let gaussian_head = PartLoad::of(options.gaussians, file, GAUSSIAN_HEAD_PROBE);
+        let parts = Parts::of_file(
+            file,
+            &config,
+            camera_encoder == PartLoad::Loaded,
+            gaussian_head == PartLoad::Loaded,
+        )?;
+        if camera_encoder == PartLoad::LeftOut {
             loader = loader.leave_out("cam_enc.");
+        }
+        if gaussian_head == PartLoad::LeftOut {
+            loader = loader.leave_out("gs.");
         }
         // Every tensor is checked here; sessions bind the loaded ones by name.
         let mut weights = loader.load(architecture::tensors(&config, &parts)?, &device)?;
@@ -239,6 +250,7 @@ impl Model {
                 log_decisions: options.log_decisions,
                 plan,
                 camera_encoder,
+                gaussian_head,
                 pos_embed,
                 weights,
             }),
@@ -343,14 +355,27 @@ struct BoundLayers {
     camera: Option<CameraDecoder>,
     camera_encoder: Option<CameraEncoder>,
     rays: Option<RayHead>,
+    gaussians: Option<GaussianHead>,
 }
 
-/// What a model holds of the camera encoder ([`LoadOptions::camera_encoder`]).
+/// What a model holds of a part it loads on request ([`LoadOptions::camera_encoder`],
+/// [`LoadOptions::gaussians`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EncoderLoad {
+enum PartLoad {
     NotInFile,
     LeftOut,
     Loaded,
+}
+
+impl PartLoad {
+    /// What loading `file` makes of the part `probe` stands for, `wanted` or not.
+    fn of(wanted: bool, file: &GgufFile, probe: &str) -> PartLoad {
+        match (wanted, file.tensor(probe).is_some()) {
+            (_, false) => PartLoad::NotInFile,
+            (true, true) => PartLoad::Loaded,
+            (false, true) => PartLoad::LeftOut,
+        }
+    }
 }
 
 /// Builds the layers of the architecture of `config` from the weights `w` loaded for it (the
@@ -362,6 +387,10 @@ fn bind_layers(w: &BoundWeights<'_>, config: &Config) -> Result<BoundLayers, Err
         camera: CameraDecoder::bind(w)?,
         camera_encoder: CameraEncoder::bind(w, &config.vit)?,
         rays: RayHead::bind(w, &config.head)?,
+        gaussians: match &config.gaussians {
+            Some(g) => GaussianHead::bind(w, g)?,
+            None => None,
+        },
     })
 }
 
@@ -438,6 +467,7 @@ impl Session {
             camera,
             camera_encoder,
             rays,
+            gaussians,
         } = bind_layers(&bound, &shared.config)?;
         let host = bound.into_host_context();
         let mut executor = Executor::new(device, cpu, shared.policy)?;
@@ -458,6 +488,7 @@ impl Session {
                 camera,
                 camera_encoder,
                 rays,
+                gaussians,
                 _weights: weights_ctx,
                 _host: host,
             },
@@ -568,6 +599,7 @@ impl Session {
             part: graphs::Part::Whole,
             posed: false,
             rays: false,
+            gaussians: false,
         }
     }
 

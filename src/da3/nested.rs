@@ -155,9 +155,15 @@ impl Predictor for NestedSession {
         let mut scene = self.anyview.run_prepared(&prepared, request)?;
         if !request.raw {
             // The metric branch has no global attention: its views are independent, one batch.
-            let metric =
-                self.metric
-                    .forward_scene(&prepared.images, RefViewStrategy::First, None, false)?;
+            let metric = self
+                .metric
+                .forward_scene(
+                    &prepared.images,
+                    RefViewStrategy::First,
+                    None,
+                    Default::default(),
+                )?
+                .0;
             let scale = align_to_metric(&mut scene.views, &metric.views)?;
             scene.metric_scale = Some(scale);
             for view in &mut scene.views {

@@ -36,6 +36,7 @@ pub struct Request<'a> {
     pub(crate) reference: RefViewStrategy,
     pub(crate) rays: bool,
     pub(crate) ray_pose: bool,
+    pub(crate) gaussians: bool,
     pub(crate) raw: bool,
     pub(crate) focal: Option<Focal>,
 }
@@ -53,6 +54,7 @@ impl<'a> Request<'a> {
             reference: RefViewStrategy::default(),
             rays: false,
             ray_pose: false,
+            gaussians: false,
             raw: false,
             focal: None,
         }
@@ -111,6 +113,15 @@ impl<'a> Request<'a> {
     /// official `use_ray_pose`; see [`crate::ray_pose`]). Not with known poses.
     pub fn ray_pose(mut self, on: bool) -> Self {
         self.ray_pose = on;
+        self
+    }
+
+    /// Also compute the scene's 3D Gaussians into [`Output::gaussians`] (the official
+    /// `infer_gs`): one per pixel of every view, placed by the predicted depth and cameras.
+    /// The model must have a Gaussian head (DA3-GIANT) loaded with
+    /// [`crate::LoadOptions::gaussians`]; not with known poses.
+    pub fn gaussians(mut self, on: bool) -> Self {
+        self.gaussians = on;
         self
     }
 
@@ -184,6 +195,13 @@ impl<'a> Request<'a> {
                         .to_owned(),
                 ));
             }
+            if self.gaussians {
+                return Err(Error::Input(
+                    "3D Gaussians with known poses are not supported: the Gaussians are \
+                     placed by the predicted cameras (leave the poses out)"
+                        .to_owned(),
+                ));
+            }
         }
         if let Some(focal) = &self.focal {
             metric::check_focal(focal, views)?;
@@ -219,6 +237,9 @@ pub struct Output {
     /// From a nested model: the scale that brought the any-view depth and camera
     /// translations to the metric branch's metres (see [`crate::nested`]).
     pub metric_scale: Option<f64>,
+    /// The scene's 3D Gaussians, when the request asked ([`Request::gaussians`]), in the
+    /// world frame of the views' poses.
+    pub gaussians: Option<super::gaussians::Gaussians>,
     /// Where the request's time went.
     pub timings: Timings,
 }

@@ -265,6 +265,7 @@ impl Predictor for ScenePredictor {
             pose_scale: None,
             metric_scale: self.metric.then_some(1.0 / relative_scale),
             timings: Default::default(),
+            gaussians: None,
         })
     }
 

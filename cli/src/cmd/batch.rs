@@ -547,6 +547,7 @@ impl Writing {
             reference: RefViewStrategy::default(),
             ray_pose: false,
             poses: None,
+            gaussians: false,
         };
         let output = match compute {
             Compute::Local(session) => session

@@ -89,6 +89,11 @@ pub struct Args {
     /// depth, conf, extrinsics, intrinsics as the official mini_npz archive.
     #[arg(long, value_name = "F.npz")]
     npz: Option<PathBuf>,
+    /// The scene's 3D Gaussians (one per pixel of every view, from the Gaussian head of
+    /// DA3-GIANT) as a 3DGS PLY file, pruned as the official export prunes (image borders,
+    /// the deepest 10% of each view).
+    #[arg(long, value_name = "F.ply")]
+    gs_ply: Option<PathBuf>,
     /// Scene mode: the maps written per view N into --out-dir (viewN.pfm, viewN.png,
     /// viewN.depth16.png, viewN.conf.pfm, viewN.sky.pfm). Default: pfm,png and sky where the
     /// model has a sky head.
@@ -169,6 +174,7 @@ impl Args {
             glb: self.glb.clone(),
             npz: self.npz.clone(),
             colmap: self.colmap.clone(),
+            gs_ply: self.gs_ply.clone(),
         }
     }
 }
@@ -215,7 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if maps.files().is_empty() && !exports.any() {
         bail!(
             "no output asked for: name at least one of --png, --pfm, --png16, --conf, --sky, \
-             --pose, --ply, --glb, --npz, --colmap (or --out-dir for a folder of maps)"
+             --pose, --ply, --glb, --npz, --colmap, --gs-ply (or --out-dir for a folder of maps)"
         );
     }
     let job = Job {
@@ -225,6 +231,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         reference: RefViewStrategy::default(),
         ray_pose: args.ray_pose,
         poses: None,
+        gaussians: args.gs_ply.is_some(),
     };
     // Sizes are checked before the model is loaded or anything is allocated for them.
     job.request()
@@ -233,6 +240,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
+        gaussians: args.gs_ply.is_some(),
         ..args.device.options()?
     };
     let (mut predictor, config) = Compute::start(&args, &options)?;
@@ -370,6 +378,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         reference: args.ref_view,
         ray_pose: args.ray_pose,
         poses: None,
+        gaussians: args.gs_ply.is_some(),
     };
     scene
         .request()
@@ -379,6 +388,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         policy: args.policy,
         process_res: args.process_res,
         camera_encoder: args.poses.is_some() || args.poses_colmap.is_some(),
+        gaussians: args.gs_ply.is_some(),
         ..args.device.options()?
     };
     let (mut predictor, config) = Compute::start(&args, &options)?;

@@ -41,7 +41,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
     let device = model.device().name();
     // The architecture's table of the file, the one the loader checked it against.
-    let table = architecture::tensors(&c, &Parts::of_file(&file, &c, true)?)?;
+    let table = architecture::tensors(&c, &Parts::of_file(&file, &c, true, true)?)?;
     let count = |role| table.iter().filter(|t| t.role == role).count();
     let quantised = table.iter().filter(|t| t.quantised).count();
     let host: Vec<&str> = table

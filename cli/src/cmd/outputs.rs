@@ -2,7 +2,7 @@
 //! confidence, sky, pose) and 3D exports (PLY, glb, COLMAP, npz) of one view or a scene.
 
 use anyhow::{bail, Context as _};
-use da3::export::ExportOptions;
+use da3::export::{ExportOptions, GaussianPlyOptions};
 use da3::{Colormap, Config, Focal, Prediction};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,8 @@ pub struct Exports {
     pub npz: Option<PathBuf>,
     /// A folder (created if missing; its parent must exist).
     pub colmap: Option<PathBuf>,
+    /// The scene's 3D Gaussians as a 3DGS PLY (models with a Gaussian head).
+    pub gs_ply: Option<PathBuf>,
 }
 
 impl Maps {
@@ -52,6 +54,7 @@ impl Exports {
             ("--ply", &self.ply),
             ("--glb", &self.glb),
             ("--npz", &self.npz),
+            ("--gs-ply", &self.gs_ply),
         ]
         .into_iter()
         .filter_map(|(flag, p)| p.clone().map(|p| (flag, p)))
@@ -66,7 +69,11 @@ impl Exports {
     }
     /// Whether any export is asked for.
     pub fn any(&self) -> bool {
-        self.ply.is_some() || self.glb.is_some() || self.npz.is_some() || self.colmap.is_some()
+        self.ply.is_some()
+            || self.glb.is_some()
+            || self.npz.is_some()
+            || self.colmap.is_some()
+            || self.gs_ply.is_some()
     }
     pub fn needs_camera(&self) -> bool {
         self.ply.is_some() || self.glb.is_some() || self.colmap.is_some()
@@ -204,6 +211,12 @@ pub fn check_model(
     exports: &Exports,
     settings: &Settings,
 ) -> anyhow::Result<()> {
+    if exports.gs_ply.is_some() && config.gaussians.is_none() {
+        bail!(
+            "--gs-ply: {} has no 3D Gaussian head (DA3-GIANT has one)",
+            config.name
+        );
+    }
     if config.predicts_disparity() && exports.any() {
         bail!(
             "--ply/--glb/--npz/--colmap: {} is a relative Depth Anything V2 model, whose output \
@@ -331,6 +344,12 @@ pub fn write_exports(
             .with_context(|| format!("--colmap {}", dir.display()))?;
         written.push(dir.clone());
     }
+    if let Some(path) = &exports.gs_ply {
+        output
+            .save_gaussian_ply(path, &GaussianPlyOptions::default())
+            .with_context(|| format!("--gs-ply {}", path.display()))?;
+        written.push(path.clone());
+    }
     Ok(written)
 }
 
@@ -338,7 +357,7 @@ pub fn write_exports(
 /// do not write to) and an extension that names another format (`--ply x.glb` would be a PLY
 /// named .glb).
 pub fn check_file_names(maps: &Maps, exports: &Exports) -> anyhow::Result<()> {
-    let expected: [(&str, &Option<PathBuf>, &[&str]); 9] = [
+    let expected: [(&str, &Option<PathBuf>, &[&str]); 10] = [
         ("--pfm", &maps.pfm, &["pfm"]),
         ("--png", &maps.png, &["png"]),
         ("--png16", &maps.png16, &["png"]),
@@ -348,6 +367,7 @@ pub fn check_file_names(maps: &Maps, exports: &Exports) -> anyhow::Result<()> {
         ("--ply", &exports.ply, &["ply"]),
         ("--glb", &exports.glb, &["glb"]),
         ("--npz", &exports.npz, &["npz"]),
+        ("--gs-ply", &exports.gs_ply, &["ply"]),
     ];
     for (flag, path, extensions) in expected {
         let Some(path) = path else { continue };

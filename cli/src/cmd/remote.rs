@@ -182,6 +182,9 @@ pub struct Job<'a> {
     pub reference: RefViewStrategy,
     pub ray_pose: bool,
     pub poses: Option<&'a [KnownPose]>,
+    /// Also the scene's 3D Gaussians (in-process only: the worker protocol does not carry
+    /// them).
+    pub gaussians: bool,
 }
 
 impl Job<'_> {
@@ -197,7 +200,8 @@ impl Job<'_> {
         let mut request = Request::new(self.images)
             .names(self.names.clone())
             .reference(self.reference)
-            .ray_pose(self.ray_pose);
+            .ray_pose(self.ray_pose)
+            .gaussians(self.gaussians);
         if let Some(res) = self.process_res {
             request = request.process_res(res);
         }
@@ -396,6 +400,12 @@ impl RemoteDevice {
     /// Computes `job` on the device: its output or the error it met, or the device's failure
     /// (the worker is then gone: drop this).
     pub fn run(&mut self, job: &Job) -> Result<anyhow::Result<Output>, DeviceFailure> {
+        if job.gaussians {
+            return Ok(Err(anyhow::anyhow!(
+                "--gs-ply on an `rpc:` device: the worker protocol does not carry 3D Gaussians; \
+                 run on a local device"
+            )));
+        }
         let payload = encode_job(job);
         let sent = match self.jobs.as_mut() {
             Some(jobs) => write_frame(jobs, JOB, &payload),
@@ -747,6 +757,7 @@ fn decode_job(payload: &[u8]) -> anyhow::Result<DecodedJob> {
         reference,
         ray_pose,
         poses: None,
+        gaussians: false,
     };
     Ok((images, poses, job))
 }
@@ -896,6 +907,8 @@ fn decode_output(payload: &[u8]) -> anyhow::Result<Output> {
         metric_scale,
         // The worker's timings stay in the worker.
         timings: Default::default(),
+        // Jobs with Gaussians are not sent (`encode_job`).
+        gaussians: None,
     })
 }
 
@@ -962,6 +975,7 @@ mod tests {
             pose_scale: Some(0.25),
             metric_scale: None,
             timings: Default::default(),
+            gaussians: None,
         };
         let back = decode_output(&encode_output(&output)).unwrap();
         assert_eq!(back.views, output.views);
@@ -995,6 +1009,7 @@ mod tests {
             reference: RefViewStrategy::Middle,
             ray_pose: false,
             poses: Some(&poses),
+            gaussians: false,
         };
         let (back_images, back_poses, back) = decode_job(&encode_job(&job)).unwrap();
         assert_eq!(back_images, images);

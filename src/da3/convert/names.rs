@@ -21,7 +21,8 @@ use crate::da3::config::Family;
 struct Part {
     official: &'static str,
     gguf: &'static str,
-    renames: &'static [(&'static str, &'static str)],
+    /// Tables of renamings, applied one after another.
+    renames: &'static [&'static [(&'static str, &'static str)]],
     /// Whether the part holds transformer blocks, whose fields [`BLOCK_FIELDS`] renames.
     blocks: bool,
 }
@@ -75,6 +76,15 @@ const HEAD_RENAMES: &[(&str, &str)] = &[
     (".out_conv.", ".out."),
 ];
 
+/// The Gaussian head's image merger (`Sequential(Conv, GELU, Conv, GELU, Conv, GELU)`), before
+/// the head's names: the highest index first, so that no renamed name matches again going
+/// back.
+const MERGER_RENAMES: &[(&str, &str)] = &[
+    ("images_merger.4.", "merger.2."),
+    ("images_merger.2.", "merger.1."),
+    ("images_merger.0.", "merger.0."),
+];
+
 /// The DINOv2 backbone's names after its prefix.
 const BACKBONE_RENAMES: &[(&str, &str)] =
     &[("patch_embed.proj.", "patch_embed."), ("blocks.", "blk.")];
@@ -83,30 +93,36 @@ const PARTS: &[Part] = &[
     Part {
         official: "backbone.pretrained.",
         gguf: "vit.",
-        renames: BACKBONE_RENAMES,
+        renames: &[BACKBONE_RENAMES],
         blocks: true,
     },
     Part {
         official: "cam_enc.",
         gguf: "cam_enc.",
-        renames: &[("trunk.", "blk."), ("pose_branch.", "pose.")],
+        renames: &[&[("trunk.", "blk."), ("pose_branch.", "pose.")]],
         blocks: true,
     },
     Part {
         official: "head.",
         gguf: "head.",
-        renames: HEAD_RENAMES,
+        renames: &[HEAD_RENAMES],
         blocks: false,
     },
     Part {
         official: "cam_dec.",
         gguf: "cam.",
-        renames: &[
+        renames: &[&[
             ("backbone.0.", "bb0."),
             ("backbone.2.", "bb2."),
             ("fc_qvec.", "fc_q."),
             ("fc_fov.0.", "fc_fov."),
-        ],
+        ]],
+        blocks: false,
+    },
+    Part {
+        official: "gs_head.",
+        gguf: "gs.",
+        renames: &[MERGER_RENAMES, HEAD_RENAMES],
         blocks: false,
     },
 ];
@@ -117,13 +133,13 @@ const DA2_PARTS: &[Part] = &[
     Part {
         official: "pretrained.",
         gguf: "vit.",
-        renames: BACKBONE_RENAMES,
+        renames: &[BACKBONE_RENAMES],
         blocks: true,
     },
     Part {
         official: "depth_head.",
         gguf: "head.",
-        renames: HEAD_RENAMES,
+        renames: &[HEAD_RENAMES],
         blocks: false,
     },
 ];
@@ -149,6 +165,7 @@ fn rename(family: Family, name: &str, to_gguf: bool) -> Option<String> {
         let rest = part
             .renames
             .iter()
+            .flat_map(|table| table.iter())
             .chain(fields)
             .fold(rest.to_owned(), |rest, &pair| {
                 let (a, b) = side(pair);
@@ -159,7 +176,7 @@ fn rename(family: Family, name: &str, to_gguf: bool) -> Option<String> {
 }
 
 /// The GGUF name of an official state-dict key (without the `model.` prefix), or `None` for
-/// tensors of no part the files hold (the 3DGS head).
+/// tensors of no part the files hold.
 pub fn gguf_name(key: &str) -> Option<String> {
     rename(Family::Da3, key, true)
 }
@@ -219,12 +236,23 @@ mod tests {
                 "head.scratch.rn1_aux.rc1.c1.weight",
             ),
             ("cam_dec.fc_fov.0.bias", "cam.fc_fov.bias"),
+            // The 3D Gaussian head, as depth-anything.cpp's `rename_gs` names it.
+            ("gs_head.images_merger.2.weight", "gs.merger.1.weight"),
+            ("gs_head.images_merger.4.bias", "gs.merger.2.bias"),
+            ("gs_head.projects.3.weight", "gs.proj.3.weight"),
+            (
+                "gs_head.scratch.refinenet2.resConfUnit1.conv2.bias",
+                "gs.scratch.rn2.rc1.c2.bias",
+            ),
+            (
+                "gs_head.scratch.output_conv2.2.weight",
+                "gs.scratch.out2b.weight",
+            ),
         ] {
             assert_eq!(gguf_name(official).as_deref(), Some(gguf));
             assert_eq!(official_name(gguf), official);
         }
-        // Every level's LayerNorm is the one tensor; coarser levels and the 3DGS head are no
-        // tensor of a file.
+        // Every level's LayerNorm is the one tensor; coarser levels are no tensor of a file.
         let ln = "head.scratch.out2_aux_ln.weight";
         assert_eq!(
             gguf_name("head.scratch.output_conv2_aux.2.2.weight").as_deref(),
@@ -238,7 +266,7 @@ mod tests {
             gguf_name("head.scratch.output_conv1_aux.0.0.weight").as_deref(),
             Some("head.scratch.out1_aux_unused.0.0.weight")
         );
-        assert_eq!(gguf_name("gs_head.x"), None);
+        assert_eq!(gguf_name("gs_adapter.sh_mask"), None);
         // Depth Anything V2's checkpoints, as its `DepthAnythingV2` module names them.
         let da2 = Config::preset("da2-small").unwrap().family;
         for (official, gguf) in [

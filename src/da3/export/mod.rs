@@ -1,7 +1,8 @@
 //! 3D exports of predictions: coloured point clouds in one world frame, written as PLY, glb
 //! (glTF 2.0), COLMAP sparse models and the official `mini_npz` archive, a self-contained
-//! HTML page that draws them with WebGL ([`write_viewer`]), and fused triangle meshes as PLY
-//! and glb ([`write_mesh_ply`], [`write_mesh_glb`]).
+//! HTML page that draws them with WebGL ([`write_viewer`]), fused triangle meshes as PLY
+//! and glb ([`write_mesh_ply`], [`write_mesh_glb`]), and 3D Gaussians as 3DGS PLY
+//! ([`write_gaussian_ply`]).
 //!
 //! The geometry follows the official exporter (`depth_anything_3/utils/export/glb.py` of
 //! `depth-anything-3==0.1.1`, `_depths_to_world_points_with_colors`): pixel `(u, v)` (integer
@@ -19,6 +20,7 @@
 //! code draws a random subset.
 
 mod colmap;
+mod gaussians;
 mod glb;
 mod mesh;
 mod npz;
@@ -27,6 +29,7 @@ mod saving;
 mod viewer;
 
 pub use colmap::{write_colmap, ColmapFormat};
+pub use gaussians::{write_gaussian_ply, GaussianPlyOptions};
 pub use glb::{write_glb, GlbOptions};
 pub use mesh::{write_mesh_glb, write_mesh_ply};
 pub use npz::write_mini_npz;

@@ -4,8 +4,9 @@
 //! the parent module stay for callers that assemble [`View`]s themselves.
 
 use super::{
-    assumed_pose, point_cloud, write_colmap, write_glb, write_mini_npz, write_ply, CloudOptions,
-    ColmapFormat, GlbOptions, PointCloud, View, ViewerScene,
+    assumed_pose, point_cloud, write_colmap, write_gaussian_ply, write_glb, write_mini_npz,
+    write_ply, CloudOptions, ColmapFormat, GaussianPlyOptions, GlbOptions, PointCloud, View,
+    ViewerScene,
 };
 use crate::da3::outputs::Prediction;
 use crate::da3::request::Output;
@@ -175,6 +176,21 @@ impl Output {
     pub fn save_npz(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let views: Vec<&Prediction> = self.views.iter().collect();
         write_mini_npz(path.as_ref(), &views)
+    }
+
+    /// Writes the scene's 3D Gaussians ([`crate::Request::gaussians`]) as a 3DGS PLY file,
+    /// pruned as the official export prunes ([`GaussianPlyOptions::default`]); returns how many
+    /// were written.
+    pub fn save_gaussian_ply(
+        &self,
+        path: impl AsRef<Path>,
+        options: &GaussianPlyOptions,
+    ) -> Result<usize, Error> {
+        let gaussians = self.gaussians.as_ref().ok_or_else(|| {
+            Error::Input("no 3D Gaussians: the request did not ask for them".to_owned())
+        })?;
+        let depth: Vec<&[f32]> = self.views.iter().map(|v| v.depth.as_slice()).collect();
+        write_gaussian_ply(path.as_ref(), gaussians, &depth, options)
     }
 }
 

@@ -43,6 +43,8 @@ pub(super) struct GraphKey {
     pub posed: bool,
     /// Whether it computes the DualDPT ray branch.
     pub rays: bool,
+    /// Whether it computes the 3D Gaussian head.
+    pub gaussians: bool,
 }
 
 /// A session's graphs by [`GraphKey`], built on first use.
@@ -67,6 +69,10 @@ pub(super) struct SceneGraph {
     pub pose: Option<Tensor>,
     /// The ray branch: ray `[w, h, 6, views]` and its confidence `[w, h, views]`.
     pub rays: Option<(Tensor, Tensor)>,
+    /// The Gaussian head's output `[w, h, channels, views]`.
+    pub gaussians: Option<Tensor>,
+    /// Trunk graphs with the Gaussian head: the image `[W, H, 3, views]` (the merger's input).
+    pub image: Option<Tensor>,
     pub probes: Vec<(String, Tensor)>,
     /// Keeps the graph's tensors and the constants alive.
     _ctx: Ops,
@@ -186,6 +192,7 @@ impl Session {
             part,
             posed,
             rays: with_rays,
+            gaussians: with_gaussians,
         } = key;
         let v = &shared.config.vit;
         let (gw, gh) = self.patch_grid(width, height)?;
@@ -214,6 +221,18 @@ impl Session {
                 .named("tokens"),
         };
         input.mark_input();
+        let gaussian_head = self.layers.gaussians.as_ref().filter(|_| with_gaussians);
+        // A trunk starts from tokens; the Gaussian head also reads the image.
+        let image = match (part, gaussian_head) {
+            (Part::Trunk(_), Some(_)) => {
+                let t = ctx
+                    .new_tensor(DType::F32, &[width as i64, height as i64, 3, s])?
+                    .named("image");
+                t.mark_input();
+                Some(t)
+            }
+            _ => None,
+        };
         let needs_slots =
             views > 1 && v.alt_start.is_some() && !posed && !matches!(part, Part::Stem(_));
         let slots = if needs_slots {
@@ -297,6 +316,8 @@ impl Session {
             sky: None,
             pose: None,
             rays: None,
+            gaussians: None,
+            image,
             probes: Vec::new(),
             _ctx: ctx,
             _constants: constants,
@@ -329,6 +350,18 @@ impl Session {
                 outputs.push(ray.clone());
                 outputs.push(conf.clone());
                 built.rays = Some((ray, conf));
+            }
+            if let Some(head) = gaussian_head {
+                let image = built.image.as_ref().unwrap_or(&built.input);
+                let raw = head.forward(
+                    ctx,
+                    &features.features,
+                    image,
+                    (gw as i64, gh as i64),
+                    &hconst,
+                )?;
+                outputs.push(raw.clone());
+                built.gaussians = Some(raw);
             }
             if shared.probes {
                 built

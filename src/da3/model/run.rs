@@ -2,7 +2,7 @@
 //! graphs ([`super::graphs`]) and post-processed into an [`Output`].
 
 use super::graphs::{GraphKey, Part};
-use super::{EncoderLoad, Session};
+use super::{PartLoad, Session};
 use crate::da3::config::{DepthActivation, Family};
 use crate::da3::head::RAY_CHANNELS;
 use crate::da3::metric;
@@ -224,6 +224,8 @@ impl Session {
                 Some("known camera poses: Depth Anything V2 has no camera branch".to_owned())
             } else if request.rays || request.ray_pose {
                 Some("rays or ray pose: Depth Anything V2 has no ray branch".to_owned())
+            } else if request.gaussians {
+                Some("3D Gaussians: Depth Anything V2 has no Gaussian head".to_owned())
             } else {
                 None
             };
@@ -245,11 +247,23 @@ impl Session {
                     .to_owned(),
             ));
         }
+        if request.gaussians && self.layers.gaussians.is_none() {
+            return Err(Error::Input(
+                if self.model.shared.gaussian_head == PartLoad::LeftOut {
+                    "the model was loaded without its 3D Gaussian head, which Gaussians need: \
+                     load it with `LoadOptions { gaussians: true, .. }`"
+                } else {
+                    "this model file has no 3D Gaussian head (`gs.*` tensors; DA3-GIANT has \
+                     one: convert its checkpoint again with this version of `da3 convert`)"
+                }
+                .to_owned(),
+            ));
+        }
         // The metric model takes known poses for their intrinsics (its metres' focal).
         let metric = self.model.shared.config.is_metric();
         if request.poses.is_some() && self.layers.camera_encoder.is_none() && !metric {
             return Err(Error::Input(
-                if self.model.shared.camera_encoder == EncoderLoad::LeftOut {
+                if self.model.shared.camera_encoder == PartLoad::LeftOut {
                     "the model was loaded without its camera encoder, which known poses \
                      need: load it with `LoadOptions { camera_encoder: true, .. }`"
                 } else {
@@ -279,10 +293,18 @@ impl Session {
         let mut output = match (request.poses, &intrinsics) {
             (Some(known), Some(k)) if !metric => self.run_posed(prepared, request, known, k)?,
             _ => {
-                let rays = request.rays || request.ray_pose;
-                let mut output = self.forward_scene(images, request.reference, None, rays)?;
+                let extras = SceneExtras {
+                    rays: request.rays || request.ray_pose,
+                    gaussians: request.gaussians,
+                };
+                let (mut output, raw_gaussians) =
+                    self.forward_scene(images, request.reference, None, extras)?;
                 if request.ray_pose {
                     solve_ray_poses(&mut output, request.rays)?;
+                }
+                // Placed by the final cameras: a ray pose is solved after the forward.
+                if let Some(raw) = raw_gaussians {
+                    self.place_gaussians(&mut output, &raw)?;
                 }
                 output
             }
@@ -353,13 +375,40 @@ impl Session {
             .zip(&prepared.images)
             .flat_map(|((e, k), im)| poses::pose_encoding(e, k, im.width, im.height))
             .collect();
-        let rays = request.rays;
-        self.forward_scene(
+        let extras = SceneExtras {
+            rays: request.rays,
+            gaussians: false,
+        };
+        let (output, _) = self.forward_scene(
             &prepared.images,
             RefViewStrategy::First,
             Some(&encodings),
-            rays,
-        )
+            extras,
+        )?;
+        Ok(output)
+    }
+
+    /// The scene's Gaussians from the head's raw output, by the views' final cameras and
+    /// their depth before post-processing (as the official adapter takes them).
+    fn place_gaussians(&self, output: &mut Output, raw: &[f32]) -> Result<(), Error> {
+        let cfg = self
+            .model
+            .shared
+            .config
+            .gaussians
+            .expect("a Gaussian head was computed");
+        let poses = output
+            .views
+            .iter()
+            .map(|v| v.pose)
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| Error::Input("3D Gaussians need every view's camera".to_owned()))?;
+        let depth: Vec<&[f32]> = output.views.iter().map(|v| v.depth.as_slice()).collect();
+        let (w, h) = (output.views[0].width, output.views[0].height);
+        output.gaussians = Some(crate::da3::gaussians::place(
+            &cfg, raw, w, h, &depth, &poses,
+        )?);
+        Ok(())
     }
 
     /// Every view's depth must hold a finite value; a warning counts the rest.
@@ -391,14 +440,15 @@ impl Session {
     /// The network's outputs for preprocessed views of one scene (all of one size), in their
     /// order, before post-processing: `strategy` picks the reference view when there are three
     /// or more and no known cameras (`pose_encoding`, 9 values a view, the camera encoder's
-    /// input); `rays` adds the ray branch.
+    /// input); `extras` adds the ray branch and the Gaussian head, whose raw output comes back
+    /// beside the outputs (placed by [`Self::place_gaussians`] once the poses are final).
     pub(crate) fn forward_scene(
         &mut self,
         images: &[ProcessedImage],
         strategy: RefViewStrategy,
         pose_encoding: Option<&[f32]>,
-        rays: bool,
-    ) -> Result<Output, Error> {
+        extras: SceneExtras,
+    ) -> Result<(Output, Option<Vec<f32>>), Error> {
         let first = images
             .first()
             .ok_or_else(|| Error::Input("a scene needs at least one view".to_owned()))?;
@@ -416,7 +466,8 @@ impl Session {
         }
         let alt_start = self.model.shared.config.vit.alt_start;
         let posed = pose_encoding.is_some();
-        let rays = rays && self.layers.rays.is_some();
+        let rays = extras.rays && self.layers.rays.is_some();
+        let gaussians = extras.gaussians && self.layers.gaussians.is_some();
         let key = |part| GraphKey {
             width: w,
             height: h,
@@ -424,6 +475,7 @@ impl Session {
             part,
             posed,
             rays,
+            gaussians,
         };
         // Known cameras: no selection (the official backbone selects only without them).
         let known = if posed {
@@ -452,15 +504,19 @@ impl Session {
                     .flat_map(|v| tokens[v * per_view..v * per_view + e].iter().copied())
                     .collect();
                 let reference = select_reference_view(&token0, e, strategy);
-                (reference, Part::Trunk(cut - 1), tokens, carried)
+                (reference, Part::Trunk(cut - 1), Some(tokens), carried)
             }
-            _ => (known.unwrap_or(0), Part::Whole, chw, Vec::new()),
+            _ => (known.unwrap_or(0), Part::Whole, None, Vec::new()),
         };
         self.graph_of(key(part))?;
         let graph = &self.graphs[&key(part)];
         let run = self.executor.run(&graph.graph)?;
         self.last_report = Some(run.report().clone());
-        run.write(&graph.input, &tokens)?;
+        // A trunk starts from the stem's tokens, a whole graph from the image.
+        run.write(&graph.input, tokens.as_deref().unwrap_or(&chw))?;
+        if let Some(image) = &graph.image {
+            run.write(image, &chw)?;
+        }
         if let (Some(t), Some(values)) = (&graph.pose_encoding, pose_encoding) {
             run.write(t, values)?;
         }
@@ -486,6 +542,7 @@ impl Session {
             }
             None => None,
         };
+        let raw_gaussians = read(&graph.gaussians)?;
         let mut probes = Vec::new();
         for (name, t) in &graph.probes {
             probes.push((name.clone(), run.read::<f32>(t)?));
@@ -516,15 +573,26 @@ impl Session {
                 ..Prediction::default()
             })
             .collect();
-        Ok(Output {
+        let output = Output {
             views: predictions,
             reference,
             strategy,
             pose_scale: None,
             metric_scale: None,
             timings: Default::default(),
-        })
+            gaussians: None,
+        };
+        Ok((output, raw_gaussians))
     }
+}
+
+/// What a scene's forward computes beyond depth, confidence, sky and the camera decoder's poses.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SceneExtras {
+    /// The DualDPT ray branch.
+    pub rays: bool,
+    /// The 3D Gaussian head.
+    pub gaussians: bool,
 }
 
 /// The intrinsics of the known cameras in pixels of the processed images.
