@@ -438,8 +438,9 @@ fn a_nested_checkpoint_missing_a_metric_tensor_writes_neither_file() {
 }
 
 /// A checkpoint with the giant's 3D Gaussian head (`gs_head.*`, at test size) converts with
-/// it, and `da3 depth --gs-ply` writes the Gaussians of a scene as a 3DGS PLY file; the same
-/// flag on a model without the head fails before computing, naming the model.
+/// it, `da3 depth --gs-ply` writes the Gaussians of a scene as a 3DGS PLY file and
+/// `--gs-video` a video of them; the flags on a model without the head fail before
+/// computing, naming the model.
 #[test]
 fn gaussian_head_converts_and_writes_a_gaussian_ply() {
     let ws = Workspace::new();
@@ -497,6 +498,33 @@ fn gaussian_head_converts_and_writes_a_gaussian_ply() {
     assert!(count > 0 && count < 112 * 70, "{count}");
     let end = header.find("end_header\n").unwrap() + "end_header\n".len();
     assert_eq!(bytes.len(), end + count * 17 * 4);
+
+    // A video along the default path: one view gets the official wander (120 frames and the
+    // camera itself first and last), colour beside depth.
+    let video = ws.out("gs.mp4");
+    let run = da3_in(
+        ws.dir.path(),
+        &[
+            "depth".as_ref(),
+            "--model".as_ref(),
+            ws.out("gs.gguf").as_os_str(),
+            "--process-res".as_ref(),
+            "56".as_ref(),
+            "--pfm".as_ref(),
+            ws.out("one.pfm").as_os_str(),
+            "--gs-video".as_ref(),
+            video.as_os_str(),
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.context());
+    let probe = std::process::Command::new("ffprobe")
+        .args(["-v", "error", "-count_frames", "-show_entries"])
+        .args(["stream=width,height,nb_read_frames", "-of", "csv=p=0"])
+        .arg(&video)
+        .output()
+        .expect("ffprobe (installed with ffmpeg, .ci/run)");
+    // The built-in 640x427 image at 56 is 56 x 42: two of them side by side.
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "112,42,122");
 
     // The synthetic da3-tiny has no Gaussian head.
     let tiny = synthetic_file(ws.dir.path());

@@ -94,6 +94,15 @@ pub struct Args {
     /// the deepest 10% of each view).
     #[arg(long, value_name = "F.ply")]
     gs_ply: Option<PathBuf>,
+    /// A video of the scene's 3D Gaussians rendered along --gs-trajectory, colour beside
+    /// depth, at the processed size (MP4; needs the `ffmpeg` program).
+    #[arg(long, value_name = "F.mp4")]
+    gs_video: Option<PathBuf>,
+    /// The camera path of --gs-video: extend (the official default: the views' cameras
+    /// interpolated and smoothed, with a wander and a dolly zoom at the middle), smooth,
+    /// original, wander, dolly-zoom. One view always gets a wander.
+    #[arg(long, default_value = "extend", value_name = "PATH")]
+    gs_trajectory: da3::gaussians::Trajectory,
     /// Scene mode: the maps written per view N into --out-dir (viewN.pfm, viewN.png,
     /// viewN.depth16.png, viewN.conf.pfm, viewN.sky.pfm). Default: pfm,png and sky where the
     /// model has a sky head.
@@ -175,6 +184,8 @@ impl Args {
             npz: self.npz.clone(),
             colmap: self.colmap.clone(),
             gs_ply: self.gs_ply.clone(),
+            gs_video: self.gs_video.clone(),
+            gs_trajectory: self.gs_trajectory,
         }
     }
 }
@@ -216,12 +227,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &exports.colmap {
         check_colmap_folder(dir)?;
     }
+    if exports.gs_video.is_some() {
+        super::video::check_ffmpeg("--gs-video")?;
+    }
     let image = load_input(args.input.first(), &args.read_options())?;
     // After the input: a video named by --input gets its own advice first.
     if maps.files().is_empty() && !exports.any() {
         bail!(
             "no output asked for: name at least one of --png, --pfm, --png16, --conf, --sky, \
-             --pose, --ply, --glb, --npz, --colmap, --gs-ply (or --out-dir for a folder of maps)"
+             --pose, --ply, --glb, --npz, --colmap, --gs-ply, --gs-video (or --out-dir for a \
+             folder of maps)"
         );
     }
     let job = Job {
@@ -231,7 +246,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         reference: RefViewStrategy::default(),
         ray_pose: args.ray_pose,
         poses: None,
-        gaussians: args.gs_ply.is_some(),
+        gaussians: args.exports().gaussians(),
     };
     // Sizes are checked before the model is loaded or anything is allocated for them.
     job.request()
@@ -240,7 +255,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let options = LoadOptions {
         policy: args.policy,
         process_res: args.process_res,
-        gaussians: args.gs_ply.is_some(),
+        gaussians: args.exports().gaussians(),
         ..args.device.options()?
     };
     let (mut predictor, config) = Compute::start(&args, &options)?;
@@ -378,7 +393,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         reference: args.ref_view,
         ray_pose: args.ray_pose,
         poses: None,
-        gaussians: args.gs_ply.is_some(),
+        gaussians: args.exports().gaussians(),
     };
     scene
         .request()
@@ -388,7 +403,7 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
         policy: args.policy,
         process_res: args.process_res,
         camera_encoder: args.poses.is_some() || args.poses_colmap.is_some(),
-        gaussians: args.gs_ply.is_some(),
+        gaussians: args.exports().gaussians(),
         ..args.device.options()?
     };
     let (mut predictor, config) = Compute::start(&args, &options)?;
@@ -433,6 +448,9 @@ fn run_scene(args: Args) -> anyhow::Result<ExitCode> {
     check_outputs(&outputs, &inputs)?;
     if let Some(colmap) = &exports.colmap {
         check_colmap_folder(colmap)?;
+    }
+    if exports.gs_video.is_some() {
+        super::video::check_ffmpeg("--gs-video")?;
     }
     let known = match (&args.poses, &args.poses_colmap) {
         (Some(path), _) => Some(

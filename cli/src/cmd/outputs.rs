@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context as _};
 use da3::export::{ExportOptions, GaussianPlyOptions};
+use da3::gaussians::Trajectory;
 use da3::{Colormap, Config, Focal, Prediction};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,9 @@ pub struct Exports {
     pub colmap: Option<PathBuf>,
     /// The scene's 3D Gaussians as a 3DGS PLY (models with a Gaussian head).
     pub gs_ply: Option<PathBuf>,
+    /// A video of the Gaussians rendered along `gs_trajectory` (MP4, through ffmpeg).
+    pub gs_video: Option<PathBuf>,
+    pub gs_trajectory: Trajectory,
 }
 
 impl Maps {
@@ -55,6 +59,7 @@ impl Exports {
             ("--glb", &self.glb),
             ("--npz", &self.npz),
             ("--gs-ply", &self.gs_ply),
+            ("--gs-video", &self.gs_video),
         ]
         .into_iter()
         .filter_map(|(flag, p)| p.clone().map(|p| (flag, p)))
@@ -73,7 +78,11 @@ impl Exports {
             || self.glb.is_some()
             || self.npz.is_some()
             || self.colmap.is_some()
-            || self.gs_ply.is_some()
+            || self.gaussians()
+    }
+    /// Whether an export needs the scene's 3D Gaussians.
+    pub fn gaussians(&self) -> bool {
+        self.gs_ply.is_some() || self.gs_video.is_some()
     }
     pub fn needs_camera(&self) -> bool {
         self.ply.is_some() || self.glb.is_some() || self.colmap.is_some()
@@ -211,9 +220,9 @@ pub fn check_model(
     exports: &Exports,
     settings: &Settings,
 ) -> anyhow::Result<()> {
-    if exports.gs_ply.is_some() && config.gaussians.is_none() {
+    if exports.gaussians() && config.gaussians.is_none() {
         bail!(
-            "--gs-ply: {} has no 3D Gaussian head (DA3-GIANT has one)",
+            "--gs-ply/--gs-video: {} has no 3D Gaussian head (DA3-GIANT has one)",
             config.name
         );
     }
@@ -350,14 +359,63 @@ pub fn write_exports(
             .with_context(|| format!("--gs-ply {}", path.display()))?;
         written.push(path.clone());
     }
+    if let Some(path) = &exports.gs_video {
+        write_gaussian_video(output, path, exports.gs_trajectory, settings.colormap()?)
+            .with_context(|| format!("--gs-video {}", path.display()))?;
+        written.push(path.clone());
+    }
     Ok(written)
+}
+
+/// Renders the scene's Gaussians from every camera of `trajectory` (at the processed size)
+/// and encodes the frames, colour beside depth, as an MP4.
+fn write_gaussian_video(
+    output: &da3::Output,
+    path: &Path,
+    trajectory: Trajectory,
+    colormap: Colormap,
+) -> anyhow::Result<()> {
+    let gaussians = output
+        .gaussians
+        .as_ref()
+        .context("no 3D Gaussians were computed")?;
+    let poses: Vec<da3::Pose> = output
+        .views
+        .iter()
+        .map(|v| v.pose)
+        .collect::<Option<_>>()
+        .context("every view needs a camera")?;
+    let path_poses = da3::gaussians::camera_path(&poses, trajectory);
+    // One depth range for every frame: the views' 2nd and 98th percentiles.
+    let depths: Vec<f32> = output
+        .views
+        .iter()
+        .flat_map(|v| {
+            v.depth
+                .iter()
+                .copied()
+                .filter(|d| d.is_finite() && *d > 0.0)
+        })
+        .collect();
+    if depths.is_empty() {
+        bail!("no positive depth to place the Gaussians by");
+    }
+    let near = da3::outputs::quantile(depths.clone(), 0.02);
+    let far = da3::outputs::quantile(depths, 0.98);
+    let (w, h) = (gaussians.width, gaussians.height);
+    let frames = path_poses.iter().map(|pose| {
+        Ok(da3::gaussians::render(gaussians, pose, w, h, 0).beside_depth(colormap, near, far))
+    });
+    let count = super::video::encode_mp4(path, 2 * w, h, frames)?;
+    log::info!("{count} frames along the {trajectory:?} path");
+    Ok(())
 }
 
 /// Refuses file names that would mislead: `-` (taken for standard output, which these flags
 /// do not write to) and an extension that names another format (`--ply x.glb` would be a PLY
 /// named .glb).
 pub fn check_file_names(maps: &Maps, exports: &Exports) -> anyhow::Result<()> {
-    let expected: [(&str, &Option<PathBuf>, &[&str]); 10] = [
+    let expected: [(&str, &Option<PathBuf>, &[&str]); 11] = [
         ("--pfm", &maps.pfm, &["pfm"]),
         ("--png", &maps.png, &["png"]),
         ("--png16", &maps.png16, &["png"]),
@@ -368,6 +426,7 @@ pub fn check_file_names(maps: &Maps, exports: &Exports) -> anyhow::Result<()> {
         ("--glb", &exports.glb, &["glb"]),
         ("--npz", &exports.npz, &["npz"]),
         ("--gs-ply", &exports.gs_ply, &["ply"]),
+        ("--gs-video", &exports.gs_video, &["mp4"]),
     ];
     for (flag, path, extensions) in expected {
         let Some(path) = path else { continue };

@@ -1,4 +1,7 @@
-//! 3D Gaussians from the Gaussian head's raw output: the official `GaussianAdapter`
+//! 3D Gaussians from the Gaussian head's raw output ([`place`]), rendered from any camera
+//! ([`render`]) along the official camera paths ([`trajectory`]).
+//!
+//! The placement is the official `GaussianAdapter`
 //! (`depth_anything_3/model/gs_adapter.py` of `depth-anything-3==0.1.1`), one Gaussian per
 //! pixel of every view, in the predicted world frame.
 //!
@@ -17,6 +20,12 @@
 //!   camera into the world frame;
 //! - opacity: `sigmoid` of the logit (the official `map_pdf_to_opacity` at step 0 is the
 //!   identity).
+
+pub mod render;
+pub mod trajectory;
+
+pub use render::{render, Rendered};
+pub use trajectory::{camera_path, Trajectory};
 
 use super::config::GaussianConfig;
 use super::outputs::Pose;
