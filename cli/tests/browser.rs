@@ -6,6 +6,8 @@
 //!   (`serve-page.png` in Cargo's target tmp folder).
 //! - `da3 view`'s page for a coloured mesh: the mesh's colour, lit, fills the middle of the
 //!   canvas and the background shows around it (`view-mesh.png`).
+//! - `da3 view`'s page for 3D Gaussians: their colour, splatted, fills the middle
+//!   (`view-gaussians.png`).
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`.ci/run` installs them); without them the
 //! tests fail, naming what to install.
@@ -424,6 +426,97 @@ fn view_page_draws_a_lit_coloured_mesh() {
         }
     }
     // Around it (the corners, clear of the text at the top left): the background.
+    for (fx, fy) in [(0.97, 0.03), (0.03, 0.97), (0.97, 0.97)] {
+        let p = pixel(fx, fy);
+        assert!(
+            (0..3).all(|k| (p[k] - BACKGROUND[k]).abs() <= 3),
+            "pixel at ({fx}, {fy}) is {p:?}, not the background {BACKGROUND:?} ({})",
+            shot.display()
+        );
+    }
+}
+
+/// `da3 view`'s page for a 3DGS PLY file: a wall of overlapping, nearly opaque Gaussians
+/// (written by the library's 3DGS writer) splatted head-on shows their colour (0.5 + C0 x
+/// f_dc) in the middle of the canvas and the background around it (`view-gaussians.png`).
+#[test]
+fn view_page_splats_gaussians() {
+    let dir = tempfile::tempdir().unwrap();
+    let ply = dir.path().join("splats.ply");
+    let colour = [0.2f32, 0.8, 0.4];
+    let c0 = 0.282_094_8_f32;
+    let side = 21;
+    let mut g = da3::Gaussians {
+        views: 1,
+        width: side,
+        height: side,
+        sh_coefficients: 1,
+        ..Default::default()
+    };
+    for y in 0..side {
+        for x in 0..side {
+            let at = |i: usize| (i as f32 - (side - 1) as f32 / 2.0) * 0.1;
+            g.means.push([at(x), at(y), 3.0]);
+            g.scales.push([0.08, 0.08, 0.02]);
+            g.rotations.push([1.0, 0.0, 0.0, 0.0]);
+            g.harmonics.extend(colour.map(|c| (c - 0.5) / c0));
+            g.opacities.push(0.99);
+        }
+    }
+    let depth = vec![3.0f32; side * side];
+    let all = da3::export::GaussianPlyOptions {
+        prune_border: false,
+        max_depth_quantile: None,
+        views_interval: 1,
+    };
+    da3::export::write_gaussian_ply(&ply, &g, &[&depth], &all).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_da3"))
+        .args(["-q", "view", ply.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let browser = Browser::start();
+    let page = dir.path().join("splats.html");
+    browser.open(&format!("file://{}#yaw=0&pitch=0", page.display()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let facts = loop {
+        let facts = browser.run(
+            "const canvas = document.getElementById('view'); const r = canvas.getBoundingClientRect(); \
+             return {drawn: Number(canvas.dataset.drawn || 0), gaussians: Number(canvas.dataset.gaussians || 0), \
+                     error: document.getElementById('error').textContent, \
+                     rect: [r.left, r.top, r.width, r.height]};",
+        );
+        if facts["drawn"].as_u64() >= Some(1) || facts["error"] != "" {
+            break facts;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page drew nothing in 30 s: {facts}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(facts["error"], "", "{facts}");
+    assert_eq!(facts["gaussians"], (side * side) as u64, "{facts}");
+    let (image, shot) = browser.screenshot("view-gaussians.png");
+    drop(browser);
+    let (x0, y0, x1, y1) = canvas_box(&facts["rect"], &image);
+    let (w, h) = (x1 - x0, y1 - y0);
+    let pixel = |fx: f32, fy: f32| {
+        image
+            .get_pixel(x0 + (fx * w as f32) as u32, y0 + (fy * h as f32) as u32)
+            .0
+            .map(i32::from)
+    };
+    let expected = colour.map(|c| (c * 255.0).round() as i32);
+    for (fx, fy) in [(0.5, 0.5), (0.45, 0.45), (0.55, 0.55)] {
+        let p = pixel(fx, fy);
+        assert!(
+            (0..3).all(|k| (p[k] - expected[k]).abs() <= 10),
+            "pixel at ({fx}, {fy}) is {p:?}, not the Gaussians' colour {expected:?} ({})",
+            shot.display()
+        );
+    }
     for (fx, fy) in [(0.97, 0.03), (0.03, 0.97), (0.97, 0.97)] {
         let p = pixel(fx, fy);
         assert!(

@@ -67,9 +67,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         read_file(&args.input)?
     };
-    if scene.positions.is_empty() && scene.line_positions.is_empty() && scene.triangles.is_empty() {
+    if scene.positions.is_empty()
+        && scene.line_positions.is_empty()
+        && scene.triangles.is_empty()
+        && scene.gaussian_positions.is_empty()
+    {
         bail!(
-            "{}: holds no points, no triangles and no lines",
+            "{}: holds no points, no triangles, no lines and no Gaussians",
             args.input.display()
         );
     }
@@ -390,6 +394,12 @@ struct PlyRecord {
     color: [Option<u8>; 3],
     /// A face's `vertex_indices` (or `vertex_index`).
     indices: Option<Vec<i64>>,
+    /// A 3D Gaussian's (3DGS's PLY layout): `f_dc_0..2`, `opacity` (a logit), `scale_0..2`
+    /// (logarithms), `rot_0..3` (w first).
+    dc: [Option<f64>; 3],
+    opacity: Option<f64>,
+    scale: [Option<f64>; 3],
+    rotation: [Option<f64>; 4],
 }
 
 impl ply_rs_bw::ply::PropertyAccess for PlyRecord {
@@ -421,6 +431,16 @@ impl ply_rs_bw::ply::PropertyAccess for PlyRecord {
             "nx" => self.normal[0] = number,
             "ny" => self.normal[1] = number,
             "nz" => self.normal[2] = number,
+            "f_dc_0" | "f_dc_1" | "f_dc_2" => {
+                self.dc[(name.as_bytes()[5] - b'0') as usize] = number
+            }
+            "opacity" => self.opacity = number,
+            "scale_0" | "scale_1" | "scale_2" => {
+                self.scale[(name.as_bytes()[6] - b'0') as usize] = number
+            }
+            "rot_0" | "rot_1" | "rot_2" | "rot_3" => {
+                self.rotation[(name.as_bytes()[4] - b'0') as usize] = number
+            }
             "red" | "green" | "blue" => {
                 let k = ["red", "green", "blue"].iter().position(|c| *c == name);
                 self.color[k.unwrap_or(0)] = match property {
@@ -449,6 +469,51 @@ impl ply_rs_bw::ply::PropertyAccess for PlyRecord {
 
 fn widen<T: Into<i64>>(values: Vec<T>) -> Vec<i64> {
     values.into_iter().map(Into::into).collect()
+}
+
+impl PlyRecord {
+    /// Whether the vertex is a 3D Gaussian (it has every 3DGS property).
+    fn is_gaussian(&self) -> bool {
+        self.dc
+            .iter()
+            .chain(&self.scale)
+            .chain(&self.rotation)
+            .all(Option::is_some)
+            && self.opacity.is_some()
+    }
+}
+
+/// The vertices of a 3DGS PLY (`positions` already in glTF axes) as the scene's Gaussians:
+/// opacity through a sigmoid, scales exponentiated, the rotation turned into glTF axes (a
+/// half turn about x: the quaternion's y and z negated).
+fn read_gaussians(vertices: &[PlyRecord], positions: &[[f32; 3]]) -> anyhow::Result<ViewerScene> {
+    let (mut centres, mut dc, mut opacities, mut scales, mut rotations) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (i, (v, p)) in vertices.iter().zip(positions).enumerate() {
+        if !v.is_gaussian() {
+            bail!("vertex {i}: not every 3D Gaussian property (f_dc_*, opacity, scale_*, rot_*)");
+        }
+        let get = |o: Option<f64>| o.unwrap_or(0.0) as f32;
+        let scale = v.scale.map(|s| get(s).exp());
+        let [w, x, y, z] = v.rotation.map(get);
+        let values_finite = p
+            .iter()
+            .chain(&scale)
+            .chain(&[w, x, y, z])
+            .all(|c| c.is_finite());
+        if !values_finite || get(v.opacity).is_nan() {
+            continue;
+        }
+        centres.push(*p);
+        dc.push(v.dc.map(get));
+        opacities.push(1.0 / (1.0 + (-get(v.opacity)).exp()));
+        scales.push(scale);
+        // R' = F R F with F = diag(1, -1, -1): the quaternion (w, x, -y, -z).
+        rotations.push([w, x, -y, -z]);
+    }
+    let mut out = ViewerScene::default();
+    out.add_gaussians(&centres, &dc, &opacities, &scales, &rotations)?;
+    Ok(out)
 }
 
 fn read_ply(bytes: &[u8]) -> anyhow::Result<ViewerScene> {
@@ -481,6 +546,9 @@ fn read_ply(bytes: &[u8]) -> anyhow::Result<ViewerScene> {
     }
     let finite = |p: &[f32; 3]| p.iter().all(|c| c.is_finite());
     let mut out = ViewerScene::default();
+    if vertices.first().is_some_and(PlyRecord::is_gaussian) {
+        return read_gaussians(vertices, &positions);
+    }
     let Some(faces) = ply.payload.get("face") else {
         // A point cloud: points without a finite position (da3 writes none) are left out.
         for (p, c) in positions.iter().zip(&colors) {

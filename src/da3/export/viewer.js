@@ -1,14 +1,17 @@
 // da3 viewer: plain WebGL 1, no libraries. Draws coloured points, a lit triangle mesh and line
 // segments (camera frustums, trajectories) with an orbit camera: drag to rotate, wheel to
 // zoom, shift-drag or right-drag to pan, double-click to reset; keys m, p and l show or hide
-// the mesh, the points and the lines.
+// the mesh, the points and the lines (g the 3D Gaussians).
 //
 // The scene object (as `da3::export::ViewerScene` serialises it): `points` and `lines`
 // (counts), `positions` (base64 of little-endian f32 x,y,z per point), `colors` (base64 of
 // u8 r,g,b per point), `line_positions` (f32 x,y,z per segment endpoint, two per segment),
 // `line_colors` (u8 r,g,b per endpoint); when there is a mesh, `triangles`, `mesh_vertices`,
 // `mesh_positions` (f32 x,y,z), `mesh_colors` (u8 r,g,b), `mesh_normals` (i8 x,y,z, unit x
-// 127; absent: computed here) and `mesh_indices` (little-endian u32, three per triangle).
+// 127; absent: computed here) and `mesh_indices` (little-endian u32, three per triangle);
+// when there are 3D Gaussians, `gaussians`, `gs_positions` (f32 x,y,z), `gs_colors` (u8
+// r,g,b,opacity) and `gs_covariances` (f32 xx,xy,xz,yy,yz,zz), splatted as 3D Gaussian
+// Splatting projects them (key g shows or hides them).
 // Axes as glTF: x right, y up, z towards the viewer.
 "use strict";
 
@@ -70,7 +73,15 @@ function da3DecodeScene(scene) {
     meshColors: da3DecodeBase64(scene.mesh_colors),
     meshIndices: da3DecodeU32(scene.mesh_indices),
     meshNormals: null,
+    gsPositions: da3DecodeF32(scene.gs_positions),
+    gsColors: da3DecodeBase64(scene.gs_colors),
+    gsCovariances: da3DecodeF32(scene.gs_covariances),
   };
+  const gaussians = scene.gaussians || 0;
+  if (s.gsPositions.length !== 3 * gaussians || s.gsColors.length !== 4 * gaussians ||
+      s.gsCovariances.length !== 6 * gaussians) {
+    throw new Error(`scene: ${gaussians} Gaussians, but ${s.gsPositions.length / 3} centres`);
+  }
   if (s.positions.length !== 3 * scene.points || s.colors.length !== 3 * scene.points) {
     throw new Error(`scene: ${scene.points} points, but ${s.positions.length / 3} positions and ${s.colors.length / 3} colours`);
   }
@@ -159,6 +170,73 @@ function da3Program(gl, vs, fs) {
   return program;
 }
 
+// 3D Gaussians as 3D Gaussian Splatting draws them: each covariance projected through the
+// local affine approximation of the perspective (plus 0.3 pixel^2), a quad over 3 standard
+// deviations of its ellipse, blended back to front (premultiplied alpha).
+const DA3_SPLAT_VS = `
+attribute vec2 corner; attribute vec3 center; attribute vec4 rgba;
+attribute vec3 covA; attribute vec3 covB;
+uniform mat4 view; uniform mat4 proj; uniform float focal; uniform vec2 viewport;
+varying vec4 v_rgba; varying vec2 v_pos;
+void main() {
+  vec4 cam = view * vec4(center, 1.0);
+  float z = -cam.z;
+  vec4 clip = proj * cam;
+  if (z < 1e-3 || clip.w <= 0.0) { gl_Position = vec4(0.0, 0.0, 2.0, 1.0); return; }
+  mat3 S = mat3(covA.x, covA.y, covA.z, covA.y, covB.x, covB.y, covA.z, covB.y, covB.z);
+  mat3 W = mat3(view[0].xyz, view[1].xyz, view[2].xyz);
+  mat3 J = mat3(focal / z, 0.0, 0.0, 0.0, focal / z, 0.0,
+                focal * cam.x / (z * z), focal * cam.y / (z * z), 0.0);
+  mat3 T = J * W;
+  mat3 M = T * S;
+  // (T S T^T) upper-left 2x2, by hand (GLSL ES 1.0 has no transpose).
+  float a = dot(vec3(M[0][0], M[1][0], M[2][0]), vec3(T[0][0], T[1][0], T[2][0])) + 0.3;
+  float b = dot(vec3(M[0][0], M[1][0], M[2][0]), vec3(T[0][1], T[1][1], T[2][1]));
+  float c = dot(vec3(M[0][1], M[1][1], M[2][1]), vec3(T[0][1], T[1][1], T[2][1])) + 0.3;
+  float mid = 0.5 * (a + c);
+  float rad = sqrt(max(mid * mid - (a * c - b * b), 0.0));
+  float l1 = mid + rad, l2 = max(mid - rad, 0.01);
+  vec2 v1 = abs(b) > 1e-9 ? normalize(vec2(b, l1 - a)) : (a >= c ? vec2(1.0, 0.0) : vec2(0.0, 1.0));
+  vec2 v2 = vec2(-v1.y, v1.x);
+  vec2 offset = 3.0 * (corner.x * sqrt(l1) * v1 + corner.y * sqrt(l2) * v2);
+  gl_Position = clip + vec4(offset * 2.0 / viewport * clip.w, 0.0, 0.0);
+  v_rgba = rgba;
+  v_pos = 3.0 * corner;
+}`;
+const DA3_SPLAT_FS = `
+precision mediump float; varying vec4 v_rgba; varying vec2 v_pos;
+void main() {
+  float d = dot(v_pos, v_pos);
+  if (d > 9.0) discard;
+  float alpha = min(0.99, v_rgba.a * exp(-0.5 * d));
+  if (alpha < 1.0 / 255.0) discard;
+  gl_FragColor = vec4(v_rgba.rgb * alpha, alpha);
+}`;
+
+// Order of the splats from far to near along `forward` from `eye`: a counting sort of 16-bit
+// depth keys.
+function da3SplatOrder(positions, eye, forward, order) {
+  const n = order.length;
+  const depth = new Float32Array(n);
+  let lo = Infinity, hi = -Infinity;
+  for (let i = 0; i < n; i++) {
+    const d = (positions[3 * i] - eye[0]) * forward[0] + (positions[3 * i + 1] - eye[1]) * forward[1] +
+      (positions[3 * i + 2] - eye[2]) * forward[2];
+    depth[i] = d;
+    if (d < lo) lo = d;
+    if (d > hi) hi = d;
+  }
+  const scale = hi > lo ? 65535 / (hi - lo) : 0;
+  const counts = new Uint32Array(65536), keys = new Uint16Array(n);
+  for (let i = 0; i < n; i++) {
+    keys[i] = 65535 - Math.floor((depth[i] - lo) * scale);
+    counts[keys[i]]++;
+  }
+  for (let k = 1; k < 65536; k++) counts[k] += counts[k - 1];
+  for (let i = n - 1; i >= 0; i--) order[--counts[keys[i]]] = i;
+  return order;
+}
+
 // Draws `scene` (an encoded scene object) on `canvas`; returns {redraw, setScene, show}.
 function da3Viewer(canvas, scene, options) {
   options = options || {};
@@ -193,8 +271,9 @@ function da3Viewer(canvas, scene, options) {
     light: gl.getUniformLocation(program, "light"),
   });
   const flatLoc = locations(flat), litLoc = locations(lit);
-  const buffers = { points: 0, lines: 0, triangles: 0 };
-  const visible = { mesh: true, points: true, lines: true };
+  const buffers = { points: 0, lines: 0, triangles: 0, gaussians: 0 };
+  const visible = { mesh: true, points: true, lines: true, gaussians: true };
+  let splat = null;
   const upload = (data, target) => {
     const b = gl.createBuffer();
     gl.bindBuffer(target || gl.ARRAY_BUFFER, b);
@@ -214,6 +293,8 @@ function da3Viewer(canvas, scene, options) {
     buffers.points = s.positions.length / 3;
     buffers.lines = s.linePositions.length / 3;
     buffers.triangles = s.meshIndices.length / 3;
+    buffers.gaussians = s.gsPositions.length / 3;
+    if (buffers.gaussians) setGaussians(s);
     buffers.pPos = upload(s.positions);
     buffers.pCol = upload(s.colors);
     buffers.lPos = upload(s.linePositions);
@@ -231,13 +312,92 @@ function da3Viewer(canvas, scene, options) {
     }
     // The surfaces (points and mesh) frame the view, lines only when there is nothing else (a
     // trajectory alone): the scene is what the lines are about.
-    const surfaces = [s.positions, s.meshPositions].filter(a => a.length);
+    const surfaces = [s.positions, s.meshPositions, s.gsPositions].filter(a => a.length);
     frame = da3Frame(surfaces.length ? surfaces : [s.linePositions]);
     reset();
     redraw();
     canvas.dataset.points = String(buffers.points);
     canvas.dataset.lines = String(buffers.lines);
     canvas.dataset.triangles = String(buffers.triangles);
+    canvas.dataset.gaussians = String(buffers.gaussians);
+  }
+  // The splats' program, their corner quad and per-splat arrays, kept for re-sorting.
+  function setGaussians(s) {
+    const instancing = gl.getExtension("ANGLE_instanced_arrays");
+    if (!instancing) throw new Error("this browser's WebGL lacks ANGLE_instanced_arrays (Gaussians)");
+    if (!splat) {
+      const program = da3Program(gl, DA3_SPLAT_VS, DA3_SPLAT_FS);
+      const loc = name => gl.getAttribLocation(program, name);
+      splat = {
+        program, instancing,
+        corner: loc("corner"), center: loc("center"), rgba: loc("rgba"), covA: loc("covA"), covB: loc("covB"),
+        view: gl.getUniformLocation(program, "view"), proj: gl.getUniformLocation(program, "proj"),
+        focal: gl.getUniformLocation(program, "focal"), viewport: gl.getUniformLocation(program, "viewport"),
+        quad: upload(new Float32Array([-1, -1, 1, -1, -1, 1, 1, 1])),
+        geometry: gl.createBuffer(), colors: gl.createBuffer(),
+      };
+    }
+    const n = buffers.gaussians;
+    splat.positions = s.gsPositions;
+    splat.source = { colors: s.gsColors, covariances: s.gsCovariances };
+    splat.order = new Uint32Array(n);
+    splat.packed = new Float32Array(9 * n);
+    splat.packedColors = new Uint8Array(4 * n);
+    splat.sortedFor = null;
+  }
+  // Uploads the splats in the order far to near from `eye`.
+  function sortSplats(eye, target) {
+    const key = eye.join(",") + "|" + target.join(",");
+    if (splat.sortedFor === key) return;
+    splat.sortedFor = key;
+    const f = [target[0] - eye[0], target[1] - eye[1], target[2] - eye[2]];
+    const order = da3SplatOrder(splat.positions, eye, f, splat.order);
+    const p = splat.positions, c = splat.source.colors, v = splat.source.covariances;
+    const out = splat.packed, outC = splat.packedColors;
+    for (let j = 0; j < order.length; j++) {
+      const i = order[j];
+      out.set(p.subarray(3 * i, 3 * i + 3), 9 * j);
+      out.set(v.subarray(6 * i, 6 * i + 6), 9 * j + 3);
+      outC.set(c.subarray(4 * i, 4 * i + 4), 4 * j);
+    }
+    gl.bindBuffer(gl.ARRAY_BUFFER, splat.geometry);
+    gl.bufferData(gl.ARRAY_BUFFER, out, gl.DYNAMIC_DRAW);
+    gl.bindBuffer(gl.ARRAY_BUFFER, splat.colors);
+    gl.bufferData(gl.ARRAY_BUFFER, outC, gl.DYNAMIC_DRAW);
+  }
+  function drawSplats(viewMatrix, projection, eye, target, w, h) {
+    sortSplats(eye, target);
+    const ext = splat.instancing;
+    gl.useProgram(splat.program);
+    gl.uniformMatrix4fv(splat.view, false, viewMatrix);
+    gl.uniformMatrix4fv(splat.proj, false, projection);
+    gl.uniform1f(splat.focal, projection[5] * h / 2);
+    gl.uniform2f(splat.viewport, w, h);
+    gl.bindBuffer(gl.ARRAY_BUFFER, splat.quad);
+    gl.enableVertexAttribArray(splat.corner);
+    gl.vertexAttribPointer(splat.corner, 2, gl.FLOAT, false, 0, 0);
+    ext.vertexAttribDivisorANGLE(splat.corner, 0);
+    gl.bindBuffer(gl.ARRAY_BUFFER, splat.geometry);
+    for (const [attribute, offset] of [[splat.center, 0], [splat.covA, 12], [splat.covB, 24]]) {
+      gl.enableVertexAttribArray(attribute);
+      gl.vertexAttribPointer(attribute, 3, gl.FLOAT, false, 36, offset);
+      ext.vertexAttribDivisorANGLE(attribute, 1);
+    }
+    gl.bindBuffer(gl.ARRAY_BUFFER, splat.colors);
+    gl.enableVertexAttribArray(splat.rgba);
+    gl.vertexAttribPointer(splat.rgba, 4, gl.UNSIGNED_BYTE, true, 0, 0);
+    ext.vertexAttribDivisorANGLE(splat.rgba, 1);
+    gl.enable(gl.BLEND);
+    gl.blendFunc(gl.ONE, gl.ONE_MINUS_SRC_ALPHA);
+    gl.depthMask(false);
+    ext.drawArraysInstancedANGLE(gl.TRIANGLE_STRIP, 0, 4, buffers.gaussians);
+    gl.depthMask(true);
+    gl.disable(gl.BLEND);
+    for (const attribute of [splat.center, splat.covA, splat.covB, splat.rgba]) {
+      ext.vertexAttribDivisorANGLE(attribute, 0);
+      gl.disableVertexAttribArray(attribute);
+    }
+    gl.disableVertexAttribArray(splat.corner);
   }
   function bind(loc, pos, col) {
     gl.bindBuffer(gl.ARRAY_BUFFER, pos);
@@ -267,7 +427,8 @@ function da3Viewer(canvas, scene, options) {
     const cp = Math.cos(view.pitch), sp = Math.sin(view.pitch), cy = Math.cos(view.yaw), sy = Math.sin(view.yaw);
     const eye = [target[0] + view.distance * cp * sy, target[1] + view.distance * sp, target[2] + view.distance * cp * cy];
     const near = Math.max(view.distance * 0.01, 1e-4), far = view.distance + 20 * frame.radius;
-    const mvp = da3Mat4Multiply(da3Perspective(0.9, w / h, near, far), da3LookAt(eye, target, [0, 1, 0]));
+    const projection = da3Perspective(0.9, w / h, near, far), viewMatrix = da3LookAt(eye, target, [0, 1, 0]);
+    const mvp = da3Mat4Multiply(projection, viewMatrix);
     if (buffers.triangles && visible.mesh) {
       gl.useProgram(lit);
       gl.uniformMatrix4fv(litLoc.mvp, false, mvp);
@@ -300,6 +461,8 @@ function da3Viewer(canvas, scene, options) {
       bind(flatLoc, buffers.lPos, buffers.lCol);
       gl.drawArrays(gl.LINES, 0, buffers.lines);
     }
+    // Last: the splats blend over what is drawn, without writing depth.
+    if (buffers.gaussians && visible.gaussians) drawSplats(viewMatrix, projection, eye, target, w, h);
     canvas.dataset.drawn = String(Number(canvas.dataset.drawn || 0) + 1);
   }
   function show(what, on) {
@@ -337,7 +500,7 @@ function da3Viewer(canvas, scene, options) {
   canvas.addEventListener("dblclick", () => { reset(); redraw(); });
   window.addEventListener("resize", redraw);
   if (options.keys) {
-    const keys = { m: "mesh", p: "points", l: "lines" };
+    const keys = { m: "mesh", p: "points", l: "lines", g: "gaussians" };
     window.addEventListener("keydown", e => {
       if (keys[e.key] && !e.ctrlKey && !e.metaKey && !e.altKey) show(keys[e.key]);
     });

@@ -20,9 +20,15 @@
 //! | `mesh_colors` | base64 of `u8` r, g, b per mesh vertex |
 //! | `mesh_normals` | base64 of `i8` x, y, z per mesh vertex (unit normal x 127); absent: the page computes them |
 //! | `mesh_indices` | base64 of little-endian `u32` vertex indices, three per triangle |
+//! | `gaussians`, `total_gaussians` | 3D Gaussians drawn, Gaussians before the cap |
+//! | `gs_positions` | base64 of `f32` x, y, z per Gaussian (its centre) |
+//! | `gs_colors` | base64 of `u8` r, g, b, opacity per Gaussian (its colour seen head-on: the DC band) |
+//! | `gs_covariances` | base64 of `f32` xx, xy, xz, yy, yz, zz per Gaussian (its 3D covariance) |
 //!
-//! The mesh fields are there only when the scene has triangles, so a scene without a mesh
-//! encodes as it did before meshes were added. Normals go as 8-bit snorm (what WebGL reads as
+//! The mesh fields are there only when the scene has triangles, and the Gaussian fields only
+//! when it has Gaussians, so a scene without them encodes as it did before they were added.
+//! The page splats the Gaussians (3DGS's projection of each covariance, blended back to
+//! front), sorting them by depth when the view changes. Normals go as 8-bit snorm (what WebGL reads as
 //! a normalised `BYTE` attribute): a quarter of `f32`'s bytes and plenty for shading.
 //!
 //! Above [`ViewerCaps::max_triangles`] the page keeps an evenly strided subset (triangle
@@ -95,6 +101,10 @@ pub struct ViewerScene {
     pub mesh_normals: Vec<[f32; 3]>,
     /// Three indices into `mesh_positions` per triangle.
     pub triangles: Vec<[u32; 3]>,
+    /// 3D Gaussians: centres, colour and opacity, and covariances (xx, xy, xz, yy, yz, zz).
+    pub gaussian_positions: Vec<[f32; 3]>,
+    pub gaussian_colors: Vec<[u8; 4]>,
+    pub gaussian_covariances: Vec<[f32; 6]>,
 }
 
 impl ViewerScene {
@@ -223,7 +233,26 @@ impl ViewerScene {
                 self.line_colors.len()
             )));
         }
+        let n = self.gaussian_positions.len();
+        if self.gaussian_colors.len() != n || self.gaussian_covariances.len() != n {
+            return Err(Error::Input(format!(
+                "viewer scene: {n} Gaussian centres, {} colours and {} covariances",
+                self.gaussian_colors.len(),
+                self.gaussian_covariances.len()
+            )));
+        }
         let finite = |p: &[[f32; 3]]| p.iter().flatten().all(|v| v.is_finite());
+        if !self
+            .gaussian_covariances
+            .iter()
+            .flatten()
+            .all(|v| v.is_finite())
+            || !finite(&self.gaussian_positions)
+        {
+            return Err(Error::Input(
+                "viewer scene: a Gaussian is not finite".into(),
+            ));
+        }
         if !finite(&self.positions) || !finite(&self.line_positions) {
             return Err(Error::Input(
                 "viewer scene: a position is not finite".into(),
@@ -270,7 +299,73 @@ impl ViewerScene {
         if !self.triangles.is_empty() {
             self.mesh_json(caps.max_triangles, &mut out);
         }
+        if !self.gaussian_positions.is_empty() {
+            let kept = strided(self.gaussian_positions.len(), caps.max_points);
+            let map = out.as_object_mut().expect("an object");
+            map.insert("gaussians".into(), kept.len().into());
+            map.insert(
+                "total_gaussians".into(),
+                self.gaussian_positions.len().into(),
+            );
+            map.insert(
+                "gs_positions".into(),
+                f32s_base64(kept.iter().map(|&i| &self.gaussian_positions[i])).into(),
+            );
+            let colors: Vec<u8> = kept.iter().flat_map(|&i| self.gaussian_colors[i]).collect();
+            map.insert("gs_colors".into(), base64_text(colors).into());
+            let covariances: Vec<u8> = kept
+                .iter()
+                .flat_map(|&i| self.gaussian_covariances[i])
+                .flat_map(f32::to_le_bytes)
+                .collect();
+            map.insert("gs_covariances".into(), base64_text(covariances).into());
+        }
         out
+    }
+
+    /// Adds 3D Gaussians in the viewer's axes: centres, colours as their DC band gives them
+    /// (`0.5 + C0 x f_dc`), opacities in 0..1, scales (standard deviations) and rotations as
+    /// quaternions (w, x, y, z; normalised here). Covariances are `R S^2 R^T`.
+    ///
+    /// # Errors
+    /// [`Error::Input`] when the lengths disagree.
+    pub fn add_gaussians(
+        &mut self,
+        positions: &[[f32; 3]],
+        dc: &[[f32; 3]],
+        opacities: &[f32],
+        scales: &[[f32; 3]],
+        rotations: &[[f32; 4]],
+    ) -> Result<(), Error> {
+        let n = positions.len();
+        if [dc.len(), opacities.len(), scales.len(), rotations.len()] != [n; 4] {
+            return Err(Error::Input(format!(
+                "Gaussians: {n} centres, {} colours, {} opacities, {} scales, {} rotations",
+                dc.len(),
+                opacities.len(),
+                scales.len(),
+                rotations.len()
+            )));
+        }
+        const C0: f32 = 0.282_094_8;
+        let byte = |v: f32| (v.clamp(0.0, 1.0) * 255.0).round() as u8;
+        self.gaussian_positions.extend_from_slice(positions);
+        self.gaussian_colors
+            .extend(dc.iter().zip(opacities).map(|(c, &o)| {
+                [
+                    byte(0.5 + C0 * c[0]),
+                    byte(0.5 + C0 * c[1]),
+                    byte(0.5 + C0 * c[2]),
+                    byte(o),
+                ]
+            }));
+        self.gaussian_covariances.extend(
+            scales
+                .iter()
+                .zip(rotations)
+                .map(|(s, q)| covariance(*q, *s)),
+        );
+        Ok(())
     }
 
     /// The mesh fields of [`ViewerScene::to_json_capped`]: the kept triangles, renumbered over
@@ -317,6 +412,40 @@ impl ViewerScene {
         }
         map.insert("mesh_indices".into(), base64_text(indices).into());
     }
+}
+
+/// The upper triangle (xx, xy, xz, yy, yz, zz) of `R S^2 R^T`, `q` = (w, x, y, z).
+fn covariance(q: [f32; 4], s: [f32; 3]) -> [f32; 6] {
+    let n = q
+        .iter()
+        .map(|v| (*v as f64).powi(2))
+        .sum::<f64>()
+        .sqrt()
+        .max(1e-12);
+    let [w, x, y, z] = q.map(|v| v as f64 / n);
+    let r = [
+        [
+            1.0 - 2.0 * (y * y + z * z),
+            2.0 * (x * y - w * z),
+            2.0 * (x * z + w * y),
+        ],
+        [
+            2.0 * (x * y + w * z),
+            1.0 - 2.0 * (x * x + z * z),
+            2.0 * (y * z - w * x),
+        ],
+        [
+            2.0 * (x * z - w * y),
+            2.0 * (y * z + w * x),
+            1.0 - 2.0 * (x * x + y * y),
+        ],
+    ];
+    let c = |i: usize, j: usize| -> f32 {
+        (0..3)
+            .map(|k| r[i][k] * r[j][k] * (s[k] as f64).powi(2))
+            .sum::<f64>() as f32
+    };
+    [c(0, 0), c(0, 1), c(0, 2), c(1, 1), c(1, 2), c(2, 2)]
 }
 
 /// Indices of at most `cap` of `n` items, evenly strided: `j * n / cap` for `j < cap`.
