@@ -15,7 +15,8 @@
 #            so wrap it: `add_subdirectory(ggml ggml)` in a parent CMakeLists.txt)
 # cuDNN (for cuda-attention=on) is taken from PyTorch's wheel when one is installed.
 # bench: `da3 bench --views N --runs 10` per plan setting, synthetic base f16 weights.
-# check: depth of one image and of an 8-view scene on the GPU against the CPU's (correlation).
+# check: depth of one image and of an 8-view scene on the GPU (f16 file) against the CPU's f32
+#        result (the f32 file of the same weights): correlation.
 # ncu:   kernel time of one 16-view base scene per kernel name (Nsight Compute).
 # stream: `da3 stream --mesh --loop-closure` on 100 and 1,000 synthetic frames (a camera
 #         panning twice around an ellipse over the test photo), with peak RSS and GPU memory.
@@ -87,12 +88,17 @@ for i, v in enumerate(views):
 PY
   inputs=()
   for i in 0 1 2 3 4 5 6 7; do inputs+=(--input "$W/v$i.png"); done
+  # The reference: the CPU's f32 result, from the f32 file of the same synthetic weights (an
+  # f16 file on the CPU may multiply in bf16, which is the CPU's own approximation).
+  synthetic da3-base-f32 || exit 1
   for run in cpu:off CUDA0:off CUDA0:on; do
     dev=${run%:*} p=${run#*:}
+    model=$W/da3-base-f16.gguf
+    [ "$dev" = cpu ] && model=$W/da3-base-f32.gguf
     mkdir -p "$W/o-$dev-$p"
-    "$B/da3" -q depth --model "$W/da3-base-f16.gguf" --device "$dev" --plan cuda-attention="$p" \
+    "$B/da3" -q depth --model "$model" --device "$dev" --plan cuda-attention="$p" \
       --pfm "$W/o-$dev-$p/one.pfm" >/dev/null || echo "one image failed on $dev ($p)"
-    "$B/da3" -q depth --model "$W/da3-base-f16.gguf" --device "$dev" --plan cuda-attention="$p" \
+    "$B/da3" -q depth --model "$model" --device "$dev" --plan cuda-attention="$p" \
       "${inputs[@]}" --out-dir "$W/o-$dev-$p/scene" --view-maps pfm >/dev/null ||
       echo "scene failed on $dev ($p)"
   done
