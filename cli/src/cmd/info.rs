@@ -39,6 +39,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         *entry.2.entry(t.dtype.to_string()).or_default() += 1;
     }
     let params: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
+    // The 3D Gaussian head, when the file holds it (loaded only for Gaussians).
+    let gaussians = c
+        .gaussians
+        .filter(|_| file.tensor(architecture::GAUSSIAN_HEAD_PROBE).is_some());
     let device = model.device().name();
     // The architecture's table of the file, the one the loader checked it against.
     let table = architecture::tensors(&c, &Parts::of_file(&file, &c, true, true)?)?;
@@ -91,6 +95,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "sky": c.head.sky,
                 "activation": format!("{:?}", c.head.activation),
             },
+            "gaussians": gaussians.map(|g| serde_json::json!({
+                "features": g.features,
+                "out_channels": g.out_channels,
+                "sh_degree": g.sh_degree,
+                "offset_xy": g.offset_xy,
+                "offset_depth": g.offset_depth,
+                "scale_range": [g.scale_min, g.scale_max],
+            })),
             "parameters": params,
             "tensors": file.tensors().len(),
             "groups": groups,
@@ -151,6 +163,17 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         c.head.out_channels,
         c.head.sky
     );
+    if let Some(g) = gaussians {
+        outln!(
+            "gaussians    GSDPT features {} out_channels {:?}, SH degree {}, scales {}..{} \
+             (loaded for --gs-ply / --gs-video)",
+            g.features,
+            g.out_channels,
+            g.sh_degree,
+            g.scale_min,
+            g.scale_max
+        );
+    }
     outln!(
         "parameters   {:.1} M in {} tensors",
         params as f64 / 1e6,
