@@ -25,7 +25,7 @@ pub struct DeviceArgs {
     /// Departures from the execution plan, to compare one route with another:
     /// `kernels=portable|avx2|avx2vnni|avx512bf16`, `bf16-products=on|off`, `amx=off`,
     /// `winograd=off`, `int8-activation-bits=7|8`, `int8-products=off`, `fold-norms=off`,
-    /// `vision-rope=off`, `centre-qk-heads=off`, `cuda-attention=on` (comma-separated or repeated). The `DA3_*`
+    /// `vision-rope=off`, `centre-qk-heads=off`, `cuda-attention=off` (comma-separated or repeated). The `DA3_*`
     /// variables of earlier releases still apply; a flag wins. `da3 info` prints the plan.
     #[arg(long, value_name = "KEY=VALUE")]
     pub plan: Vec<String>,
