@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{agreement, cpu_options, fixture_dir, full_reference_in, Agreement, Reference};
+use common::{
+    agreement, cpu_options, fixture_dir, full_reference_in, scene_images, Agreement, Reference,
+};
 use da3::{synthetic, LoadOptions, Model, RefViewStrategy, Request};
 use serde_json::Value;
 
@@ -32,20 +34,6 @@ fn load_model(dir: &tempfile::TempDir) -> Model {
         ..cpu_options()
     };
     Model::load(&path, &options).unwrap()
-}
-
-fn scene_images(scene: &Value) -> Vec<da3::preprocess::RgbImage8> {
-    scene["views"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| {
-            synthetic::image(
-                v["width"].as_u64().unwrap() as usize,
-                v["height"].as_u64().unwrap() as usize,
-            )
-        })
-        .collect()
 }
 
 /// Within 1e-3 of the largest magnitude (the bound for the Gaussian parameters).

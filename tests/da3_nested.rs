@@ -6,10 +6,11 @@
 mod common;
 
 use common::{
-    agreement, assert_close, cpu_options, fixture_dir, full_reference, synthetic_tiny_file,
+    agreement, assert_close, cpu_options, fixture_dir, full_reference, scene_images,
+    synthetic_tiny_file,
 };
 use da3::convert::{write_synthetic, WeightType};
-use da3::{synthetic, Config, Model, NestedModel, RefViewStrategy, Request};
+use da3::{Config, Model, NestedModel, RefViewStrategy, Request};
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -60,20 +61,6 @@ fn nested_model() -> (NestedModel, tempfile::TempDir, tempfile::TempDir) {
 fn peer_metric_file() -> PathBuf {
     let m = manifest();
     fixture_dir(FIXTURE).join(m["peer_metric_file"]["file"].as_str().unwrap())
-}
-
-fn scene_images(scene: &Value) -> Vec<da3::Image> {
-    scene["views"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| {
-            synthetic::image(
-                v["width"].as_u64().unwrap() as usize,
-                v["height"].as_u64().unwrap() as usize,
-            )
-        })
-        .collect()
 }
 
 /// Every scene (1, 2 and 3 views): the scale factor, the metric depth (sky filled), the

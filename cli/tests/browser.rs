@@ -168,6 +168,33 @@ impl Browser {
     }
 
     /// A screenshot of the window, also saved as `name` in Cargo's target tmp folder.
+    /// Opens a `da3 view` page looking straight down its -z axis (yaw and pitch 0) and waits
+    /// (up to 30 s) for its first frame or an error; returns what the page reports: frames
+    /// drawn, triangles and Gaussians, the error and count lines, the canvas's rectangle.
+    fn view_head_on(&self, page: &Path) -> Value {
+        self.open(&format!("file://{}#yaw=0&pitch=0", page.display()));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let facts = self.run(
+                "const canvas = document.getElementById('view'); const r = canvas.getBoundingClientRect(); \
+                 return {drawn: Number(canvas.dataset.drawn || 0), \
+                         triangles: Number(canvas.dataset.triangles || 0), \
+                         gaussians: Number(canvas.dataset.gaussians || 0), \
+                         error: document.getElementById('error').textContent, \
+                         count: document.getElementById('count').textContent, \
+                         rect: [r.left, r.top, r.width, r.height]};",
+            );
+            if facts["drawn"].as_u64() >= Some(1) || facts["error"] != "" {
+                return facts;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the page drew nothing in 30 s: {facts}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn screenshot(&self, name: &str) -> (image::RgbImage, PathBuf) {
         let png = base64::engine::general_purpose::STANDARD
             .decode(self.call("GET", "/screenshot", None).as_str().unwrap())
@@ -364,25 +391,7 @@ fn view_page_draws_a_lit_coloured_mesh() {
 
     let browser = Browser::start();
     // Looking straight at the wall (yaw and pitch 0), so it fills the middle of the canvas.
-    browser.open(&format!("file://{}#yaw=0&pitch=0", page.display()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let facts = loop {
-        let facts = browser.run(
-            "const canvas = document.getElementById('view'); const r = canvas.getBoundingClientRect(); \
-             return {drawn: Number(canvas.dataset.drawn || 0), triangles: Number(canvas.dataset.triangles || 0), \
-                     error: document.getElementById('error').textContent, \
-                     count: document.getElementById('count').textContent, \
-                     rect: [r.left, r.top, r.width, r.height]};",
-        );
-        if facts["drawn"].as_u64() >= Some(1) || facts["error"] != "" {
-            break facts;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the page drew nothing in 30 s: {facts}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let facts = browser.view_head_on(&page);
     assert_eq!(facts["error"], "", "{facts}");
     assert_eq!(facts["triangles"], 800, "{facts}");
     assert!(
@@ -477,25 +486,7 @@ fn view_page_splats_gaussians() {
     assert!(out.status.success(), "{out:?}");
 
     let browser = Browser::start();
-    let page = dir.path().join("splats.html");
-    browser.open(&format!("file://{}#yaw=0&pitch=0", page.display()));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let facts = loop {
-        let facts = browser.run(
-            "const canvas = document.getElementById('view'); const r = canvas.getBoundingClientRect(); \
-             return {drawn: Number(canvas.dataset.drawn || 0), gaussians: Number(canvas.dataset.gaussians || 0), \
-                     error: document.getElementById('error').textContent, \
-                     rect: [r.left, r.top, r.width, r.height]};",
-        );
-        if facts["drawn"].as_u64() >= Some(1) || facts["error"] != "" {
-            break facts;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the page drew nothing in 30 s: {facts}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let facts = browser.view_head_on(&dir.path().join("splats.html"));
     assert_eq!(facts["error"], "", "{facts}");
     assert_eq!(facts["gaussians"], (side * side) as u64, "{facts}");
     let (image, shot) = browser.screenshot("view-gaussians.png");

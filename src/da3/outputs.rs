@@ -22,25 +22,8 @@ impl Pose {
     pub fn from_encoding(enc: &[f32], width: usize, height: usize) -> Pose {
         let (t, q) = ([enc[0], enc[1], enc[2]], [enc[3], enc[4], enc[5], enc[6]]);
         let (fov_h, fov_w) = (enc[7], enc[8]);
-        let [i, j, k, r] = q;
-        let two_s = 2.0 / (i * i + j * j + k * k + r * r);
-        let rot = [
-            [
-                1.0 - two_s * (j * j + k * k),
-                two_s * (i * j - k * r),
-                two_s * (i * k + j * r),
-            ],
-            [
-                two_s * (i * j + k * r),
-                1.0 - two_s * (i * i + k * k),
-                two_s * (j * k - i * r),
-            ],
-            [
-                two_s * (i * k - j * r),
-                two_s * (j * k + i * r),
-                1.0 - two_s * (i * i + j * j),
-            ],
-        ];
+        let rot = crate::geometry::rotation::matrix_of_xyzw(q.map(f64::from))
+            .map(|row| row.map(|v| v as f32));
         let mut extrinsics = [[0.0f32; 4]; 3];
         for a in 0..3 {
             for b in 0..3 {

@@ -707,25 +707,9 @@ mod tests {
     fn quaternions_round_trip_through_the_rotation() {
         for deg in [0.0, 10.0, 90.0, 179.0, -120.0] {
             let r = rot_y(deg);
-            let [i, j, k, w] = mat_to_quat(&r);
-            assert!(w >= 0.0);
-            let back = [
-                [
-                    1.0 - 2.0 * (j * j + k * k),
-                    2.0 * (i * j - k * w),
-                    2.0 * (i * k + j * w),
-                ],
-                [
-                    2.0 * (i * j + k * w),
-                    1.0 - 2.0 * (i * i + k * k),
-                    2.0 * (j * k - i * w),
-                ],
-                [
-                    2.0 * (i * k - j * w),
-                    2.0 * (j * k + i * w),
-                    1.0 - 2.0 * (i * i + j * j),
-                ],
-            ];
+            let q = mat_to_quat(&r);
+            assert!(q[3] >= 0.0);
+            let back = crate::geometry::rotation::matrix_of_xyzw(q);
             for a in 0..3 {
                 for b in 0..3 {
                     assert!((back[a][b] - r[a][b]).abs() < 1e-12, "{deg}");

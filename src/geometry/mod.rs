@@ -12,7 +12,8 @@
 //! - [`pose_graph`]: loop closure, Levenberg–Marquardt over window-to-world transforms;
 //! - [`tsdf`]: depth maps fused into a sparse truncated signed distance volume;
 //! - [`mesh`]: triangle meshes and their extraction from the volume (marching cubes);
-//! - [`points`]: a coloured cloud with a point budget.
+//! - [`points`]: a coloured cloud with a point budget;
+//! - [`rotation`]: rotation matrices and quaternions in both component orders.
 
 pub mod align;
 mod error;
@@ -21,6 +22,7 @@ mod kdtree;
 pub mod mesh;
 pub mod points;
 pub mod pose_graph;
+pub mod rotation;
 pub mod sim3;
 mod sparse_cholesky;
 pub mod tsdf;

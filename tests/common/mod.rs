@@ -270,3 +270,18 @@ pub fn assert_close(at: &str, what: &str, a: Agreement, positive: bool) {
         assert!(a.max_scaled <= 1e-3, "{at} {what}: {a:?}");
     }
 }
+
+/// The synthetic views a fixture scene names (`views`: `{width, height}` each).
+pub fn scene_images(scene: &serde_json::Value) -> Vec<da3::Image> {
+    scene["views"]
+        .as_array()
+        .expect("a scene's views")
+        .iter()
+        .map(|v| {
+            da3::synthetic::image(
+                v["width"].as_u64().unwrap() as usize,
+                v["height"].as_u64().unwrap() as usize,
+            )
+        })
+        .collect()
+}

@@ -41,14 +41,11 @@ pub fn extract_frames(video: &Path, fps: f64, dir: &Path) -> anyhow::Result<Vec<
         Err(e) => return Err(e).context("starting ffmpeg"),
     };
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         bail!(
             "ffmpeg could not decode {} ({}): {}",
             video.display(),
             output.status,
-            tail.join(" / ")
+            stderr_tail(&output.stderr)
         );
     }
     let mut frames: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -61,6 +58,13 @@ pub fn extract_frames(video: &Path, fps: f64, dir: &Path) -> anyhow::Result<Vec<
         bail!("ffmpeg decoded no frame from {}", video.display());
     }
     Ok(frames)
+}
+
+/// The last three lines of ffmpeg's standard error, joined: what it says about a failure.
+fn stderr_tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let tail: Vec<&str> = text.lines().rev().take(3).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
 }
 
 /// Frames per second of the videos `da3` writes (the official novel-view videos' rate).
@@ -156,14 +160,11 @@ pub fn encode_mp4(
         }
     }
     if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
         bail!(
             "ffmpeg could not encode {} ({}): {}",
             path.display(),
             output.status,
-            tail.join(" / ")
+            stderr_tail(&output.stderr)
         );
     }
     let mut source = std::fs::File::open(&encoded).context("reading ffmpeg's output")?;

@@ -17,6 +17,7 @@
 use super::super::Error;
 use super::{PointCloud, View};
 use crate::atomic_file;
+use crate::geometry::rotation::wxyz_of_matrix;
 use std::path::Path;
 
 /// Which of COLMAP's two encodings to write.
@@ -24,47 +25,6 @@ use std::path::Path;
 pub enum ColmapFormat {
     Text,
     Binary,
-}
-
-/// Quaternion `(w, x, y, z)` of a rotation matrix (Shepperd's method, w >= 0).
-pub(crate) fn quaternion(r: &[[f64; 3]; 3]) -> [f64; 4] {
-    let trace = r[0][0] + r[1][1] + r[2][2];
-    let q = if trace > 0.0 {
-        let s = (trace + 1.0).sqrt() * 2.0;
-        [
-            0.25 * s,
-            (r[2][1] - r[1][2]) / s,
-            (r[0][2] - r[2][0]) / s,
-            (r[1][0] - r[0][1]) / s,
-        ]
-    } else if r[0][0] > r[1][1] && r[0][0] > r[2][2] {
-        let s = (1.0 + r[0][0] - r[1][1] - r[2][2]).sqrt() * 2.0;
-        [
-            (r[2][1] - r[1][2]) / s,
-            0.25 * s,
-            (r[0][1] + r[1][0]) / s,
-            (r[0][2] + r[2][0]) / s,
-        ]
-    } else if r[1][1] > r[2][2] {
-        let s = (1.0 + r[1][1] - r[0][0] - r[2][2]).sqrt() * 2.0;
-        [
-            (r[0][2] - r[2][0]) / s,
-            (r[0][1] + r[1][0]) / s,
-            0.25 * s,
-            (r[1][2] + r[2][1]) / s,
-        ]
-    } else {
-        let s = (1.0 + r[2][2] - r[0][0] - r[1][1]).sqrt() * 2.0;
-        [
-            (r[1][0] - r[0][1]) / s,
-            (r[0][2] + r[2][0]) / s,
-            (r[1][2] + r[2][1]) / s,
-            0.25 * s,
-        ]
-    };
-    let norm = q.iter().map(|v| v * v).sum::<f64>().sqrt();
-    let sign = if q[0] < 0.0 { -1.0 } else { 1.0 };
-    q.map(|v| sign * v / norm)
 }
 
 struct Camera {
@@ -107,7 +67,7 @@ fn model(cloud: &PointCloud, views: &[View<'_>]) -> Result<(Vec<Camera>, Vec<Ima
             [e[2][0], e[2][1], e[2][2]],
         ];
         images.push(Image {
-            qvec: quaternion(&rot),
+            qvec: wxyz_of_matrix(&rot),
             tvec: [e[0][3], e[1][3], e[2][3]],
             name: v.name.clone(),
             points: Vec::new(),
@@ -314,12 +274,12 @@ mod tests {
     #[test]
     fn quaternions_of_known_rotations() {
         let id = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]];
-        assert_eq!(quaternion(&id), [1.0, 0.0, 0.0, 0.0]);
+        assert_eq!(wxyz_of_matrix(&id), [1.0, 0.0, 0.0, 0.0]);
         // 180 degrees about x: (0, 1, 0, 0).
-        let q = quaternion(&[[1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, -1.0]]);
+        let q = wxyz_of_matrix(&[[1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, -1.0]]);
         assert!((q[1] - 1.0).abs() < 1e-12 && q[0].abs() < 1e-12);
         // 90 degrees about z: (cos 45, 0, 0, sin 45).
-        let q = quaternion(&[[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]);
+        let q = wxyz_of_matrix(&[[0.0, -1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]);
         let h = std::f64::consts::FRAC_1_SQRT_2;
         assert!((q[0] - h).abs() < 1e-12 && (q[3] - h).abs() < 1e-12);
     }

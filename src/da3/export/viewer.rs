@@ -359,12 +359,11 @@ impl ViewerScene {
                     byte(o),
                 ]
             }));
-        self.gaussian_covariances.extend(
-            scales
-                .iter()
-                .zip(rotations)
-                .map(|(s, q)| covariance(*q, *s)),
-        );
+        self.gaussian_covariances
+            .extend(scales.iter().zip(rotations).map(|(s, q)| {
+                let c = crate::da3::gaussians::covariance(*q, *s);
+                [c[0][0], c[0][1], c[0][2], c[1][1], c[1][2], c[2][2]].map(|v| v as f32)
+            }));
         Ok(())
     }
 
@@ -412,40 +411,6 @@ impl ViewerScene {
         }
         map.insert("mesh_indices".into(), base64_text(indices).into());
     }
-}
-
-/// The upper triangle (xx, xy, xz, yy, yz, zz) of `R S^2 R^T`, `q` = (w, x, y, z).
-fn covariance(q: [f32; 4], s: [f32; 3]) -> [f32; 6] {
-    let n = q
-        .iter()
-        .map(|v| (*v as f64).powi(2))
-        .sum::<f64>()
-        .sqrt()
-        .max(1e-12);
-    let [w, x, y, z] = q.map(|v| v as f64 / n);
-    let r = [
-        [
-            1.0 - 2.0 * (y * y + z * z),
-            2.0 * (x * y - w * z),
-            2.0 * (x * z + w * y),
-        ],
-        [
-            2.0 * (x * y + w * z),
-            1.0 - 2.0 * (x * x + z * z),
-            2.0 * (y * z - w * x),
-        ],
-        [
-            2.0 * (x * z - w * y),
-            2.0 * (y * z + w * x),
-            1.0 - 2.0 * (x * x + y * y),
-        ],
-    ];
-    let c = |i: usize, j: usize| -> f32 {
-        (0..3)
-            .map(|k| r[i][k] * r[j][k] * (s[k] as f64).powi(2))
-            .sum::<f64>() as f32
-    };
-    [c(0, 0), c(0, 1), c(0, 2), c(1, 1), c(1, 2), c(2, 2)]
 }
 
 /// Indices of at most `cap` of `n` items, evenly strided: `j * n / cap` for `j < cap`.

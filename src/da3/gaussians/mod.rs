@@ -29,7 +29,9 @@ pub use trajectory::{camera_path, Trajectory};
 
 use super::config::GaussianConfig;
 use super::outputs::Pose;
+use super::poses::mat_to_quat;
 use super::Error;
+use crate::geometry::rotation::matrix_of_xyzw;
 
 /// One Gaussian per pixel of every view, views in order, rows top to bottom (the official
 /// `(v h w)` order), in the world frame of the scene's poses.
@@ -167,6 +169,14 @@ pub(crate) fn place(
     Ok(g)
 }
 
+/// The covariance `R S^2 R^T` of a Gaussian with rotation `q` (w, x, y, z; any length but
+/// zero) and standard deviations `scales` along its axes.
+pub fn covariance(q: [f32; 4], scales: [f32; 3]) -> [[f64; 3]; 3] {
+    let r = crate::geometry::rotation::matrix_of_wxyz(q.map(f64::from));
+    let s = scales.map(|v| (v as f64) * (v as f64));
+    std::array::from_fn(|i| std::array::from_fn(|j| (0..3).map(|k| r[i][k] * r[j][k] * s[k]).sum()))
+}
+
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -254,57 +264,11 @@ fn invert3(m: &Mat3) -> Option<Mat3> {
 fn world_rotation(q: [f64; 4], c2w: &Mat3) -> [f32; 4] {
     let norm = q.iter().map(|v| v * v).sum::<f64>().sqrt() + 1e-8;
     let q = q.map(|v| v / norm);
-    let (i, j, k, r) = (q[3], q[0], q[1], q[2]);
-    let two_s = 2.0 / (i * i + j * j + k * k + r * r);
-    let m = [
-        [
-            1.0 - two_s * (j * j + k * k),
-            two_s * (i * j - k * r),
-            two_s * (i * k + j * r),
-        ],
-        [
-            two_s * (i * j + k * r),
-            1.0 - two_s * (i * i + k * k),
-            two_s * (j * k - i * r),
-        ],
-        [
-            two_s * (i * k - j * r),
-            two_s * (j * k + i * r),
-            1.0 - two_s * (i * i + j * j),
-        ],
-    ];
+    // The official code hands (w, x, y, z) to a conversion that reads (x, y, z, w).
+    let m = matrix_of_xyzw([q[3], q[0], q[1], q[2]]);
     let world: Mat3 =
         std::array::from_fn(|a| std::array::from_fn(|b| (0..3).map(|c| c2w[a][c] * m[c][b]).sum()));
-    matrix_to_quaternion_xyzw(&world).map(|v| v as f32)
-}
-
-/// pytorch3d's `matrix_to_quaternion` (the official `mat_to_quat`): the best-conditioned of
-/// four candidates, as `(x, y, z, w)` with `w >= 0`.
-fn matrix_to_quaternion_xyzw(m: &Mat3) -> [f64; 4] {
-    let [[m00, m01, m02], [m10, m11, m12], [m20, m21, m22]] = *m;
-    let q_abs = [
-        1.0 + m00 + m11 + m22,
-        1.0 + m00 - m11 - m22,
-        1.0 - m00 + m11 - m22,
-        1.0 - m00 - m11 + m22,
-    ]
-    .map(|v: f64| if v > 0.0 { v.sqrt() } else { 0.0 });
-    // Candidates as (r, i, j, k), each from one large component.
-    let candidates = [
-        [q_abs[0] * q_abs[0], m21 - m12, m02 - m20, m10 - m01],
-        [m21 - m12, q_abs[1] * q_abs[1], m10 + m01, m02 + m20],
-        [m02 - m20, m10 + m01, q_abs[2] * q_abs[2], m12 + m21],
-        [m10 - m01, m20 + m02, m21 + m12, q_abs[3] * q_abs[3]],
-    ];
-    // The first largest, as argmax picks.
-    let best = (0..4).fold(0, |b, i| if q_abs[i] > q_abs[b] { i } else { b });
-    let rijk = candidates[best].map(|v| v / (2.0 * q_abs[best].max(0.1)));
-    let xyzw = [rijk[1], rijk[2], rijk[3], rijk[0]];
-    if xyzw[3] < 0.0 {
-        xyzw.map(|v| -v)
-    } else {
-        xyzw
-    }
+    mat_to_quat(&world).map(|v| v as f32)
 }
 
 /// The official `rotate_sh` (through e3nn): the colour coefficients of band `l` multiplied by
@@ -478,31 +442,6 @@ mod tests {
         for d in [[0.0, 0.0, 1.0], [0.6, 0.0, 0.8], [-0.48, 0.6, 0.64]] {
             let rd: [f64; 3] = std::array::from_fn(|i| (0..3).map(|j| a[i][j] * d[j]).sum());
             assert!((band1(&rotated, &rd) - band1(&c, &d)).abs() < 1e-12);
-        }
-    }
-
-    /// pytorch3d's conversion gives back the quaternion of a rotation (w >= 0), whichever
-    /// component is largest.
-    #[test]
-    fn matrix_to_quaternion_inverts_the_rotation() {
-        for (axis, angle) in [
-            ([0.0, 0.0, 1.0], 0.3),
-            ([1.0, 2.0, -1.0], 2.9),
-            ([0.0, 1.0, 0.0], 3.1),
-        ] {
-            let m = rotation_about(axis, angle);
-            let q = matrix_to_quaternion_xyzw(&m);
-            let n = (axis[0] * axis[0] + axis[1] * axis[1] + axis[2] * axis[2]).sqrt();
-            let s = (angle / 2.0).sin();
-            let expected = [
-                axis[0] / n * s,
-                axis[1] / n * s,
-                axis[2] / n * s,
-                (angle / 2.0).cos(),
-            ];
-            for (a, b) in q.iter().zip(expected) {
-                assert!((a - b).abs() < 1e-12, "{q:?} vs {expected:?}");
-            }
         }
     }
 }

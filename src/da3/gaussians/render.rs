@@ -212,7 +212,7 @@ fn project(g: &Gaussians, pose: &Pose, width: usize, height: usize, threads: usi
                             if z < NEAR {
                                 return None;
                             }
-                            let sigma = covariance(g.rotations[i], g.scales[i]);
+                            let sigma = super::covariance(g.rotations[i], g.scales[i]);
                             let tx = (pc[0] / z).clamp(-lim_x, lim_x) * z;
                             let ty = (pc[1] / z).clamp(-lim_y, lim_y) * z;
                             let j = [
@@ -279,37 +279,6 @@ fn project(g: &Gaussians, pose: &Pose, width: usize, height: usize, threads: usi
             .flat_map(|w| w.join().expect("projection does not panic"))
             .collect()
     })
-}
-
-/// `R S S^T R^T` for the quaternion `q` (w, x, y, z; normalised here) and the scales.
-fn covariance(q: [f32; 4], scales: [f32; 3]) -> [[f64; 3]; 3] {
-    let n = q
-        .iter()
-        .map(|v| (*v as f64).powi(2))
-        .sum::<f64>()
-        .sqrt()
-        .max(1e-12);
-    let [w, x, y, z] = q.map(|v| v as f64 / n);
-    let r = [
-        [
-            1.0 - 2.0 * (y * y + z * z),
-            2.0 * (x * y - w * z),
-            2.0 * (x * z + w * y),
-        ],
-        [
-            2.0 * (x * y + w * z),
-            1.0 - 2.0 * (x * x + z * z),
-            2.0 * (y * z - w * x),
-        ],
-        [
-            2.0 * (x * z - w * y),
-            2.0 * (y * z + w * x),
-            1.0 - 2.0 * (x * x + y * y),
-        ],
-    ];
-    let m: [[f64; 3]; 3] =
-        std::array::from_fn(|i| std::array::from_fn(|j| r[i][j] * scales[j] as f64));
-    std::array::from_fn(|i| std::array::from_fn(|j| (0..3).map(|k| m[i][k] * m[j][k]).sum()))
 }
 
 /// 3DGS's `eval_sh` (degree up to 2) at unit direction `d`, plus 0.5, clamped at 0.

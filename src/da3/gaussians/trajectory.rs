@@ -14,6 +14,7 @@
 //! axes; for the short baselines of a scene the two paths differ little.
 
 use crate::da3::outputs::Pose;
+use crate::geometry::rotation::slerp;
 use std::f64::consts::PI;
 use std::str::FromStr;
 
@@ -164,23 +165,7 @@ fn between(a: &Camera, b: &Camera, t: f64) -> Camera {
     let rot = |c: &Camera| -> [[f64; 3]; 3] {
         std::array::from_fn(|i| std::array::from_fn(|j| c.c2w[i][j]))
     };
-    let (qa, mut qb) = (quaternion(&rot(a)), quaternion(&rot(b)));
-    let mut dot: f64 = qa.iter().zip(&qb).map(|(x, y)| x * y).sum();
-    if dot < 0.0 {
-        qb = qb.map(|v| -v);
-        dot = -dot;
-    }
-    let q: [f64; 4] = if dot > 0.9995 {
-        std::array::from_fn(|i| qa[i] + (qb[i] - qa[i]) * t)
-    } else {
-        let theta = dot.acos();
-        let (wa, wb) = (
-            ((1.0 - t) * theta).sin() / theta.sin(),
-            (t * theta).sin() / theta.sin(),
-        );
-        std::array::from_fn(|i| wa * qa[i] + wb * qb[i])
-    };
-    let r = rotation(q);
+    let r = slerp(&rot(a), &rot(b), t);
     Camera {
         c2w: std::array::from_fn(|i| {
             let mut row = [0.0; 4];
@@ -192,68 +177,6 @@ fn between(a: &Camera, b: &Camera, t: f64) -> Camera {
             std::array::from_fn(|j| a.k[i][j] + (b.k[i][j] - a.k[i][j]) * t)
         }),
     }
-}
-
-/// Unit quaternion (w, x, y, z) of a rotation matrix.
-fn quaternion(m: &[[f64; 3]; 3]) -> [f64; 4] {
-    let trace = m[0][0] + m[1][1] + m[2][2];
-    let q = if trace > 0.0 {
-        let s = 0.5 / (trace + 1.0).sqrt();
-        [
-            0.25 / s,
-            (m[2][1] - m[1][2]) * s,
-            (m[0][2] - m[2][0]) * s,
-            (m[1][0] - m[0][1]) * s,
-        ]
-    } else if m[0][0] > m[1][1] && m[0][0] > m[2][2] {
-        let s = 2.0 * (1.0 + m[0][0] - m[1][1] - m[2][2]).sqrt();
-        [
-            (m[2][1] - m[1][2]) / s,
-            0.25 * s,
-            (m[0][1] + m[1][0]) / s,
-            (m[0][2] + m[2][0]) / s,
-        ]
-    } else if m[1][1] > m[2][2] {
-        let s = 2.0 * (1.0 + m[1][1] - m[0][0] - m[2][2]).sqrt();
-        [
-            (m[0][2] - m[2][0]) / s,
-            (m[0][1] + m[1][0]) / s,
-            0.25 * s,
-            (m[1][2] + m[2][1]) / s,
-        ]
-    } else {
-        let s = 2.0 * (1.0 + m[2][2] - m[0][0] - m[1][1]).sqrt();
-        [
-            (m[1][0] - m[0][1]) / s,
-            (m[0][2] + m[2][0]) / s,
-            (m[1][2] + m[2][1]) / s,
-            0.25 * s,
-        ]
-    };
-    let n = q.iter().map(|v| v * v).sum::<f64>().sqrt();
-    q.map(|v| v / n)
-}
-
-fn rotation(q: [f64; 4]) -> [[f64; 3]; 3] {
-    let n = q.iter().map(|v| v * v).sum::<f64>().sqrt();
-    let [w, x, y, z] = q.map(|v| v / n);
-    [
-        [
-            1.0 - 2.0 * (y * y + z * z),
-            2.0 * (x * y - w * z),
-            2.0 * (x * z + w * y),
-        ],
-        [
-            2.0 * (x * y + w * z),
-            1.0 - 2.0 * (x * x + z * z),
-            2.0 * (y * z - w * x),
-        ],
-        [
-            2.0 * (x * z - w * y),
-            2.0 * (y * z + w * x),
-            1.0 - 2.0 * (x * x + y * y),
-        ],
-    ]
 }
 
 /// The official `render_stabilization_path`: the first two axes and the centre of the
