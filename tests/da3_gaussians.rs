@@ -1,7 +1,8 @@
-//! 3D Gaussians against the official `infer_gs` on seeded weights: the fixture was made by
-//! `tests/reference/da3_gs_reference.py` (da3-tiny with the giant's Gaussian head and adapter,
-//! the official forward of one, two and three views) from the weight formula of
-//! `da3::synthetic`.
+//! 3D Gaussians against the official `infer_gs` on seeded weights: the fixtures were made by
+//! `tests/reference/da3_gs_reference.py` from the weight formula of `da3::synthetic`:
+//! `da3-tiny-gs` (da3-tiny with the giant's Gaussian head and adapter at its widths, the
+//! official forward of one, two and three views, and the official PLY export) and
+//! `da3-giant-4-gs` (DA3-GIANT at full width with its official config, 4 blocks, two views).
 
 mod common;
 
@@ -11,23 +12,39 @@ use common::{
 use da3::{synthetic, LoadOptions, Model, RefViewStrategy, Request};
 use serde_json::Value;
 
-fn fixture() -> std::path::PathBuf {
-    fixture_dir("da3-tiny-gs")
+const TINY: &str = "da3-tiny-gs";
+const GIANT: &str = "da3-giant-4-gs";
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    fixture_dir(name)
 }
 
-fn manifest() -> Value {
-    let text = std::fs::read_to_string(fixture().join("manifest.json")).expect("the fixture");
+fn manifest(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(name).join("manifest.json")).expect("the fixture");
     serde_json::from_str(&text).unwrap()
 }
 
-fn reference(entry: &Value) -> Reference {
-    full_reference_in(&fixture(), entry)
+/// The configuration of a fixture's model: `da3-tiny-gs`, or DA3-GIANT cut to 4 blocks as
+/// the reference script cuts it (out layers 0-3, camera token, RoPE and QK-norm from block 2).
+fn config_of(name: &str) -> da3::Config {
+    match name {
+        GIANT => {
+            let mut c = da3::Config::preset("da3-giant").unwrap();
+            c.vit.depth = 4;
+            c.vit.out_layers = [0, 1, 2, 3];
+            c.vit.alt_start = Some(2);
+            c.vit.rope_start = Some(2);
+            c.vit.qknorm_start = Some(2);
+            c
+        }
+        _ => da3::Config::preset(TINY).unwrap(),
+    }
 }
 
-/// The fixture's model with its Gaussian head loaded.
-fn load_model(dir: &tempfile::TempDir) -> Model {
-    let path = dir.path().join("da3-tiny-gs.gguf");
-    let config = da3::Config::preset("da3-tiny-gs").unwrap();
+/// A fixture's model with its Gaussian head loaded.
+fn load_model(name: &str, dir: &tempfile::TempDir) -> Model {
+    let path = dir.path().join(format!("{name}.gguf"));
+    let config = config_of(name);
     da3::convert::write_synthetic(&path, &config, da3::convert::WeightType::F32).unwrap();
     let options = LoadOptions {
         gaussians: true,
@@ -42,15 +59,24 @@ fn assert_within(at: &str, what: &str, a: Agreement) {
     assert!(a.max_scaled <= 1e-3, "{at} {what}: {a:?}");
 }
 
-/// Every scene: means, scales, rotations, spherical harmonics and opacities of every
-/// Gaussian within 1e-3 of the largest official value of each.
+/// Every scene of both fixtures: means, scales, rotations, spherical harmonics and opacities
+/// of every Gaussian within 1e-3 of the largest official value of each.
 #[test]
 fn gaussians_match_the_official_adapter() {
-    let m = manifest();
+    for name in [TINY, GIANT] {
+        check_fixture(name);
+    }
+}
+
+fn check_fixture(name: &str) {
+    let m = manifest(name);
+    let preset = if name == GIANT { "da3-giant-4" } else { TINY };
+    assert_eq!(m["preset"], preset, "the fixture's model");
     let dir = tempfile::tempdir().unwrap();
-    let mut session = load_model(&dir).session().unwrap();
+    let mut session = load_model(name, &dir).session().unwrap();
+    let reference = |entry: &Value| -> Reference { full_reference_in(&fixture(name), entry) };
     for scene in m["scenes"].as_array().unwrap() {
-        let at = scene["name"].as_str().unwrap();
+        let at = &format!("{name} {}", scene["name"].as_str().unwrap());
         let images = scene_images(scene);
         let strategy: RefViewStrategy = scene["strategy"].as_str().unwrap().parse().unwrap();
         let output = session
@@ -200,7 +226,7 @@ fn read_gaussian_ply(path: &std::path::Path) -> (Vec<String>, Vec<Vec<f32>>) {
 /// percentile pruning), every property within 1e-3 of its largest official magnitude.
 #[test]
 fn gaussian_ply_matches_the_official_export() {
-    let m = manifest();
+    let m = manifest(TINY);
     let scene = m["scenes"]
         .as_array()
         .unwrap()
@@ -208,7 +234,7 @@ fn gaussian_ply_matches_the_official_export() {
         .find(|s| s.get("ply").is_some())
         .expect("a scene with the official PLY");
     let dir = tempfile::tempdir().unwrap();
-    let mut session = load_model(&dir).session().unwrap();
+    let mut session = load_model(TINY, &dir).session().unwrap();
     let images = scene_images(scene);
     let output = session
         .run(
@@ -223,7 +249,7 @@ fn gaussian_ply_matches_the_official_export() {
         .unwrap();
     let (names, ours) = read_gaussian_ply(&ours_path);
     let (official_names, official) =
-        read_gaussian_ply(&fixture().join(scene["ply"].as_str().unwrap()));
+        read_gaussian_ply(&fixture(TINY).join(scene["ply"].as_str().unwrap()));
     assert_eq!(names, official_names);
     assert_eq!(written, ours.len());
     assert_eq!(ours.len(), official.len(), "Gaussians kept");

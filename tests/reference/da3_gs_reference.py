@@ -14,9 +14,10 @@ intrinsics and the world-space Gaussians (means, scales, rotations, harmonics
 
 Needs, beyond the official package: `e3nn` (the official SH rotation) and `plyfile`.
 
-Example (the committed fixture, from the repository root):
+Examples (the committed fixtures, from the repository root):
     PY=/path/to/venv/bin/python
     $PY tests/reference/da3_gs_reference.py --out tests/fixtures/da3-tiny-gs
+    $PY tests/reference/da3_gs_reference.py --preset da3-giant-4 --out tests/fixtures/da3-giant-4-gs
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from depth_anything_3.cfg import create_object  # noqa: E402
 from depth_anything_3.utils.gsply_helpers import save_gaussian_ply  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-PRESET = "da3-tiny-gs"
+# The fixtures: "da3-tiny-gs" (da3-tiny with the giant's head at da3-tiny's widths, three
+# scenes and the PLY), "da3-giant-4" (DA3-GIANT at full width, its official config and heads,
+# with 4 blocks: out layers 0-3, the DA3 additions from block 2; one small scene).
+PRESETS = ["da3-tiny-gs", "da3-giant-4"]
 
 # The official giant's `gs_head` / `gs_adapter` entries at da3-tiny's head widths.
 GS_CONFIG = {
@@ -82,12 +86,34 @@ STORED = ("depth", "extrinsics", "intrinsics", "means", "scales", "rotations", "
 PLY_SCENE = "1v"
 
 
-def build_net() -> torch.nn.Module:
+GIANT_BLOCKS = 4
+
+
+def build_net(preset: str) -> torch.nn.Module:
+    if preset == "da3-giant-4":
+        config = R.load_config(R.MODEL_REGISTRY["da3-giant"])
+        config.net.out_layers = list(range(GIANT_BLOCKS))
+        config.net.alt_start = config.net.qknorm_start = config.net.rope_start = 2
+        original = R.official_dinov2.vit_giant2
+        # The official giant factory with fewer blocks (DinoV2 looks it up when it builds).
+        R.official_dinov2.vit_giant2 = lambda **kw: original(depth=GIANT_BLOCKS, **kw)
+        try:
+            net = create_object(config)
+        finally:
+            R.official_dinov2.vit_giant2 = original
+        return net.float().eval()
     config = copy.deepcopy(R.TINY_CONFIG)
     config.update(GS_CONFIG)
     with R.custom_vit_size(**R.TINY_VIT):
         net = create_object(OmegaConf.create(config))
     return net.float().eval()
+
+
+def preset_config(preset: str) -> dict:
+    if preset == "da3-giant-4":
+        return {"yaml": "configs/da3-giant.yaml", "blocks": GIANT_BLOCKS, "out_layers":
+                list(range(GIANT_BLOCKS)), "alt_qknorm_rope_start": 2}
+    return {"yaml": {**R.TINY_CONFIG, **GS_CONFIG}, "vit": R.TINY_VIT}
 
 
 def run_scene(net, x: torch.Tensor, strategy: str) -> dict:
@@ -123,17 +149,19 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--out", required=True)
+    p.add_argument("--preset", default="da3-tiny-gs", choices=PRESETS)
     args = p.parse_args()
 
     torch.set_grad_enabled(False)
-    net = build_net()
+    net = build_net(args.preset)
     tied = R.fill_weights(net)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in list(out_dir.rglob("*.f32")) + list(out_dir.rglob("*.ply")):
         old.unlink()
     scenes = []
-    for name, sizes, strategy, process_res in SCENES:
+    scenes_of_preset = SCENES if args.preset == "da3-tiny-gs" else [SCENES[1]]
+    for name, sizes, strategy, process_res in scenes_of_preset:
         xs = []
         for w, h in sizes:
             _, x = R.preprocess(R.make_image(w, h), process_res, "upper_bound_resize")
@@ -178,11 +206,11 @@ def main() -> None:
             file=sys.stderr,
         )
     manifest = {
-        "preset": PRESET,
+        "preset": args.preset,
         "generator": "tests/reference/da3_gs_reference.py",
         "official_package": "depth-anything-3==0.1.1",
         "torch": torch.__version__,
-        "config": {"yaml": {**R.TINY_CONFIG, **GS_CONFIG}, "vit": R.TINY_VIT},
+        "config": preset_config(args.preset),
         "tied": tied,
         "scenes": scenes,
     }
