@@ -18,6 +18,7 @@
 # check: depth of one image and of an 8-view scene on the GPU (f16 file) against the CPU's f32
 #        result (the f32 file of the same weights): correlation.
 # ncu:   kernel time of one 16-view base scene per kernel name (Nsight Compute).
+# profile: `da3 bench --profile` of a 16-view base scene (each node alone, by class of op).
 # stream: `da3 stream --mesh --loop-closure` on 100 and 1,000 synthetic frames (a camera
 #         panning twice around an ellipse over the test photo), with peak RSS and GPU memory.
 set -u
@@ -121,6 +122,14 @@ for p in ["off", "on"]:
     print(f"check cuda-attention={p}: one image {one:.6f}; 8-view scene min {min(views):.6f} "
           f"mean {np.mean(views):.6f}")
 PY
+fi
+
+if [[ $WHAT == *profile* ]]; then
+  for p in ${NCU_PLANS:-on}; do
+    echo "== profile, base f16, 16 views, cuda-attention=$p"
+    "$B/da3" bench --model "$W/da3-base-f16.gguf" --device CUDA0 --views 16 --runs 2 \
+      --plan cuda-attention="$p" --profile 2>&1 | sed -n '/^profile/,$p' | head -30
+  done
 fi
 
 if [[ $WHAT == *ncu* ]]; then

@@ -748,6 +748,50 @@ fn bench_reports_its_threads_and_stable_depth() {
     }
 }
 
+/// `da3 bench --profile`: the graph's time by class of op, in text and JSON, the classes'
+/// nodes adding up to the graph's and the convolutions counted as products.
+#[test]
+fn bench_profile_prints_the_time_by_class_of_op() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let run = da3(&[
+        "bench",
+        "--device",
+        "cpu",
+        "--process-res",
+        "140",
+        "--runs",
+        "1",
+        "--profile",
+        "--json",
+        path_str(&json),
+    ]);
+    assert_success(&run);
+    let total = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("total ") && l.contains(" nodes;"))
+        .unwrap_or_else(|| panic!("no total line\n{}", run.context()));
+    let nodes: usize = total
+        .split(" over ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let classes = report["profile"].as_array().unwrap();
+    let sum: u64 = classes.iter().map(|c| c["nodes"].as_u64().unwrap()).sum();
+    assert_eq!(sum as usize, nodes, "{report}");
+    let conv = classes
+        .iter()
+        .find(|c| c["class"] == "conv_2d")
+        .expect("a conv_2d class");
+    assert!(conv["gflop"].as_f64().unwrap() > 0.0 && conv["ms"].as_f64().unwrap() > 0.0);
+}
+
 /// A mono-style model (DPT head with a sky head; tiny backbone so that the test is quick):
 /// `da3 depth` and the library's `predict` give the same post-processed depth bit for bit
 /// (the sky rule lives in the library, not in the CLI).

@@ -43,6 +43,7 @@ mod graph;
 mod mapped;
 mod node_kernel;
 mod ops;
+pub mod profile;
 mod quant;
 pub mod rpc;
 mod sched;

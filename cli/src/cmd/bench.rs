@@ -34,6 +34,11 @@ pub struct Args {
     /// no buffer), to measure what `--policy route` and `mirror` cost.
     #[arg(long)]
     crash_layout: bool,
+    /// After the timed runs, compute the scene's graph once more one node at a time (each node
+    /// 20 times in a row on a GPU, so that a launch counts once) and print the time of each
+    /// class of op, with the products' GFLOP/s: where the time goes.
+    #[arg(long)]
+    profile: bool,
     /// Also write the results as JSON.
     #[arg(long, value_name = "F.json")]
     json: Option<PathBuf>,
@@ -224,6 +229,20 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     outln!("{report}");
+    let profile = if args.profile {
+        // On a device each node runs 20 times per call, so that the launch and the wait count
+        // once.
+        let repeats = if model.device().is_cpu() { 1 } else { 20 };
+        let times = model.profile_scene(processed.0, processed.1, args.views, repeats)?;
+        let classes = da3::ggml::profile::op_classes(&times);
+        outln!(
+            "profile    one node at a time ({repeats} call(s) each), by class of op:\n{}",
+            da3::ggml::profile::op_class_table(&classes, 25).trim_end()
+        );
+        classes
+    } else {
+        Vec::new()
+    };
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "model": args.model.describe(),
@@ -254,6 +273,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "crash_layout": args.crash_layout,
             "policy": format!("{:?}", args.policy),
             "residency": report,
+            "profile": profile.iter().map(|c| serde_json::json!({
+                "class": c.class, "ms": c.seconds * 1e3, "nodes": c.nodes, "gflop": c.flops / 1e9,
+            })).collect::<Vec<_>>(),
         });
         write_atomically(path, |out| {
             serde_json::to_writer_pretty(out, &json).map_err(std::io::Error::other)
