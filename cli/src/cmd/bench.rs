@@ -236,7 +236,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let times = model.profile_scene(processed.0, processed.1, args.views, repeats)?;
         let classes = da3::ggml::profile::op_classes(&times);
         outln!(
-            "profile    one node at a time ({repeats} call(s) each), by class of op:\n{}",
+            "profile    one node at a time ({repeats} call(s) each; nodes our CUDA kernels take \
+             are timed as ggml computes them), by class of op:\n{}",
             da3::ggml::profile::op_class_table(&classes, 25).trim_end()
         );
         classes
