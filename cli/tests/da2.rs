@@ -213,6 +213,27 @@ fn convert_reads_the_official_pth_and_names_what_it_left_out() {
         DepthActivation::Sigmoid { max_depth: 20.0 }
     );
 
+    // Valid torch checkpoints that are not DA2 state dicts (tests/fixtures/pth/README.md):
+    // read, then refused by name, nothing written.
+    for name in ["not_da2_state_dict.pth", "wrapped_training_checkpoint.pth"] {
+        let other = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/pth")
+            .join(name);
+        let run = da3_in(
+            dir.path(),
+            &["convert", other.to_str().unwrap(), "-o", "other.gguf"],
+        );
+        assert_clean_failure(
+            &run,
+            &[
+                name,
+                "no `pretrained.cls_token`",
+                "not a Depth Anything V2 state dict",
+            ],
+        );
+        assert!(!dir.path().join("other.gguf").exists());
+    }
+
     // Not a checkpoint: named, nothing written.
     std::fs::write(dir.path().join("bad.pth"), b"not a zip").unwrap();
     let run = da3_in(dir.path(), &["convert", "bad.pth", "-o", "bad.gguf"]);
