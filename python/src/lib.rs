@@ -43,6 +43,7 @@ struct Job {
     resize: ResizeMethod,
     reference: RefViewStrategy,
     ray_pose: bool,
+    gaussians: bool,
     reply: mpsc::Sender<Result<Output, da3::Error>>,
 }
 
@@ -52,7 +53,8 @@ fn serve_jobs(mut predictor: Box<dyn Predictor>, jobs: mpsc::Receiver<Job>) {
         let mut request = Request::new(&job.images)
             .resize(job.resize)
             .reference(job.reference)
-            .ray_pose(job.ray_pose);
+            .ray_pose(job.ray_pose)
+            .gaussians(job.gaussians);
         if !job.names.is_empty() {
             request = request.names(job.names.iter().cloned());
         }
@@ -99,8 +101,10 @@ impl Model {
             device,
             threads,
             process_res,
-            // Known cameras are an argument of every inference, as in the official API.
+            // Known cameras and 3D Gaussians are arguments of every inference, as in the
+            // official API: the parts they need load where the file has them.
             camera_encoder: metric_model.is_none(),
+            gaussians: metric_model.is_none(),
             log_decisions: false,
             ..LoadOptions::default()
         };
@@ -163,6 +167,8 @@ impl Model {
     /// `images`: file paths or `uint8` arrays `[H, W, 3]` (RGB), or one of them.
     /// `extrinsics` `[N, 3, 4]` or `[N, 4, 4]` (world-to-camera) with `intrinsics` `[N, 3, 3]`
     /// (pixels of each input image): known cameras; depth then comes out in their units.
+    /// `infer_gs`: also the scene's 3D Gaussians (`Prediction.gaussians`, `save_gs_ply`), for
+    /// a model with a Gaussian head (DA3-GIANT).
     #[pyo3(signature = (
         images,
         extrinsics = None,
@@ -171,6 +177,7 @@ impl Model {
         process_res_method = "upper_bound_resize",
         ref_view_strategy = "saddle_balanced",
         use_ray_pose = false,
+        infer_gs = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn inference(
@@ -183,6 +190,7 @@ impl Model {
         process_res_method: &str,
         ref_view_strategy: &str,
         use_ray_pose: bool,
+        infer_gs: bool,
     ) -> PyResult<Prediction> {
         let (images, names) = read_images(py, images)?;
         let poses = match (extrinsics, intrinsics) {
@@ -209,6 +217,7 @@ impl Model {
             resize,
             reference,
             ray_pose: use_ray_pose,
+            gaussians: infer_gs,
             reply,
         };
         self.jobs
@@ -498,6 +507,48 @@ impl Prediction {
         let options = Self::options(None, conf_percentile, fov);
         py.detach(|| self.output.save_colmap(&path, &options))
             .map_err(to_py)
+    }
+
+    /// The scene's 3D Gaussians (`infer_gs=True`) as a dict of arrays, the official
+    /// `Gaussians` fields without their batch axis: `means` `[G, 3]`, `scales` `[G, 3]`,
+    /// `rotations` `[G, 4]`, `harmonics` `[G, 3, K]`, `opacities` `[G]` (G = views x H x W);
+    /// None without them.
+    #[getter]
+    fn gaussians<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(g) = &self.output.gaussians else {
+            return Ok(None);
+        };
+        let n = g.len();
+        let flat = |values: Vec<f32>| PyArray1::from_vec(py, values);
+        let dict = pyo3::types::PyDict::new(py);
+        dict.set_item(
+            "means",
+            flat(g.means.iter().flatten().copied().collect()).reshape([n, 3])?,
+        )?;
+        dict.set_item(
+            "scales",
+            flat(g.scales.iter().flatten().copied().collect()).reshape([n, 3])?,
+        )?;
+        dict.set_item(
+            "rotations",
+            flat(g.rotations.iter().flatten().copied().collect()).reshape([n, 4])?,
+        )?;
+        dict.set_item(
+            "harmonics",
+            flat(g.harmonics.clone()).reshape([n, 3, g.sh_coefficients])?,
+        )?;
+        dict.set_item("opacities", flat(g.opacities.clone()))?;
+        Ok(Some(dict.into_any()))
+    }
+
+    /// The 3D Gaussians as a 3DGS PLY file, pruned as the official `gs_ply` export (image
+    /// borders, the deepest 10 % of each view); returns how many were written.
+    fn save_gs_ply(&self, py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+        py.detach(|| {
+            self.output
+                .save_gaussian_ply(&path, &da3::export::GaussianPlyOptions::default())
+        })
+        .map_err(to_py)
     }
 
     /// Depth, confidence, extrinsics and intrinsics as the official `mini_npz` archive.
