@@ -121,6 +121,11 @@ typedef struct {
    * (`da3_run_options.extrinsics`) use; off: smaller and faster to load.
    */
   bool camera_encoder;
+  /**
+   * Load the 3D Gaussian head (DA3-GIANT's), which only runs with
+   * `da3_run_options.gaussians` use.
+   */
+  bool gaussians;
 } da3_load_options;
 
 /**
@@ -145,6 +150,42 @@ typedef struct {
    */
   float assumed_fov;
 } da3_export_options;
+
+/**
+ * A scene's 3D Gaussians (`da3_output_gaussians`): `count` of them, one per pixel of every
+ * view (views in order, rows top to bottom), as arrays owned by the output.
+ */
+typedef struct {
+  /**
+   * How many.
+   */
+  size_t count;
+  /**
+   * Spherical-harmonic coefficients per colour channel ((degree + 1)^2: 9 for DA3-GIANT).
+   */
+  size_t sh_coefficients;
+  /**
+   * `count * 3` floats: the centres, in the world frame of the views' poses.
+   */
+  const float *means;
+  /**
+   * `count * 3` floats: standard deviations along each Gaussian's axes.
+   */
+  const float *scales;
+  /**
+   * `count * 4` floats: orientations as quaternions, w first.
+   */
+  const float *rotations;
+  /**
+   * `count * 3 * sh_coefficients` floats: per Gaussian, red's coefficients, then green's,
+   * then blue's.
+   */
+  const float *harmonics;
+  /**
+   * `count` floats: opacities in 0..1.
+   */
+  const float *opacities;
+} da3_gaussians;
 
 /**
  * A colour map for `da3_output_save_png`: one of the `DA3_COLORMAP_*` values.
@@ -192,6 +233,11 @@ typedef struct {
    * UTF-8 strings, used by the COLMAP and `poses.json` exports.
    */
   const char *const *names;
+  /**
+   * Also the scene's 3D Gaussians (`da3_output_gaussians`), for a model loaded with its
+   * Gaussian head (`da3_load_options.gaussians`); not with known cameras.
+   */
+  bool gaussians;
 } da3_run_options;
 
 /**
@@ -334,7 +380,7 @@ void da3_image_free(da3_image *image);
 
 /**
  * The default load options: device `"auto"`, a thread per core, process resolution 504, no
- * camera encoder.
+ * camera encoder, no Gaussian head.
  *
  * Thread safety: any thread.
  */
@@ -573,6 +619,31 @@ da3_status da3_output_save_colmap(const da3_output *output,
 da3_status da3_output_save_npz(const da3_output *output, size_t view, const char *path);
 
 /**
+ * The scene's 3D Gaussians into `*gaussians` (arrays valid until the output is freed);
+ * `DA3_STATUS_NOT_AVAILABLE` when the run did not compute them (`da3_run_options.gaussians`).
+ *
+ * Thread safety: any thread, several at once.
+ *
+ * # Safety
+ * `output` must be NULL or a live output; `gaussians` NULL or valid for writing a
+ * `da3_gaussians`.
+ */
+da3_status da3_output_gaussians(const da3_output *output, da3_gaussians *gaussians);
+
+/**
+ * Writes the scene's 3D Gaussians as a 3DGS PLY file at `path` (the official export's
+ * pruning: image borders, the deepest 10 % of each view) and, where `written` is not NULL,
+ * how many it wrote. `DA3_STATUS_NOT_AVAILABLE` when the run did not compute them.
+ *
+ * Thread safety: any thread, several at once (to different files).
+ *
+ * # Safety
+ * `output` must be NULL or a live output; `path` NULL or a NUL-terminated string; `written`
+ * NULL or valid for writing a `size_t`.
+ */
+da3_status da3_output_save_gs_ply(const da3_output *output, const char *path, size_t *written);
+
+/**
  * Writes the scene's cameras as JSON at `path`: `reference`, `ref_view_strategy` and
  * `views`, one entry per view (`index`, `name`, `width`, `height`, `intrinsics`,
  * `extrinsics_world_to_camera`, `reference`); with known cameras also `pose_scale`.
@@ -632,7 +703,7 @@ void da3_output_free(da3_output *output);
 
 /**
  * The default run options: the model's process resolution, the official reference-view
- * strategy, no known cameras, default names.
+ * strategy, no known cameras, default names, no Gaussians.
  *
  * Thread safety: any thread.
  */

@@ -34,10 +34,13 @@ pub struct Da3LoadOptions {
     /// Load the camera encoder, which only runs with known camera poses
     /// (`da3_run_options.extrinsics`) use; off: smaller and faster to load.
     pub camera_encoder: bool,
+    /// Load the 3D Gaussian head (DA3-GIANT's), which only runs with
+    /// `da3_run_options.gaussians` use.
+    pub gaussians: bool,
 }
 
 /// The default load options: device `"auto"`, a thread per core, process resolution 504, no
-/// camera encoder.
+/// camera encoder, no Gaussian head.
 ///
 /// Thread safety: any thread.
 #[no_mangle]
@@ -47,6 +50,7 @@ pub extern "C" fn da3_load_options_default() -> Da3LoadOptions {
         threads: 0,
         process_res: 0,
         camera_encoder: false,
+        gaussians: false,
     }
 }
 
@@ -92,6 +96,7 @@ pub unsafe extern "C" fn da3_model_load(
             threads: options.threads,
             process_res: Some(options.process_res).filter(|&res| res != 0),
             camera_encoder: options.camera_encoder,
+            gaussians: options.gaussians,
             ..da3::LoadOptions::default()
         };
         let loaded = da3::Model::load(&file, &load)?;

@@ -37,6 +37,27 @@ impl Da3Output {
     }
 }
 
+/// A scene's 3D Gaussians (`da3_output_gaussians`): `count` of them, one per pixel of every
+/// view (views in order, rows top to bottom), as arrays owned by the output.
+#[repr(C)]
+pub struct Da3Gaussians {
+    /// How many.
+    pub count: usize,
+    /// Spherical-harmonic coefficients per colour channel ((degree + 1)^2: 9 for DA3-GIANT).
+    pub sh_coefficients: usize,
+    /// `count * 3` floats: the centres, in the world frame of the views' poses.
+    pub means: *const f32,
+    /// `count * 3` floats: standard deviations along each Gaussian's axes.
+    pub scales: *const f32,
+    /// `count * 4` floats: orientations as quaternions, w first.
+    pub rotations: *const f32,
+    /// `count * 3 * sh_coefficients` floats: per Gaussian, red's coefficients, then green's,
+    /// then blue's.
+    pub harmonics: *const f32,
+    /// `count` floats: opacities in 0..1.
+    pub opacities: *const f32,
+}
+
 /// For the exports that take a view: every view of the scene, in one world frame.
 // Written so because cbindgen drops `usize::MAX` and writes `!0usize` as `~0`, an `int`: the
 // header gets `~(size_t)0`.
@@ -554,6 +575,79 @@ pub unsafe extern "C" fn da3_output_save_npz(
             DA3_ALL_VIEWS => output.output.save_npz(file)?,
             view => output.view(view)?.save_npz(file)?,
         }
+        Ok(())
+    })
+}
+
+/// The scene's 3D Gaussians into `*gaussians` (arrays valid until the output is freed);
+/// `DA3_STATUS_NOT_AVAILABLE` when the run did not compute them (`da3_run_options.gaussians`).
+///
+/// Thread safety: any thread, several at once.
+///
+/// # Safety
+/// `output` must be NULL or a live output; `gaussians` NULL or valid for writing a
+/// `da3_gaussians`.
+#[no_mangle]
+pub unsafe extern "C" fn da3_output_gaussians(
+    output: *const Da3Output,
+    gaussians: *mut Da3Gaussians,
+) -> Da3Status {
+    guard(|| {
+        check_out(gaussians, "gaussians")?;
+        // SAFETY: the caller guarantees a live output or NULL.
+        let output = unsafe { borrow(output, "output") }?;
+        let g = output.output.gaussians.as_ref().ok_or_else(|| {
+            Failure::new(
+                Da3Status::NotAvailable,
+                "no 3D Gaussians: the run did not ask for them (da3_run_options.gaussians)",
+            )
+        })?;
+        let view = Da3Gaussians {
+            count: g.len(),
+            sh_coefficients: g.sh_coefficients,
+            means: g.means.as_ptr().cast(),
+            scales: g.scales.as_ptr().cast(),
+            rotations: g.rotations.as_ptr().cast(),
+            harmonics: g.harmonics.as_ptr(),
+            opacities: g.opacities.as_ptr(),
+        };
+        // SAFETY: checked non-null; the caller guarantees it is valid for a write.
+        unsafe { write_out(gaussians, view) };
+        Ok(())
+    })
+}
+
+/// Writes the scene's 3D Gaussians as a 3DGS PLY file at `path` (the official export's
+/// pruning: image borders, the deepest 10 % of each view) and, where `written` is not NULL,
+/// how many it wrote. `DA3_STATUS_NOT_AVAILABLE` when the run did not compute them.
+///
+/// Thread safety: any thread, several at once (to different files).
+///
+/// # Safety
+/// `output` must be NULL or a live output; `path` NULL or a NUL-terminated string; `written`
+/// NULL or valid for writing a `size_t`.
+#[no_mangle]
+pub unsafe extern "C" fn da3_output_save_gs_ply(
+    output: *const Da3Output,
+    path: *const c_char,
+    written: *mut usize,
+) -> Da3Status {
+    guard(|| {
+        // SAFETY: the caller guarantees a live output or NULL.
+        let output = unsafe { borrow(output, "output") }?;
+        // SAFETY: the caller guarantees a NUL-terminated string or NULL.
+        let file = unsafe { file_path(path, "path") }?;
+        if output.output.gaussians.is_none() {
+            return Err(Failure::new(
+                Da3Status::NotAvailable,
+                "no 3D Gaussians: the run did not ask for them (da3_run_options.gaussians)",
+            ));
+        }
+        let count = output
+            .output
+            .save_gaussian_ply(file, &da3::export::GaussianPlyOptions::default())?;
+        // SAFETY: the caller guarantees NULL or valid for a write.
+        unsafe { write_optional(written, count) };
         Ok(())
     })
 }

@@ -91,10 +91,13 @@ pub struct Da3RunOptions {
     /// The views' names, or NULL (`image0.png`, `image1.png`, ...): `views` NUL-terminated
     /// UTF-8 strings, used by the COLMAP and `poses.json` exports.
     pub names: *const *const c_char,
+    /// Also the scene's 3D Gaussians (`da3_output_gaussians`), for a model loaded with its
+    /// Gaussian head (`da3_load_options.gaussians`); not with known cameras.
+    pub gaussians: bool,
 }
 
 /// The default run options: the model's process resolution, the official reference-view
-/// strategy, no known cameras, default names.
+/// strategy, no known cameras, default names, no Gaussians.
 ///
 /// Thread safety: any thread.
 #[no_mangle]
@@ -106,6 +109,7 @@ pub extern "C" fn da3_run_options_default() -> Da3RunOptions {
         extrinsics: std::ptr::null(),
         intrinsics: std::ptr::null(),
         names: std::ptr::null(),
+        gaussians: false,
     }
 }
 
@@ -218,7 +222,9 @@ pub unsafe extern "C" fn da3_session_run(
         let poses = unsafe { known_poses(&options, views) }?;
         // SAFETY: as above.
         let names = unsafe { names(&options, views) }?;
-        let mut request = da3::Request::new(&images).reference(reference(&options)?);
+        let mut request = da3::Request::new(&images)
+            .reference(reference(&options)?)
+            .gaussians(options.gaussians);
         if options.process_res != 0 {
             request = request.process_res(options.process_res);
         }

@@ -268,3 +268,75 @@ fn a_session_refuses_other_threads() {
         da3_model_free(model);
     }
 }
+
+/// 3D Gaussians through the C API: asked for per run of a model loaded with its Gaussian
+/// head; the arrays are the library's, one Gaussian per pixel; the PLY export writes some;
+/// without them both calls say NOT_AVAILABLE.
+#[test]
+fn gaussians_are_available_when_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gs.gguf");
+    let config = da3::Config::preset("da3-tiny-gs").unwrap();
+    da3::convert::write_synthetic(&path, &config, da3::convert::WeightType::F32).unwrap();
+    let file = CString::new(path.to_str().unwrap()).unwrap();
+    let options = Da3LoadOptions {
+        device: c"cpu".as_ptr(),
+        threads: 2,
+        process_res: 56,
+        gaussians: true,
+        ..da3_load_options_default()
+    };
+    let image = load_image();
+    let images = [image.cast_const()];
+    let ply = CString::new(dir.path().join("gs.ply").to_str().unwrap()).unwrap();
+    // SAFETY: NUL-terminated strings, valid options, live handles and out-pointers; every
+    // handle is freed once, on this thread.
+    unsafe {
+        let (mut model, mut session) = (null_mut(), null_mut());
+        assert_eq!(
+            da3_model_load(file.as_ptr(), &options, &mut model),
+            Da3Status::Ok
+        );
+        assert_eq!(da3_session_new(model, &mut session), Da3Status::Ok);
+        for asked in [false, true] {
+            let run = Da3RunOptions {
+                gaussians: asked,
+                ..da3_run_options_default()
+            };
+            let mut output = null_mut();
+            let status = da3_session_run(session, images.as_ptr(), 1, &run, &mut output);
+            assert_eq!(status, Da3Status::Ok, "{}", last_error());
+            let mut g = std::mem::MaybeUninit::<Da3Gaussians>::uninit();
+            let status = da3_output_gaussians(output, g.as_mut_ptr());
+            let mut written = 0usize;
+            let saved = da3_output_save_gs_ply(output, ply.as_ptr(), &mut written);
+            if !asked {
+                assert_eq!(status, Da3Status::NotAvailable);
+                assert_eq!(saved, Da3Status::NotAvailable);
+                assert!(last_error().contains("gaussians"), "{}", last_error());
+            } else {
+                assert_eq!(status, Da3Status::Ok, "{}", last_error());
+                let g = g.assume_init();
+                let (mut depth, mut w, mut h) = (null(), 0usize, 0usize);
+                assert_eq!(
+                    da3_output_depth(output, 0, &mut depth, &mut w, &mut h),
+                    Da3Status::Ok
+                );
+                assert_eq!(g.count, w * h);
+                assert_eq!(g.sh_coefficients, 9);
+                let opacities = std::slice::from_raw_parts(g.opacities, g.count);
+                assert!(opacities.iter().all(|o| (0.0..=1.0).contains(o)));
+                let means = std::slice::from_raw_parts(g.means, 3 * g.count);
+                assert!(means.iter().all(|v| v.is_finite()));
+                let harmonics = std::slice::from_raw_parts(g.harmonics, 27 * g.count);
+                assert!(harmonics.iter().all(|v| v.is_finite()));
+                assert_eq!(saved, Da3Status::Ok, "{}", last_error());
+                assert!(written > 0 && written < g.count, "{written} of {}", g.count);
+            }
+            da3_output_free(output);
+        }
+        assert_eq!(da3_session_free(session), Da3Status::Ok);
+        da3_model_free(model);
+        da3_image_free(image);
+    }
+}
