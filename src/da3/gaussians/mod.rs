@@ -1,5 +1,6 @@
-//! 3D Gaussians from the Gaussian head's raw output ([`place`]), rendered from any camera
-//! ([`render`]) along the official camera paths ([`trajectory`]).
+//! 3D Gaussians from the Gaussian head's raw output (`place`, which
+//! [`crate::Request::gaussians`] runs), rendered from any camera ([`render()`]) along the
+//! official camera paths ([`trajectory`]).
 //!
 //! The placement is the official `GaussianAdapter`
 //! (`depth_anything_3/model/gs_adapter.py` of `depth-anything-3==0.1.1`), one Gaussian per
