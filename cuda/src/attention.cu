@@ -123,6 +123,17 @@ const char *da3_cuda_last_error(void) { return last_error.c_str(); }
 // handle on `device` and a stream of its own. 0 on success.
 int da3_cuda_attention_new(int device, const char *library, da3_cuda_attention **out) {
     *out = nullptr;
+    // cuDNN's fused flash attention runs on Ampere (sm_80) and newer: refuse older devices
+    // here, at load, so that the plan keeps ggml's attention there instead of failing a run.
+    int major = 0, minor = 0;
+    DA3_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+                   "reading the device's compute capability");
+    DA3_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+                   "reading the device's compute capability");
+    if (major < 8)
+        return fail("cuDNN's fused attention needs compute capability 8.0 or newer; CUDA" +
+                    std::to_string(device) + " has " + std::to_string(major) + "." +
+                    std::to_string(minor));
     if (!fe::cudnn_dlhandle) {
         void *lib = dlopen(library, RTLD_NOW | RTLD_GLOBAL);
         if (!lib) {
