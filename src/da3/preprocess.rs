@@ -544,6 +544,20 @@ pub fn resize_area(
     width: usize,
     height: usize,
 ) -> Result<RgbImage8, PreprocessError> {
+    resize_area_threads(src, width, height, 1)
+}
+
+/// [`resize_area`] over up to `threads` threads (bands of output rows; the same result
+/// whatever the count).
+///
+/// # Errors
+/// As [`resize_area`].
+pub fn resize_area_threads(
+    src: &RgbImage8,
+    width: usize,
+    height: usize,
+    threads: usize,
+) -> Result<RgbImage8, PreprocessError> {
     let dst_len = check_resize(src, width, height)?;
     if (width, height) == (src.width, src.height) {
         return Ok(src.clone());
@@ -556,9 +570,9 @@ pub fn resize_area(
         let integer = (scale_x - kx).abs() < f64::EPSILON && (scale_y - ky).abs() < f64::EPSILON;
         let (kx, ky) = (kx as usize, ky as usize);
         if integer && kx * width == src.width && ky * height == src.height {
-            area_integer(src, width, height, kx, ky)
+            area_integer(src, width, height, (kx, ky), threads)
         } else {
-            area_general(src, width, height, scale_x, scale_y)
+            area_general(src, width, height, scale_x, scale_y, threads)
         }
     } else {
         area_enlarge(src, width, height, (scale_x, inv_x), (scale_y, inv_y))
@@ -572,33 +586,72 @@ pub fn resize_area(
     })
 }
 
-/// INTER_AREA for integer factors `kx` x `ky` that tile the source exactly.
-fn area_integer(src: &RgbImage8, width: usize, height: usize, kx: usize, ky: usize) -> Vec<u8> {
+/// INTER_AREA for integer factors `kx` x `ky` that tile the source exactly, in bands of output
+/// rows over up to `threads` threads (each row on its own: the same result).
+fn area_integer(
+    src: &RgbImage8,
+    width: usize,
+    height: usize,
+    (kx, ky): (usize, usize),
+    threads: usize,
+) -> Vec<u8> {
     let area = kx * ky;
     // Larger blocks are averaged through an f32 reciprocal (so 1/9 is not exact).
     let recip = 1.0f32 / area as f32;
     let src_row = src.width * CN;
-    let mut out = Vec::with_capacity(width * height * CN);
-    for dy in 0..height {
-        for dx in 0..width {
-            for c in 0..CN {
-                let mut sum: u64 = 0;
-                for sy in dy * ky..(dy + 1) * ky {
-                    let row = &src.data[sy * src_row..(sy + 1) * src_row];
-                    for sx in dx * kx..(dx + 1) * kx {
-                        sum += u64::from(row[sx * CN + c]);
-                    }
+    let row_len = width * CN;
+    let mut out = vec![0u8; row_len * height];
+    let rows = |first: usize, band: &mut [u8]| {
+        // The ky source rows of an output row summed column by column (contiguous, in
+        // integers: the order does not change a sum), then each kx columns of that.
+        let mut column_sums = vec![0u32; src_row];
+        for (r, out_row) in band.chunks_mut(row_len).enumerate() {
+            let dy = first + r;
+            column_sums.fill(0);
+            for sy in dy * ky..(dy + 1) * ky {
+                let row = &src.data[sy * src_row..(sy + 1) * src_row];
+                for (s, &v) in column_sums.iter_mut().zip(row) {
+                    *s += u32::from(v);
                 }
-                out.push(if area == 4 && kx == 2 {
-                    // The dedicated 2x2 kernel rounds half up in integers.
-                    ((sum + 2) >> 2) as u8
-                } else {
-                    sat_u8_f32(sum as f32 * recip)
-                });
+            }
+            for (dx, out_px) in out_row.chunks_exact_mut(CN).enumerate() {
+                let block = &column_sums[dx * kx * CN..(dx + 1) * kx * CN];
+                for (c, o) in out_px.iter_mut().enumerate() {
+                    let sum: u32 = block.iter().skip(c).step_by(CN).sum();
+                    *o = if area == 4 && kx == 2 {
+                        // The dedicated 2x2 kernel rounds half up in integers.
+                        ((sum + 2) >> 2) as u8
+                    } else {
+                        sat_u8_f32(sum as f32 * recip)
+                    };
+                }
             }
         }
-    }
+    };
+    in_row_bands(&mut out, row_len, threads, rows);
     out
+}
+
+/// Runs `rows(first_row, band)` over bands of `out`'s rows (`row_len` values each), on up to
+/// `threads` scoped threads; one band on the calling thread when `threads` is 1.
+fn in_row_bands(
+    out: &mut [u8],
+    row_len: usize,
+    threads: usize,
+    rows: impl Fn(usize, &mut [u8]) + Sync,
+) {
+    let height = out.len() / row_len.max(1);
+    let per_band = height.div_ceil(threads.clamp(1, height.max(1))).max(1);
+    if per_band >= height {
+        rows(0, out);
+        return;
+    }
+    std::thread::scope(|scope| {
+        for (i, band) in out.chunks_mut(per_band * row_len).enumerate() {
+            let rows = &rows;
+            scope.spawn(move || rows(i * per_band, band));
+        }
+    });
 }
 
 /// One source cell's share of an output cell in OpenCV's general area resize.
@@ -648,33 +701,56 @@ fn area_general(
     height: usize,
     scale_x: f64,
     scale_y: f64,
+    threads: usize,
 ) -> Vec<u8> {
     let xtaps = area_taps(src.width, width, scale_x);
     let ytaps = area_taps(src.height, height, scale_y);
     let row_len = width * CN;
-    let src_row = src.width * CN;
     let mut out = vec![0u8; row_len * height];
+    // Bands of output rows, each from the vertical taps of its rows alone: the same sums in
+    // the same order as one pass, so the result does not depend on the threads.
+    in_row_bands(&mut out, row_len, threads, |first, band_out| {
+        let rows = band_out.len() / row_len;
+        let start = ytaps.partition_point(|t| t.dst < first);
+        let end = ytaps.partition_point(|t| t.dst < first + rows);
+        area_general_rows(src, &xtaps, &ytaps[start..end], first, row_len, band_out);
+    });
+    out
+}
+
+/// The output rows from `first` (`out` holds them) of [`area_general`], from their vertical
+/// taps (`ytaps`, in order).
+fn area_general_rows(
+    src: &RgbImage8,
+    xtaps: &[AreaTap],
+    ytaps: &[AreaTap],
+    first: usize,
+    row_len: usize,
+    out: &mut [u8],
+) {
+    let src_row = src.width * CN;
     let mut buf = vec![0f32; row_len];
     let mut sum = vec![0f32; row_len];
     let mut cur_dy = match ytaps.first() {
         Some(t) => t.dst,
-        None => return out,
+        None => return,
     };
     let flush = |out: &mut [u8], dy: usize, sum: &[f32]| {
-        for (o, &s) in out[dy * row_len..(dy + 1) * row_len].iter_mut().zip(sum) {
+        let at = (dy - first) * row_len;
+        for (o, &s) in out[at..at + row_len].iter_mut().zip(sum) {
             *o = sat_u8_f32(s);
         }
     };
-    for yt in &ytaps {
+    for yt in ytaps {
         let row = &src.data[yt.src * src_row..(yt.src + 1) * src_row];
         buf.fill(0.0);
-        for xt in &xtaps {
+        for xt in xtaps {
             for c in 0..CN {
                 buf[xt.dst * CN + c] += f32::from(row[xt.src * CN + c]) * xt.weight;
             }
         }
         if yt.dst != cur_dy {
-            flush(&mut out, cur_dy, &sum);
+            flush(out, cur_dy, &sum);
             for (s, &b) in sum.iter_mut().zip(&buf) {
                 *s = yt.weight * b;
             }
@@ -685,8 +761,7 @@ fn area_general(
             }
         }
     }
-    flush(&mut out, cur_dy, &sum);
-    out
+    flush(out, cur_dy, &sum);
 }
 
 /// One output position of OpenCV's INTER_AREA enlarging filter: two neighbouring source
@@ -1048,10 +1123,14 @@ pub struct ProcessedImage {
     pub rgb8: RgbImage8,
 }
 
-fn apply_step(img: &RgbImage8, step: &ResizeStep) -> Result<RgbImage8, PreprocessError> {
+fn apply_step(
+    img: &RgbImage8,
+    step: &ResizeStep,
+    threads: usize,
+) -> Result<RgbImage8, PreprocessError> {
     match step.interpolation {
         Interpolation::Cubic => resize_cubic(img, step.width, step.height),
-        Interpolation::Area => resize_area(img, step.width, step.height),
+        Interpolation::Area => resize_area_threads(img, step.width, step.height, threads),
     }
 }
 
@@ -1086,14 +1165,27 @@ pub fn preprocess_by(
     process_res: usize,
     method: ResizeMethod,
 ) -> Result<ProcessedImage, PreprocessError> {
+    preprocess_by_threads(img, process_res, method, 1)
+}
+
+/// [`preprocess_by`] with its area resizes over up to `threads` threads (the same result).
+///
+/// # Errors
+/// As [`preprocess_by`].
+pub fn preprocess_by_threads(
+    img: &RgbImage8,
+    process_res: usize,
+    method: ResizeMethod,
+    threads: usize,
+) -> Result<ProcessedImage, PreprocessError> {
     img.validate()?;
     let plan = plan_resize_by(img.width, img.height, process_res, method)?;
     let mut cur = match &plan.bound {
-        Some(step) => apply_step(img, step)?,
+        Some(step) => apply_step(img, step, threads)?,
         None => img.clone(),
     };
     if let Some(step) = &plan.patch {
-        cur = apply_step(&cur, step)?;
+        cur = apply_step(&cur, step, threads)?;
     }
     if let Some(crop) = &plan.crop {
         cur = crop_rgb(&cur, crop);
@@ -1815,5 +1907,39 @@ mod tests {
 
         let dir = PathBuf::from(FIXTURES);
         assert!(load_image(&dir).is_err());
+    }
+}
+#[cfg(test)]
+mod thread_tests {
+    use super::*;
+
+    /// Area resizes in bands of rows give the same bytes on any number of threads, for
+    /// integer factors (the block sums) and others (the coverage weights), with band heights
+    /// that do not divide the output.
+    #[test]
+    fn area_resizes_do_not_depend_on_the_threads() {
+        let image = |w: usize, h: usize| RgbImage8 {
+            width: w,
+            height: h,
+            data: (0..w * h * 3)
+                .map(|i| ((i * 37 + i / 7) % 251) as u8)
+                .collect(),
+            focal_length_35mm: None,
+        };
+        for (src, (w, h)) in [
+            (image(96, 72), (12, 9)),
+            (image(64, 48), (32, 24)),
+            (image(640, 427), (504, 336)),
+            (image(101, 77), (40, 31)),
+        ] {
+            let one = resize_area_threads(&src, w, h, 1).unwrap();
+            for threads in [2, 3, 7, 100] {
+                assert_eq!(
+                    resize_area_threads(&src, w, h, threads).unwrap(),
+                    one,
+                    "{threads}"
+                );
+            }
+        }
     }
 }
