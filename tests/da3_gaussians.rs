@@ -9,7 +9,7 @@ mod common;
 use common::{
     agreement, cpu_options, fixture_dir, full_reference_in, scene_images, Agreement, Reference,
 };
-use da3::{synthetic, LoadOptions, Model, RefViewStrategy, Request};
+use da3::{synthetic, KnownPose, LoadOptions, Model, RefViewStrategy, Request};
 use serde_json::Value;
 
 const TINY: &str = "da3-tiny-gs";
@@ -180,6 +180,22 @@ fn gaussians_need_a_loaded_gaussian_head() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("no 3D Gaussian head"), "{err}");
+    // Known cameras: refused before computing (the official code leaves the Gaussians in the
+    // network's frame while it moves the cameras to the given ones).
+    let with_head = Model::load(&path, &options).unwrap();
+    let identity: da3::poses::Mat4 =
+        std::array::from_fn(|i| std::array::from_fn(|j| (i == j) as u8 as f64));
+    let known = [KnownPose {
+        extrinsics: identity,
+        intrinsics: [[50.0, 0.0, 32.0], [0.0, 50.0, 24.0], [0.0, 0.0, 1.0]],
+    }];
+    let err = with_head
+        .session()
+        .unwrap()
+        .run(&request.clone().poses(&known))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("3D Gaussians with known poses"), "{err}");
     // Depth alone does not load or compute the head.
     let depth = without
         .session()

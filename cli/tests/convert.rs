@@ -460,17 +460,26 @@ fn gaussian_head_converts_and_writes_a_gaussian_ply() {
     ] {
         assert!(file.tensor(name).is_some(), "{name} missing");
     }
-    let ply = ws.out("scene.gs.ply");
-    let run = da3_in(
-        ws.dir.path(),
-        &[
+    let model = ws.out("gs.gguf");
+    // `da3 depth --model gs.gguf --process-res RES ARGS...` on the built-in image.
+    let depth_at = |res: &str, args: &[&std::ffi::OsStr]| {
+        let mut all: Vec<&std::ffi::OsStr> = vec![
             "depth".as_ref(),
             "--model".as_ref(),
-            ws.out("gs.gguf").as_os_str(),
+            model.as_os_str(),
             "--process-res".as_ref(),
-            "112".as_ref(),
+            res.as_ref(),
+        ];
+        all.extend_from_slice(args);
+        da3_in(ws.dir.path(), &all)
+    };
+    let ply = ws.out("scene.gs.ply");
+    let scene = ws.out("scene");
+    let run = depth_at(
+        "112",
+        &[
             "--out-dir".as_ref(),
-            ws.out("scene").as_os_str(),
+            scene.as_os_str(),
             "--gs-ply".as_ref(),
             ply.as_os_str(),
         ],
@@ -502,16 +511,12 @@ fn gaussian_head_converts_and_writes_a_gaussian_ply() {
     // A video along the default path: one view gets the official wander (120 frames and the
     // camera itself first and last), colour beside depth.
     let video = ws.out("gs.mp4");
-    let run = da3_in(
-        ws.dir.path(),
+    let pfm = ws.out("one.pfm");
+    let run = depth_at(
+        "56",
         &[
-            "depth".as_ref(),
-            "--model".as_ref(),
-            ws.out("gs.gguf").as_os_str(),
-            "--process-res".as_ref(),
-            "56".as_ref(),
             "--pfm".as_ref(),
-            ws.out("one.pfm").as_os_str(),
+            pfm.as_os_str(),
             "--gs-video".as_ref(),
             video.as_os_str(),
         ],
@@ -525,6 +530,25 @@ fn gaussian_head_converts_and_writes_a_gaussian_ply() {
         .expect("ffprobe (installed with ffmpeg, .ci/run)");
     // The built-in 640x427 image at 56 is 56 x 42: two of them side by side.
     assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "112,42,122");
+
+    // Without ffmpeg on PATH: named before anything is computed, nothing written.
+    let empty = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_da3"))
+        .current_dir(ws.dir.path())
+        .env("PATH", empty.path())
+        .args(["depth", "--model"])
+        .arg(ws.out("gs.gguf"))
+        .args(["--process-res", "56", "--gs-video"])
+        .arg(ws.out("no-ffmpeg.mp4"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--gs-video") && stderr.contains("`ffmpeg` program"),
+        "{stderr}"
+    );
+    assert!(!ws.out("no-ffmpeg.mp4").exists());
 
     // The synthetic da3-tiny has no Gaussian head.
     let tiny = synthetic_file(ws.dir.path());

@@ -709,6 +709,16 @@ impl Config {
                 ));
             }
         }
+        if let Some(g) = &self.gaussians {
+            // Its upsampled map gets the UV embedding the depth head's output does.
+            if g.features != self.head.features {
+                return bad(format!(
+                    "gs.features {} must equal head.features {} (the Gaussian head shares the \
+                     depth head's output embedding)",
+                    g.features, self.head.features
+                ));
+            }
+        }
         if self.head.kind == HeadKind::DualDpt && self.head.output_dim != 2 {
             return bad(format!(
                 "a DualDPT head has 2 outputs, not {}",
@@ -861,6 +871,49 @@ fn echo<T: std::fmt::Debug>(values: &[T]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A metadata-only file of `preset` with `keys` set over its own.
+    fn config_with(preset: &str, keys: &[(&str, crate::gguf::Value)]) -> Result<Config, Error> {
+        let mut w = crate::gguf::GgufWriter::new();
+        super::super::convert::write_metadata(&mut w, &Config::preset(preset).unwrap());
+        for (k, v) in keys {
+            w.set(format!("depthanything3.{k}"), v.clone());
+        }
+        let mut bytes = Vec::new();
+        w.write_to_writer(&mut bytes).unwrap();
+        Config::from_gguf(&crate::gguf::GgufFile::from_bytes(bytes).unwrap())
+    }
+
+    /// The Gaussian head's keys read back as written, and each inconsistent one is refused by
+    /// name.
+    #[test]
+    fn gaussian_head_keys_round_trip_and_bad_ones_are_named() {
+        let giant = config_with("da3-giant", &[]).unwrap();
+        assert_eq!(giant.gaussians, Some(GaussianConfig::GIANT));
+        assert_eq!(GaussianConfig::GIANT.output_dim(), 38);
+        let tiny = config_with("da3-tiny-gs", &[]).unwrap();
+        assert_eq!(tiny.gaussians.unwrap().features, 32);
+        assert_eq!(config_with("da3-tiny", &[]).unwrap().gaussians, None);
+        for (keys, named) in [
+            (vec![("gs.output_dim", 37u32.into())], "gs.output_dim 37"),
+            (vec![("gs.pred_color", true.into())], "gs.pred_color"),
+            (vec![("gs.sh_degree", 3u32.into())], "gs.sh_degree 3"),
+            (
+                vec![
+                    ("gs.scale_min", 2.0f32.into()),
+                    ("gs.scale_max", 1.0f32.into()),
+                ],
+                "gs.scale_min 2",
+            ),
+            (
+                vec![("gs.features", 64u32.into())],
+                "must equal head.features 32",
+            ),
+        ] {
+            let err = config_with("da3-tiny-gs", &keys).unwrap_err().to_string();
+            assert!(err.contains(named), "{named}: {err}");
+        }
+    }
 
     /// The presets without a parity test, against the official configs' values.
     #[test]

@@ -140,3 +140,81 @@ fn kept_gaussians(
     }
     Ok(kept)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gaussians(views: usize, width: usize, height: usize) -> Gaussians {
+        let n = views * width * height;
+        Gaussians {
+            views,
+            width,
+            height,
+            means: vec![[0.0; 3]; n],
+            scales: vec![[1.0; 3]; n],
+            rotations: vec![[1.0, 0.0, 0.0, 0.0]; n],
+            harmonics: vec![0.0; n * 3],
+            sh_coefficients: 1,
+            opacities: vec![0.5; n],
+        }
+    }
+
+    /// The official pruning: a border of int(8/256 x side) (none below 32 pixels) and the
+    /// pixels deeper than the view's 90th depth percentile; every other view with an interval
+    /// of 2.
+    #[test]
+    fn pruning_keeps_the_inner_nearer_pixels() {
+        let g = gaussians(2, 64, 32);
+        let depth: Vec<f32> = (0..64 * 32).map(|i| i as f32).collect();
+        let kept = kept_gaussians(&g, &[&depth, &depth], &GaussianPlyOptions::default()).unwrap();
+        // Rows 1..31 and columns 2..62; depth (row-major index) at most the 90th percentile.
+        let limit = quantile(depth.clone(), 0.9);
+        let one_view: Vec<usize> = (1..31)
+            .flat_map(|y| (2..62).map(move |x| y * 64 + x))
+            .filter(|&p| depth[p] <= limit)
+            .collect();
+        assert_eq!(kept.len(), 2 * one_view.len());
+        assert_eq!(&kept[..one_view.len()], &one_view[..]);
+        let every_other = GaussianPlyOptions {
+            views_interval: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_gaussians(&g, &[&depth, &depth], &every_other).unwrap(),
+            one_view
+        );
+        // Under 32 pixels a side nothing is trimmed for the border.
+        let small = gaussians(1, 16, 8);
+        let all = GaussianPlyOptions {
+            max_depth_quantile: None,
+            ..Default::default()
+        };
+        assert_eq!(
+            kept_gaussians(&small, &[&[1.0; 128]], &all).unwrap().len(),
+            128
+        );
+    }
+
+    /// Depth maps that do not fit the Gaussians, and an interval of 0, are errors; the file is
+    /// not written.
+    #[test]
+    fn mismatches_are_errors_and_write_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gs.ply");
+        let g = gaussians(2, 4, 4);
+        let d = [0.5f32; 16];
+        let options = GaussianPlyOptions::default();
+        for depth in [vec![&d[..]], vec![&d[..], &d[..8]]] {
+            let err = write_gaussian_ply(&path, &g, &depth, &options).unwrap_err();
+            assert!(err.to_string().contains("32 Gaussians"), "{err}");
+        }
+        let zero = GaussianPlyOptions {
+            views_interval: 0,
+            ..options
+        };
+        let err = write_gaussian_ply(&path, &g, &[&d, &d], &zero).unwrap_err();
+        assert!(err.to_string().contains("interval of 0"), "{err}");
+        assert!(!path.exists());
+    }
+}

@@ -128,6 +128,8 @@ pub(crate) fn place(
     let sh_at = quat_at + 4;
     let depth_at = sh_at + 3 * d_sh;
     let opacity_at = cfg.raw_channels();
+    // One colour channel's coefficients, before and after the rotation (at most 9: degree 2).
+    let (mut band, mut rotated) = ([0.0f64; 9], [0.0f64; 9]);
     for (v, (pose, depth)) in poses.iter().zip(depth).enumerate() {
         let camera = ViewCamera::new(pose, wf, hf)?;
         let sh_rotation = ShRotation::new(cfg.sh_degree, &camera.rotation);
@@ -156,13 +158,13 @@ pub(crate) fn place(
             }));
             let q: [f64; 4] = std::array::from_fn(|k| r(quat_at + k));
             g.rotations.push(world_rotation(q, &camera.rotation));
-            let mut band = vec![0.0f64; d_sh];
             for colour in 0..3 {
-                for (k, b) in band.iter_mut().enumerate() {
+                for (k, b) in band[..d_sh].iter_mut().enumerate() {
                     *b = r(sh_at + colour * d_sh + k) * sh_mask[k];
                 }
+                sh_rotation.apply(&band[..d_sh], &mut rotated[..d_sh]);
                 g.harmonics
-                    .extend(sh_rotation.apply(&band).into_iter().map(|c| c as f32));
+                    .extend(rotated[..d_sh].iter().map(|&c| c as f32));
             }
             g.opacities.push(sigmoid(r(opacity_at)) as f32);
         }
@@ -211,7 +213,7 @@ impl ViewCamera {
         let mut kn: Mat3 = std::array::from_fn(|i| std::array::from_fn(|j| k[i][j] as f64));
         kn[0].iter_mut().for_each(|v| *v /= w);
         kn[1].iter_mut().for_each(|v| *v /= h);
-        let inverse_normalised_k = invert3(&kn).ok_or_else(|| {
+        let inverse_normalised_k = super::export::invert3(&kn).ok_or_else(|| {
             Error::Input(format!(
                 "singular intrinsics {k:?}: no Gaussians can be placed"
             ))
@@ -240,22 +242,6 @@ impl ViewCamera {
         let norm = cam.iter().map(|c| c * c).sum::<f64>().sqrt();
         std::array::from_fn(|i| (0..3).map(|j| self.rotation[i][j] * cam[j]).sum::<f64>() / norm)
     }
-}
-
-fn invert3(m: &Mat3) -> Option<Mat3> {
-    let c = |i: usize, j: usize| {
-        let (i1, i2) = ((i + 1) % 3, (i + 2) % 3);
-        let (j1, j2) = ((j + 1) % 3, (j + 2) % 3);
-        m[i1][j1] * m[i2][j2] - m[i1][j2] * m[i2][j1]
-    };
-    let det: f64 = (0..3).map(|j| m[0][j] * c(0, j)).sum();
-    if det == 0.0 || !det.is_finite() {
-        return None;
-    }
-    // The adjugate is the transpose of the cofactors.
-    Some(std::array::from_fn(|i| {
-        std::array::from_fn(|j| c(j, i) / det)
-    }))
 }
 
 /// The official `cam_quat_xyzw_to_world_quat_wxyz` on a raw quaternion `q`: normalised
@@ -335,9 +321,10 @@ impl ShRotation {
         ShRotation { bands }
     }
 
-    /// One colour channel's coefficients (every band up to the degree) rotated.
-    fn apply(&self, c: &[f64]) -> Vec<f64> {
-        let mut out = c.to_vec();
+    /// One colour channel's coefficients `c` (every band up to the degree) rotated into `out`
+    /// (as long).
+    fn apply(&self, c: &[f64], out: &mut [f64]) {
+        out.copy_from_slice(c);
         for (l, d) in (1..).zip(&self.bands) {
             let n = 2 * l + 1;
             let start = l * l;
@@ -345,7 +332,6 @@ impl ShRotation {
                 out[start + i] = (0..n).map(|j| d[i * n + j] * c[start + j]).sum();
             }
         }
-        out
     }
 }
 
@@ -399,6 +385,12 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<Vec<f64>>) -> Vec<f64> {
 mod tests {
     use super::*;
 
+    fn apply(r: &ShRotation, c: &[f64]) -> Vec<f64> {
+        let mut out = vec![0.0; c.len()];
+        r.apply(c, &mut out);
+        out
+    }
+
     fn rotation_about(axis: [f64; 3], angle: f64) -> Mat3 {
         let n = axis.iter().map(|v| v * v).sum::<f64>().sqrt();
         let [x, y, z] = axis.map(|v| v / n);
@@ -427,19 +419,19 @@ mod tests {
             ShRotation::new(2, &ab),
         );
         let c: Vec<f64> = (0..9).map(|k| ((k * 37 % 11) as f64 - 5.0) / 7.0).collect();
-        let composed = ra.apply(&rb.apply(&c));
-        for (x, y) in composed.iter().zip(rab.apply(&c)) {
+        let composed = apply(&ra, &apply(&rb, &c));
+        for (x, y) in composed.iter().zip(apply(&rab, &c)) {
             assert!((x - y).abs() < 1e-12);
         }
         let norm = |v: &[f64]| v[4..9].iter().map(|x| x * x).sum::<f64>();
-        assert!((norm(&ra.apply(&c)) - norm(&c)).abs() < 1e-12);
+        assert!((norm(&apply(&ra, &c)) - norm(&c)).abs() < 1e-12);
         let id = ShRotation::new(2, &rotation_about([1.0, 0.0, 0.0], 0.0));
-        for (x, y) in id.apply(&c).iter().zip(&c) {
+        for (x, y) in apply(&id, &c).iter().zip(&c) {
             assert!((x - y).abs() < 1e-12);
         }
         // Band 1 in 3DGS's basis: the value at R d after equals the value at d before.
         let band1 = |c: &[f64], d: &[f64; 3]| -c[1] * d[1] + c[2] * d[2] - c[3] * d[0];
-        let rotated = ra.apply(&c);
+        let rotated = apply(&ra, &c);
         for d in [[0.0, 0.0, 1.0], [0.6, 0.0, 0.8], [-0.48, 0.6, 0.64]] {
             let rd: [f64; 3] = std::array::from_fn(|i| (0..3).map(|j| a[i][j] * d[j]).sum());
             assert!((band1(&rotated, &rd) - band1(&c, &d)).abs() < 1e-12);

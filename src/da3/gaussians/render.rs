@@ -293,19 +293,18 @@ fn sh_colour(sh: &[f32], d_sh: usize, d: [f64; 3]) -> [f64; 3] {
         0.546_274_215_296_039_6,
     ];
     let [x, y, z] = d;
-    let mut basis = vec![C0];
-    if d_sh >= 4 {
-        basis.extend([-C1 * y, C1 * z, -C1 * x]);
-    }
-    if d_sh >= 9 {
-        basis.extend([
-            C2[0] * x * y,
-            C2[1] * y * z,
-            C2[2] * (2.0 * z * z - x * x - y * y),
-            C2[3] * x * z,
-            C2[4] * (x * x - y * y),
-        ]);
-    }
+    // The basis up to degree 2 (no allocation: this runs for every Gaussian of every frame).
+    let basis = [
+        C0,
+        -C1 * y,
+        C1 * z,
+        -C1 * x,
+        C2[0] * x * y,
+        C2[1] * y * z,
+        C2[2] * (2.0 * z * z - x * x - y * y),
+        C2[3] * x * z,
+        C2[4] * (x * x - y * y),
+    ];
     std::array::from_fn(|c| {
         let coeffs = &sh[c * d_sh..(c + 1) * d_sh];
         let v: f64 = basis.iter().zip(coeffs).map(|(b, &k)| b * k as f64).sum();
